@@ -1,0 +1,297 @@
+//! The driver boundary: one trait method per CUDA virtual-memory-management call the
+//! pool needs, and the two backends that implement it.
+//!
+//! - [`CudaDriver`](cuda::CudaDriver): the real CUDA driver API through cudarc's raw,
+//!   dynamically loaded functions.
+//! - [`SimDriver`](sim::SimDriver): a deterministic software model of the same calls
+//!   that reproduces every measured row of `docs/vmm-semantics.md` (error codes
+//!   included), with capacity, fault injection and in-flight work.
+//!
+//! The whole-handle rule (the driver refuses to map part of a physical handle with
+//! `CUDA_ERROR_NOT_SUPPORTED`, measured on an H200) is in the type: [`Driver::map`]
+//! takes a [`PhysicalHandle`], which carries its own size, and no offset, so the pool
+//! cannot even ask for a sub-range.
+
+pub mod cuda;
+pub mod sim;
+
+use std::fmt;
+
+/// A device virtual address (`CUdeviceptr`), in bytes from address zero.
+pub type DevicePtr = u64;
+
+/// A raw `CUresult` value, kept exactly as the driver (or the simulated driver)
+/// returned it. Named without calling the driver ([`CuResult::name`]), because
+/// cudarc's own formatting calls `cuGetErrorString`, which panics when libcuda is
+/// absent.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CuResult(pub u32);
+
+impl CuResult {
+    /// `CUDA_SUCCESS` (0).
+    pub const SUCCESS: CuResult = CuResult(0);
+    /// `CUDA_ERROR_INVALID_VALUE` (1).
+    pub const INVALID_VALUE: CuResult = CuResult(1);
+    /// `CUDA_ERROR_OUT_OF_MEMORY` (2).
+    pub const OUT_OF_MEMORY: CuResult = CuResult(2);
+    /// `CUDA_ERROR_NOT_INITIALIZED` (3).
+    pub const NOT_INITIALIZED: CuResult = CuResult(3);
+    /// `CUDA_ERROR_DEINITIALIZED` (4).
+    pub const DEINITIALIZED: CuResult = CuResult(4);
+    /// `CUDA_ERROR_NO_DEVICE` (100).
+    pub const NO_DEVICE: CuResult = CuResult(100);
+    /// `CUDA_ERROR_INVALID_DEVICE` (101).
+    pub const INVALID_DEVICE: CuResult = CuResult(101);
+    /// `CUDA_ERROR_INVALID_CONTEXT` (201).
+    pub const INVALID_CONTEXT: CuResult = CuResult(201);
+    /// `CUDA_ERROR_ILLEGAL_ADDRESS` (700): sticky, the context is lost.
+    pub const ILLEGAL_ADDRESS: CuResult = CuResult(700);
+    /// `CUDA_ERROR_LAUNCH_FAILED` (719).
+    pub const LAUNCH_FAILED: CuResult = CuResult(719);
+    /// `CUDA_ERROR_ILLEGAL_INSTRUCTION` (715): how TMA kernels on Hopper report a
+    /// fault on unmapped memory.
+    pub const ILLEGAL_INSTRUCTION: CuResult = CuResult(715);
+    /// `CUDA_ERROR_NOT_PERMITTED` (800).
+    pub const NOT_PERMITTED: CuResult = CuResult(800);
+    /// `CUDA_ERROR_NOT_SUPPORTED` (801): what a map of part of a handle returns.
+    pub const NOT_SUPPORTED: CuResult = CuResult(801);
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` (900): a synchronize during a capture.
+    pub const STREAM_CAPTURE_UNSUPPORTED: CuResult = CuResult(900);
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` (901).
+    pub const STREAM_CAPTURE_INVALIDATED: CuResult = CuResult(901);
+    /// `CUDA_ERROR_UNKNOWN` (999).
+    pub const UNKNOWN: CuResult = CuResult(999);
+
+    /// The `CUresult` enumerator name (`"CUDA_ERROR_OUT_OF_MEMORY"`), or
+    /// `"CUDA_ERROR_<n>"` for a value this table does not know. Never calls the driver.
+    pub fn name(self) -> &'static str {
+        match self.0 {
+            0 => "CUDA_SUCCESS",
+            1 => "CUDA_ERROR_INVALID_VALUE",
+            2 => "CUDA_ERROR_OUT_OF_MEMORY",
+            3 => "CUDA_ERROR_NOT_INITIALIZED",
+            4 => "CUDA_ERROR_DEINITIALIZED",
+            34 => "CUDA_ERROR_STUB_LIBRARY",
+            46 => "CUDA_ERROR_DEVICE_UNAVAILABLE",
+            100 => "CUDA_ERROR_NO_DEVICE",
+            101 => "CUDA_ERROR_INVALID_DEVICE",
+            201 => "CUDA_ERROR_INVALID_CONTEXT",
+            400 => "CUDA_ERROR_INVALID_HANDLE",
+            500 => "CUDA_ERROR_NOT_FOUND",
+            600 => "CUDA_ERROR_NOT_READY",
+            700 => "CUDA_ERROR_ILLEGAL_ADDRESS",
+            715 => "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+            719 => "CUDA_ERROR_LAUNCH_FAILED",
+            800 => "CUDA_ERROR_NOT_PERMITTED",
+            801 => "CUDA_ERROR_NOT_SUPPORTED",
+            900 => "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+            901 => "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+            904 => "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+            999 => "CUDA_ERROR_UNKNOWN",
+            _ => "CUDA_ERROR_(unnamed)",
+        }
+    }
+
+    /// Whether this is `CUDA_SUCCESS`.
+    pub fn is_success(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl fmt::Debug for CuResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}({})", self.name(), self.0)
+    }
+}
+
+impl fmt::Display for CuResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.name(), self.0)
+    }
+}
+
+/// The driver calls the pool makes, one per [`Driver`] method. The numbers are the
+/// C ABI's `FlareDriverCall` values for the first eight and are stable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DriverCall {
+    /// `cuMemCreate`: a physical handle.
+    Create = 0,
+    /// `cuMemRelease`: drop a physical handle.
+    Release = 1,
+    /// `cuMemAddressReserve`: a virtual reservation.
+    Reserve = 2,
+    /// `cuMemAddressFree`: free a virtual reservation.
+    FreeReservation = 3,
+    /// `cuMemMap`: map a whole handle into a reservation.
+    Map = 4,
+    /// `cuMemSetAccess`: grant read/write access to a mapped range.
+    SetAccess = 5,
+    /// `cuMemUnmap`: unmap a range.
+    Unmap = 6,
+    /// `cuCtxSynchronize`: wait for all work on the pool's context.
+    Synchronize = 7,
+    /// `cuMemGetAllocationGranularity`.
+    Granularity = 8,
+    /// `cuMemGetInfo`.
+    MemGetInfo = 9,
+    /// Driver load, `cuInit`, device and primary-context set-up.
+    Init = 10,
+}
+
+impl DriverCall {
+    /// Every call kind, in number order.
+    pub const ALL: [DriverCall; 11] = [
+        DriverCall::Create,
+        DriverCall::Release,
+        DriverCall::Reserve,
+        DriverCall::FreeReservation,
+        DriverCall::Map,
+        DriverCall::SetAccess,
+        DriverCall::Unmap,
+        DriverCall::Synchronize,
+        DriverCall::Granularity,
+        DriverCall::MemGetInfo,
+        DriverCall::Init,
+    ];
+
+    /// The CUDA driver function this call stands for (`"cuMemMap"`).
+    pub fn cuda_name(self) -> &'static str {
+        match self {
+            DriverCall::Create => "cuMemCreate",
+            DriverCall::Release => "cuMemRelease",
+            DriverCall::Reserve => "cuMemAddressReserve",
+            DriverCall::FreeReservation => "cuMemAddressFree",
+            DriverCall::Map => "cuMemMap",
+            DriverCall::SetAccess => "cuMemSetAccess",
+            DriverCall::Unmap => "cuMemUnmap",
+            DriverCall::Synchronize => "cuCtxSynchronize",
+            DriverCall::Granularity => "cuMemGetAllocationGranularity",
+            DriverCall::MemGetInfo => "cuMemGetInfo",
+            DriverCall::Init => "cuInit",
+        }
+    }
+
+    /// The call with this number (the C ABI's `FlareDriverCall`), if any.
+    pub fn from_index(n: u32) -> Option<DriverCall> {
+        DriverCall::ALL.get(n as usize).copied()
+    }
+}
+
+impl fmt::Display for DriverCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.cuda_name())
+    }
+}
+
+/// A failed driver call: which call, and the raw `CUresult` it returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{call} failed with {code}")]
+pub struct DriverError {
+    /// The call that failed.
+    pub call: DriverCall,
+    /// The raw `CUresult` it returned.
+    pub code: CuResult,
+}
+
+impl DriverError {
+    /// A failure of `call` with `code`.
+    pub fn new(call: DriverCall, code: CuResult) -> Self {
+        DriverError { call, code }
+    }
+
+    /// Whether the driver said it is out of memory (`CUDA_ERROR_OUT_OF_MEMORY`).
+    pub fn is_out_of_memory(&self) -> bool {
+        self.code == CuResult::OUT_OF_MEMORY
+    }
+}
+
+/// Turns a raw `CUresult` into `Ok(())` or the typed error for `call`.
+pub fn check(call: DriverCall, code: CuResult) -> Result<(), DriverError> {
+    if code.is_success() {
+        Ok(())
+    } else {
+        Err(DriverError::new(call, code))
+    }
+}
+
+/// A physical allocation (`CUmemGenericAllocationHandle`) and its size in bytes
+/// (a multiple of the granularity). The size travels with the handle so that
+/// [`Driver::map`] always maps the whole handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PhysicalHandle {
+    /// The driver's raw handle value.
+    pub raw: u64,
+    /// Size of the physical allocation, bytes.
+    pub size: u64,
+}
+
+/// A virtual reservation (`cuMemAddressReserve`): start address and size, bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Reservation {
+    /// First address of the range.
+    pub ptr: DevicePtr,
+    /// Size of the range, bytes (a multiple of the granularity).
+    pub size: u64,
+}
+
+/// Device memory figures from `cuMemGetInfo`, bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemInfo {
+    /// Bytes the driver reports free on the device.
+    pub free: u64,
+    /// Total bytes of the device.
+    pub total: u64,
+}
+
+/// The CUDA virtual-memory calls the pool needs, one method each. Every method is
+/// one driver call (or one simulated call) and a failure changes nothing on the
+/// driver side except where the CUDA driver itself documents otherwise.
+///
+/// Implementations must be `Send + Sync`: the pool calls them from any thread,
+/// outside its lock.
+pub trait Driver: Send + Sync {
+    /// Allocation granularity for device memory on the pool's device, bytes
+    /// (`cuMemGetAllocationGranularity`, RECOMMENDED, with the same allocation
+    /// property that [`Driver::create`] uses). 2 MiB on an H200.
+    fn granularity(&self) -> Result<u64, DriverError>;
+
+    /// Creates a physical handle of `size` bytes on the pool's device (`cuMemCreate`).
+    /// `size` must be a non-zero multiple of the granularity, else
+    /// `CUDA_ERROR_INVALID_VALUE`; `CUDA_ERROR_OUT_OF_MEMORY` when the device is full.
+    fn create(&self, size: u64) -> Result<PhysicalHandle, DriverError>;
+
+    /// Releases a physical handle (`cuMemRelease`). A handle still mapped is freed at
+    /// its last unmap (documented by NVIDIA). Releasing twice is
+    /// `CUDA_ERROR_INVALID_VALUE`.
+    fn release(&self, handle: PhysicalHandle) -> Result<(), DriverError>;
+
+    /// Reserves `size` bytes of virtual addresses aligned to the granularity
+    /// (`cuMemAddressReserve`).
+    fn reserve(&self, size: u64) -> Result<Reservation, DriverError>;
+
+    /// Frees a whole reservation (`cuMemAddressFree`). `CUDA_ERROR_INVALID_VALUE` while
+    /// any mapping inside it is live, for part of a reservation, or twice.
+    fn free_reservation(&self, reservation: Reservation) -> Result<(), DriverError>;
+
+    /// Maps the whole of `handle` at `ptr` (`cuMemMap`, offset 0, size = handle size).
+    /// `ptr` must lie in a reservation, be granularity-aligned and not overlap a live
+    /// mapping, else `CUDA_ERROR_INVALID_VALUE`.
+    fn map(&self, ptr: DevicePtr, handle: PhysicalHandle) -> Result<(), DriverError>;
+
+    /// Grants read/write access to `[ptr, ptr + size)` for each device ordinal in
+    /// `devices` (`cuMemSetAccess`, one descriptor per device). The range must be
+    /// exactly mapped; a device that does not exist is `CUDA_ERROR_INVALID_VALUE`.
+    fn set_access(&self, ptr: DevicePtr, size: u64, devices: &[i32]) -> Result<(), DriverError>;
+
+    /// Unmaps `[ptr, ptr + size)` (`cuMemUnmap`). Does not wait for work in flight
+    /// (measured: it returns in 0.2 ms while a kernel still reads the range, and the
+    /// kernel then faults): callers synchronize first.
+    fn unmap(&self, ptr: DevicePtr, size: u64) -> Result<(), DriverError>;
+
+    /// Waits for all work on the pool's context (`cuCtxSynchronize`). Fails with
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` while any stream is being captured.
+    fn synchronize(&self) -> Result<(), DriverError>;
+
+    /// Free and total device memory, bytes (`cuMemGetInfo`).
+    fn mem_info(&self) -> Result<MemInfo, DriverError>;
+}

@@ -1,0 +1,104 @@
+//! The crate's error type.
+
+use crate::driver::{CuResult, DriverCall, DriverError};
+use crate::fmt_bytes;
+
+/// Everything a pool operation can fail with. Each variant keeps what a caller needs
+/// to act: byte counts, the driver call and its raw `CUresult`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// An argument is out of range: a size of 0 bytes, a size whose rounding to the
+    /// granularity overflows, or a bad configuration. The string says which.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// The device has no room for `requested` bytes. Outside a retention scope the
+    /// pool already released its idle mappings and retried once; inside a scope
+    /// nothing retained is released, so `idle` bytes may still be held.
+    #[error(
+        "out of memory{}: {} live, {} retained idle, {} requested; {}",
+        if *.in_scope { " inside a retention scope" } else { "" },
+        fmt_bytes(*.live), fmt_bytes(*.idle), fmt_bytes(*.requested),
+        if *.in_scope { "finish the scope or free live allocations" } else { "free live allocations" }
+    )]
+    OutOfMemory {
+        /// Bytes asked for, rounded up to the granularity.
+        requested: u64,
+        /// Bytes mapped to live allocations when the request failed.
+        live: u64,
+        /// Bytes held idle (retained or cached) when the request failed.
+        idle: u64,
+        /// Whether a retention scope was open.
+        in_scope: bool,
+        /// The driver's out-of-memory failure, when the driver reported it (not when
+        /// the size is beyond what the driver can ever give).
+        source: Option<DriverError>,
+    },
+
+    /// The pointer was not handed out by this pool, is interior to an allocation, or
+    /// was already freed. Nothing changed.
+    #[error("unknown pointer {ptr:#x}: not an allocation of this pool (interior pointer, or already freed)")]
+    UnknownPointer {
+        /// The pointer passed in.
+        ptr: u64,
+    },
+
+    /// A retention-scope operation in the wrong state: `begin` while a scope is open,
+    /// `finish`/`abort` with none open, `trim` inside a scope.
+    #[error("retention scope state: {0}")]
+    ScopeState(&'static str),
+
+    /// A driver call failed. `bytes` is the size the call was about (0 for
+    /// synchronize). The pool's books are unchanged by the failed step and any steps
+    /// before it were undone.
+    #[error("driver call {} failed with {} ({}) on {}; {}", .source.call, .source.code.name(), .source.code.0, fmt_bytes(*.bytes), hint(.source))]
+    Driver {
+        /// The failed call and its raw `CUresult`.
+        source: DriverError,
+        /// The size in bytes the call was about.
+        bytes: u64,
+    },
+
+    /// The operation is not available on this backend (fault injection on a CUDA
+    /// pool, say).
+    #[error("not supported: {0}")]
+    NotSupported(&'static str),
+
+    /// No CUDA driver could be loaded or initialised (libcuda absent, no device).
+    #[error("no CUDA driver: {0}")]
+    NoDriver(String),
+}
+
+fn hint(e: &DriverError) -> &'static str {
+    match (e.call, e.code) {
+        (DriverCall::Synchronize, CuResult::STREAM_CAPTURE_UNSUPPORTED) => {
+            "a stream is being captured: open a retention scope around capture; the release is retried at the next release point"
+        }
+        (_, CuResult::ILLEGAL_ADDRESS) | (_, CuResult::ILLEGAL_INSTRUCTION) => {
+            "the context is lost (sticky fault): recreate the context"
+        }
+        (DriverCall::Map, CuResult::NOT_SUPPORTED) => {
+            "the driver refuses this mapping (only whole handles can be mapped)"
+        }
+        (DriverCall::Unmap, _)
+        | (DriverCall::Release, _)
+        | (DriverCall::FreeReservation, _) => {
+            "the memory is kept and the step retried at the next release point"
+        }
+        _ => "nothing was leaked; the pool is still usable",
+    }
+}
+
+impl Error {
+    /// The driver failure behind this error, if a driver call failed.
+    pub fn driver_error(&self) -> Option<DriverError> {
+        match self {
+            Error::Driver { source, .. } => Some(*source),
+            Error::OutOfMemory { source, .. } => *source,
+            _ => None,
+        }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -5,12 +5,8 @@
 //! driver uses `std::sync::OnceLock` or `thread_local!` directly.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
-#[cfg(loom)]
 pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 
-#[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 

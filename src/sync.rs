@@ -5,10 +5,10 @@
 //! driver uses `std::sync::OnceLock` or `thread_local!` directly.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
+pub(crate) use loom::sync::{Mutex, MutexGuard};
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
+pub(crate) use std::sync::{Mutex, MutexGuard};
 
 /// Locks `m`, recovering the guard if a panicking thread poisoned it: the pool's
 /// books are updated so that every step leaves them consistent, so a panic in

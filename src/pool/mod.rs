@@ -27,7 +27,8 @@ use crate::driver::{
     DevicePtr, Driver, DriverCall, DriverError, PhysicalHandle, Reservation,
 };
 use crate::error::{Error, Result};
-use crate::sync::{lock, Arc, Mutex};
+use crate::sync::{lock, Mutex};
+use std::sync::Arc;
 use index::ReuseIndex;
 
 /// Where a mapping is in its life.

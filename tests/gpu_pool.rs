@@ -66,13 +66,24 @@ fn gpu_driver_free_memory_returns_to_baseline_after_finish() {
     }
     let during = d.mem_info().unwrap();
     let held = base.free - during.free;
-    println!("free before {} MiB, during {} MiB (held {} MiB)", base.free >> 20, during.free >> 20, held >> 20);
-    assert!(held >= GIB + 512 * MIB, "the retained 1.5 GiB is held on the device");
+    println!(
+        "free before {} MiB, during {} MiB (held {} MiB)",
+        base.free >> 20,
+        during.free >> 20,
+        held >> 20
+    );
+    assert!(
+        held >= GIB + 512 * MIB,
+        "the retained 1.5 GiB is held on the device"
+    );
     pool.retention_finish().unwrap();
     let after = d.mem_info().unwrap();
     println!("free after finish {} MiB", after.free >> 20);
     // Exactly the baseline, give or take what another process does meanwhile.
-    assert!(after.free + 64 * MIB >= base.free, "free memory back to its baseline");
+    assert!(
+        after.free + 64 * MIB >= base.free,
+        "free memory back to its baseline"
+    );
     assert_eq!(check(&pool).physical_bytes, 0);
 }
 
@@ -105,10 +116,16 @@ fn gpu_allocation_from_a_thread_without_a_context() {
     let pool = pool(On::Cuda, ReusePolicy::BestFit);
     std::thread::scope(|s| {
         s.spawn(|| {
-            assert!(CudaDriver::current_context_is_null(), "a fresh thread has no context");
+            assert!(
+                CudaDriver::current_context_is_null(),
+                "a fresh thread has no context"
+            );
             let p = pool.allocate_raw(3 * MIB).unwrap();
             assert_ne!(p, 0);
-            assert!(CudaDriver::current_context_is_null(), "the pool leaves the thread as it was");
+            assert!(
+                CudaDriver::current_context_is_null(),
+                "the pool leaves the thread as it was"
+            );
             cuda().memset_d8(p, 1, 3 * MIB).unwrap();
             pool.free_raw(p).unwrap();
             assert!(CudaDriver::current_context_is_null());
@@ -126,8 +143,17 @@ fn gpu_out_of_memory_inside_a_scope_is_clean() {
     pool.retention_begin().unwrap();
     let err = pool.allocate_raw(total * 2).unwrap_err();
     println!("{err}");
-    assert!(matches!(err, flare_package::Error::OutOfMemory { in_scope: true, .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            flare_package::Error::OutOfMemory { in_scope: true, .. }
+        ),
+        "{err:?}"
+    );
     let s = check(&pool);
-    assert_eq!((s.physical_bytes, s.reserved_bytes, s.live_count), (0, 0, 0));
+    assert_eq!(
+        (s.physical_bytes, s.reserved_bytes, s.live_count),
+        (0, 0, 0)
+    );
     pool.retention_finish().unwrap();
 }

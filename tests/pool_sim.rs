@@ -3,9 +3,7 @@
 mod common;
 
 use common::*;
-use flare_package::{
-    Backend, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimConfig,
-};
+use flare_package::{Backend, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimConfig};
 
 #[test]
 fn warmup_one_transient_at_a_time() {
@@ -40,7 +38,12 @@ fn per_shape_sizes_stay_bounded_outside_a_scope() {
                 pool.free_raw(live.pop_front().unwrap()).unwrap();
             }
             let s = check(&pool);
-            assert!(s.physical_bytes <= two_largest, "{policy:?}: {} > {}", s.physical_bytes, two_largest);
+            assert!(
+                s.physical_bytes <= two_largest,
+                "{policy:?}: {} > {}",
+                s.physical_bytes,
+                two_largest
+            );
         }
         let s = check(&pool);
         assert!(s.peak_physical_bytes <= two_largest);
@@ -63,7 +66,11 @@ fn per_shape_sizes_with_a_release_threshold_stay_under_it() {
     })
     .unwrap();
     let sizes = shape_sizes();
-    let max = sizes.iter().map(|b| b.div_ceil(2 * MIB) * 2 * MIB).max().unwrap();
+    let max = sizes
+        .iter()
+        .map(|b| b.div_ceil(2 * MIB) * 2 * MIB)
+        .max()
+        .unwrap();
     let mut live = std::collections::VecDeque::new();
     for &b in &sizes {
         live.push_back(pool.allocate_raw(b).unwrap());
@@ -93,7 +100,10 @@ fn a_reuse_hit_makes_no_driver_call() {
     let after: Vec<u64> = DriverCall::ALL.iter().map(|&c| sim.call_count(c)).collect();
     assert_eq!(before, after);
     let s = check(&pool);
-    assert_eq!((s.reuse_hits, s.reuse_exact_hits, s.mappings_created), (1, 1, 1));
+    assert_eq!(
+        (s.reuse_hits, s.reuse_exact_hits, s.mappings_created),
+        (1, 1, 1)
+    );
     assert_eq!(s.idle_bytes, 64 * MIB);
     pool.retention_finish().unwrap();
     assert_driver_empty(&pool);
@@ -116,7 +126,10 @@ fn best_fit_respects_the_waste_bound() {
     let mid = pool.allocate_raw(6 * MIB).unwrap();
     assert_eq!(mid, big);
     let s = check(&pool);
-    assert_eq!((s.reuse_hits, s.reuse_exact_hits, s.mappings_created), (1, 0, 2));
+    assert_eq!(
+        (s.reuse_hits, s.reuse_exact_hits, s.mappings_created),
+        (1, 0, 2)
+    );
     assert_eq!(s.live_requested_bytes, 8 * MIB);
     assert_eq!(s.live_mapped_bytes, 10 * MIB);
     pool.free_raw(small).unwrap();
@@ -136,7 +149,10 @@ fn exact_reuses_only_the_same_rounded_size() {
     let c = pool.allocate_raw(3 * MIB + 1).unwrap();
     assert_eq!(c, a, "3 MiB + 1 rounds to 4 MiB");
     let s = check(&pool);
-    assert_eq!((s.reuse_hits, s.reuse_exact_hits, s.mappings_created), (1, 1, 2));
+    assert_eq!(
+        (s.reuse_hits, s.reuse_exact_hits, s.mappings_created),
+        (1, 1, 2)
+    );
     drop(pool);
 }
 
@@ -145,16 +161,32 @@ fn bad_arguments_change_nothing() {
     let pool = pool(On::Sim, ReusePolicy::BestFit);
     let p = pool.allocate_raw(3 * MIB).unwrap();
     let before = check(&pool);
-    assert!(matches!(pool.allocate_raw(0), Err(Error::InvalidArgument(_))));
-    assert!(matches!(pool.allocate_raw(u64::MAX), Err(Error::InvalidArgument(_))));
-    assert_eq!(pool.free_raw(p + 4096), Err(Error::UnknownPointer { ptr: p + 4096 }));
-    assert_eq!(pool.free_raw(12345), Err(Error::UnknownPointer { ptr: 12345 }));
+    assert!(matches!(
+        pool.allocate_raw(0),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        pool.allocate_raw(u64::MAX),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(
+        pool.free_raw(p + 4096),
+        Err(Error::UnknownPointer { ptr: p + 4096 })
+    );
+    assert_eq!(
+        pool.free_raw(12345),
+        Err(Error::UnknownPointer { ptr: 12345 })
+    );
     assert!(matches!(pool.retention_finish(), Err(Error::ScopeState(_))));
     assert!(matches!(pool.retention_abort(), Err(Error::ScopeState(_))));
     assert_eq!(check(&pool), before);
     pool.free_raw(p).unwrap();
     let after_free = check(&pool);
-    assert_eq!(pool.free_raw(p), Err(Error::UnknownPointer { ptr: p }), "double free");
+    assert_eq!(
+        pool.free_raw(p),
+        Err(Error::UnknownPointer { ptr: p }),
+        "double free"
+    );
     assert_eq!(check(&pool), after_free);
     pool.retention_begin().unwrap();
     let in_scope = check(&pool);
@@ -177,14 +209,28 @@ fn out_of_memory_inside_a_scope_releases_nothing_and_says_why() {
     let before = check(&pool);
     let err = pool.allocate_raw(2 * GIB).unwrap_err();
     match &err {
-        Error::OutOfMemory { requested, live, idle, in_scope, source } => {
-            assert_eq!((*requested, *live, *idle, *in_scope), (2 * GIB, 2 * GIB, GIB, true));
+        Error::OutOfMemory {
+            requested,
+            live,
+            idle,
+            in_scope,
+            source,
+        } => {
+            assert_eq!(
+                (*requested, *live, *idle, *in_scope),
+                (2 * GIB, 2 * GIB, GIB, true)
+            );
             assert_eq!(source.unwrap().call, DriverCall::Create);
         }
         e => panic!("expected out of memory, got {e:?}"),
     }
     let msg = err.to_string();
-    assert!(msg.contains("2.0 GiB live") && msg.contains("1.0 GiB retained idle") && msg.contains("2.0 GiB requested"), "{msg}");
+    assert!(
+        msg.contains("2.0 GiB live")
+            && msg.contains("1.0 GiB retained idle")
+            && msg.contains("2.0 GiB requested"),
+        "{msg}"
+    );
     assert!(msg.contains("finish the scope"), "{msg}");
     let after = check(&pool);
     assert_eq!(after.idle_bytes, GIB, "nothing retained was released");
@@ -209,15 +255,24 @@ fn out_of_memory_outside_a_scope_releases_idle_and_retries_once() {
     let b = pool.allocate_raw(GIB).unwrap();
     pool.free_raw(a).unwrap();
     pool.free_raw(b).unwrap();
-    assert_eq!(check(&pool).idle_bytes, 2 * GIB, "cached under the threshold");
+    assert_eq!(
+        check(&pool).idle_bytes,
+        2 * GIB,
+        "cached under the threshold"
+    );
     // 3 GiB does not fit beside 2 GiB cached: release them, then it does.
     let c = pool.allocate_raw(3 * GIB).unwrap();
     let s = check(&pool);
-    assert_eq!((s.oom_retries, s.idle_bytes, s.physical_bytes), (1, 0, 3 * GIB));
+    assert_eq!(
+        (s.oom_retries, s.idle_bytes, s.physical_bytes),
+        (1, 0, 3 * GIB)
+    );
     assert_eq!(s.mappings_released, 2);
     // Beyond the device: released and retried, still out of memory.
     let err = pool.allocate_raw(8 * GIB).unwrap_err();
-    assert!(matches!(err, Error::OutOfMemory { in_scope: false, requested, .. } if requested == 8 * GIB));
+    assert!(
+        matches!(err, Error::OutOfMemory { in_scope: false, requested, .. } if requested == 8 * GIB)
+    );
     assert_eq!(check(&pool).oom_retries, 2);
     pool.free_raw(c).unwrap();
     pool.trim().unwrap();
@@ -237,14 +292,21 @@ fn release_threshold_keeps_small_frees_cached() {
     assert_eq!(check(&pool).idle_bytes, 2 * MIB);
     pool.free_raw(b).unwrap();
     let s = check(&pool);
-    assert_eq!(s.idle_bytes, 2 * MIB, "6 MiB idle would pass 4 MiB: the 4 MiB one is released");
+    assert_eq!(
+        s.idle_bytes,
+        2 * MIB,
+        "6 MiB idle would pass 4 MiB: the 4 MiB one is released"
+    );
     assert_eq!(s.mappings_released, 1);
     let c = pool.allocate_raw(MIB).unwrap();
     assert_eq!(c, a);
     pool.free_raw(c).unwrap();
     pool.trim().unwrap();
     let s = check(&pool);
-    assert_eq!((s.idle_bytes, s.physical_bytes, s.mappings_released), (0, 0, 2));
+    assert_eq!(
+        (s.idle_bytes, s.physical_bytes, s.mappings_released),
+        (0, 0, 2)
+    );
     assert_driver_empty(&pool);
 }
 
@@ -263,7 +325,10 @@ fn peers_get_access_to_every_mapping() {
     pool.free_raw(b).unwrap();
     assert_eq!(sim.state().access_grants, 0);
     assert!(matches!(
-        Pool::new(PoolConfig { peer_devices: vec![-1], ..PoolConfig::default() }),
+        Pool::new(PoolConfig {
+            peer_devices: vec![-1],
+            ..PoolConfig::default()
+        }),
         Err(Error::InvalidArgument(_))
     ));
 }
@@ -281,12 +346,18 @@ fn guards_free_on_drop_and_scope_drop_aborts() {
         drop(scope);
     }
     let s = check(&pool);
-    assert_eq!((s.scopes_aborted, s.scopes_finished, s.physical_bytes), (1, 0, 0));
+    assert_eq!(
+        (s.scopes_aborted, s.scopes_finished, s.physical_bytes),
+        (1, 0, 0)
+    );
     let scope = pool.retention_scope().unwrap();
     let kept = pool.allocate(2 * MIB).unwrap().into_raw();
     scope.finish().unwrap();
     let s = check(&pool);
-    assert_eq!((s.scopes_finished, s.live_count, s.physical_bytes), (1, 1, 2 * MIB));
+    assert_eq!(
+        (s.scopes_finished, s.live_count, s.physical_bytes),
+        (1, 1, 2 * MIB)
+    );
     pool.free_raw(kept).unwrap();
     assert_driver_empty(&pool);
 }
@@ -300,7 +371,10 @@ fn live_allocations_survive_finish_and_release_when_freed() {
     pool.free_raw(t).unwrap();
     pool.retention_finish().unwrap();
     let s = check(&pool);
-    assert_eq!((s.live_mapped_bytes, s.idle_bytes, s.physical_bytes), (GIB, 0, GIB));
+    assert_eq!(
+        (s.live_mapped_bytes, s.idle_bytes, s.physical_bytes),
+        (GIB, 0, GIB)
+    );
     pool.free_raw(weights).unwrap();
     assert_eq!(check(&pool).physical_bytes, 0);
     assert_driver_empty(&pool);
@@ -317,7 +391,10 @@ fn drop_releases_everything_live_included() {
     assert_eq!(sim.state().physical_bytes, 2 * GIB);
     drop(pool);
     let d = sim.state();
-    assert_eq!((d.physical_bytes, d.handles, d.reservations, d.mappings), (0, 0, 0, 0));
+    assert_eq!(
+        (d.physical_bytes, d.handles, d.reservations, d.mappings),
+        (0, 0, 0, 0)
+    );
 }
 
 #[test]

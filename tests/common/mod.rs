@@ -43,12 +43,22 @@ pub fn check(pool: &Pool) -> Snapshot {
     }
     if let Some(sim) = pool.sim_driver() {
         let d = sim.state();
-        assert_eq!(s.physical_bytes, d.physical_bytes, "physical bytes: books vs driver\n{s:#?}\n{d:#?}");
-        assert_eq!(s.reserved_bytes, d.reserved_bytes, "reserved bytes: books vs driver");
+        assert_eq!(
+            s.physical_bytes, d.physical_bytes,
+            "physical bytes: books vs driver\n{s:#?}\n{d:#?}"
+        );
+        assert_eq!(
+            s.reserved_bytes, d.reserved_bytes,
+            "reserved bytes: books vs driver"
+        );
         assert!(
-            d.mappings >= s.live_count + s.idle_count && d.mappings <= s.live_count + s.idle_count + s.pending_count,
+            d.mappings >= s.live_count + s.idle_count
+                && d.mappings <= s.live_count + s.idle_count + s.pending_count,
             "driver mappings {} vs live {} + idle {} (+ pending {})",
-            d.mappings, s.live_count, s.idle_count, s.pending_count
+            d.mappings,
+            s.live_count,
+            s.idle_count,
+            s.pending_count
         );
         assert!(sim.faults().is_empty(), "driver faults: {:?}", sim.faults());
     }

@@ -1,11 +1,11 @@
 #![doc = include_str!("../README.md")]
-
 #![deny(missing_docs)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod driver;
 mod error;
 pub mod pool;
+pub mod trace;
 
 pub(crate) mod sync;
 

@@ -128,3 +128,40 @@ pub fn shape_sizes() -> Vec<u64> {
     }
     v
 }
+
+/// 2 MiB, the granularity of an H200 (and the simulated driver's default).
+pub const GRANULARITY: u64 = 2 << 20;
+
+/// A pool with `policy` on a fresh simulated device of `capacity` bytes, and its
+/// simulated driver.
+pub fn sim_pool(
+    policy: ReusePolicy,
+    capacity: u64,
+) -> (Pool, std::sync::Arc<flare_package::SimDriver>) {
+    let pool = Pool::new(
+        PoolConfig::simulated(SimConfig {
+            capacity_bytes: capacity,
+            ..SimConfig::default()
+        })
+        .with_policy(policy),
+    )
+    .expect("pool on the simulated driver");
+    let sim = pool.sim_driver().expect("simulated").clone();
+    (pool, sim)
+}
+
+/// The path of a shipped trace, by file name (`graph-warmup-20sizes.segment.trace`).
+pub fn data(name: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+/// The four shipped traces with their figures from `tests/data/README.md`, GiB:
+/// (file, lower bound, no reuse).
+pub const SHIPPED: [(&str, f64, f64); 4] = [
+    ("eager-prefill-20shapes.tensor.trace", 1.26, 123.11),
+    ("eager-prefill-20shapes.segment.trace", 1.93, 1.93),
+    ("graph-warmup-20sizes.tensor.trace", 3.08, 1208.91),
+    ("graph-warmup-20sizes.segment.trace", 28.58, 53.43),
+];

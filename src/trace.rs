@@ -1,0 +1,736 @@
+//! flare-trace v1: the parser of allocation traces and their replay on a [`Pool`].
+//!
+//! The format is described in `docs/trace-format.md`: one event per line
+//! (`a ID BYTES`, `f ID`, `begin`, `finish`, `abort`, `trim`), `#` comment lines,
+//! blank lines, fields separated by spaces or tabs.
+//!
+//! - [`parse`] / [`parse_str`] read a trace into a [`Trace`]: every event with its
+//!   line number, allocation ids interned to dense `u32` indices (so a replay keeps
+//!   its pointers in a `Vec`, not a map of strings). Every rule of the format is
+//!   checked at parse time; a broken one is a [`TraceError::Parse`] naming the file,
+//!   the line and the [`Problem`].
+//! - [`Trace::lower_bound_bytes`] and [`Trace::no_reuse_bytes`] are the two reference
+//!   figures of a trace that any replay can be judged against.
+//! - [`replay`] runs a trace on a pool and returns a [`ReplayReport`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+use std::time::Instant;
+
+use crate::error::Error;
+use crate::pool::Pool;
+
+/// Largest allocation size a trace may name, bytes (2^63).
+pub const MAX_ALLOCATION_BYTES: u64 = 1 << 63;
+
+/// One event of a trace. Allocation ids are dense indices `0..Trace::id_count()`,
+/// one per distinct id token of the file (an id reused after its free keeps its
+/// index).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// `a ID BYTES`: allocate `bytes` bytes (`1..=2^63`) as allocation `id`.
+    Alloc {
+        /// Dense index of the allocation's id.
+        id: u32,
+        /// Requested size, bytes (not rounded).
+        bytes: u64,
+    },
+    /// `f ID`: free the live allocation `id`.
+    Free {
+        /// Dense index of the allocation's id.
+        id: u32,
+    },
+    /// `begin`: open a retention scope.
+    Begin,
+    /// `finish`: close the retention scope; retained memory is released.
+    Finish,
+    /// `abort`: close the retention scope as failed; retained memory is released.
+    Abort,
+    /// `trim`: release idle cached memory now (outside a scope).
+    Trim,
+}
+
+/// What is wrong with a line of a trace.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    /// The line is not valid UTF-8.
+    #[error("the line is not valid UTF-8")]
+    NotUtf8,
+    /// A known keyword with the wrong number of fields. `expected` says what the
+    /// keyword takes; `found` is how many fields follow it.
+    #[error(
+        "malformed `{keyword}` line: expected {expected}, found {found} field(s) after the keyword"
+    )]
+    Malformed {
+        /// The keyword of the line (`a`, `f`, `begin`, ...).
+        keyword: String,
+        /// What the keyword takes (`"an id and a size in bytes"`).
+        expected: &'static str,
+        /// Number of fields after the keyword.
+        found: usize,
+    },
+    /// The first field is not a keyword of the format.
+    #[error("unknown keyword {0:?} (expected a, f, begin, finish, abort, trim or a # comment)")]
+    UnknownKeyword(String),
+    /// An allocation of 0 bytes.
+    #[error("allocation size is 0 bytes (sizes are greater than zero)")]
+    ZeroSize,
+    /// An allocation size above 2^63 bytes (the token as written).
+    #[error("allocation size {0} bytes is larger than 2^63")]
+    SizeTooLarge(String),
+    /// An allocation size that is not a plain decimal number (the token as written).
+    #[error("allocation size {0:?} is not a decimal number of bytes")]
+    SizeNotDecimal(String),
+    /// An `a` for an id that is still live.
+    #[error(
+        "allocation id {id:?} is already live (allocated on line {allocated_line} and not freed)"
+    )]
+    AllocLiveId {
+        /// The id token.
+        id: String,
+        /// The line of the `a` that made it live.
+        allocated_line: usize,
+    },
+    /// An `f` for an id that is not live (never allocated, or already freed).
+    #[error("free of allocation id {id:?}, which is not live (never allocated, or already freed)")]
+    FreeNotLive {
+        /// The id token.
+        id: String,
+    },
+    /// A `begin` while a scope opened by an earlier `begin` is still open (retention
+    /// scopes do not nest).
+    #[error(
+        "begin while a retention scope is open (opened on line {open_line}); scopes do not nest"
+    )]
+    BeginInScope {
+        /// The line of the `begin` that opened the scope.
+        open_line: usize,
+    },
+    /// A `finish` or `abort` with no scope open.
+    #[error("{keyword} with no retention scope open")]
+    CloseWithoutScope {
+        /// `finish` or `abort`.
+        keyword: &'static str,
+    },
+    /// More than 2^32 distinct allocation ids (ids are interned to `u32`).
+    #[error("more than 2^32 distinct allocation ids")]
+    TooManyIds,
+    /// A `trim` inside a retention scope (nothing retained may be released there).
+    #[error("trim inside a retention scope (opened on line {open_line}); nothing retained is released there")]
+    TrimInScope {
+        /// The line of the `begin` that opened the scope.
+        open_line: usize,
+    },
+}
+
+/// A trace that could not be read or parsed.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// The file could not be read.
+    #[error("{file}: cannot read the trace: {source}")]
+    Io {
+        /// The file as given.
+        file: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// A line breaks a rule of the format.
+    #[error("{file}:{line}: {problem}")]
+    Parse {
+        /// The file (or name) of the trace.
+        file: String,
+        /// Line number, 1-based.
+        line: usize,
+        /// What is wrong.
+        problem: Problem,
+    },
+}
+
+impl TraceError {
+    /// The line of a parse error (1-based), `None` for a read error.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            TraceError::Parse { line, .. } => Some(*line),
+            TraceError::Io { .. } => None,
+        }
+    }
+
+    /// The problem of a parse error, `None` for a read error.
+    pub fn problem(&self) -> Option<&Problem> {
+        match self {
+            TraceError::Parse { problem, .. } => Some(problem),
+            TraceError::Io { .. } => None,
+        }
+    }
+}
+
+/// A parsed, valid trace: its events in order, each with its line number, and the
+/// id names. Built only by [`parse`] / [`parse_str`], so every `Free` names a live
+/// allocation and scopes are well nested.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trace {
+    name: String,
+    events: Vec<Event>,
+    lines: Vec<usize>,
+    id_names: Vec<String>,
+    allocations: usize,
+    has_scope_events: bool,
+}
+
+/// Reads and parses the trace file at `path`. The trace's name is the path as given.
+///
+/// Errors: [`TraceError::Io`] when the file cannot be read; [`TraceError::Parse`]
+/// for the first line that breaks a rule of the format.
+pub fn parse(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
+    let path = path.as_ref();
+    let file = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
+        file: file.clone(),
+        source,
+    })?;
+    parse_bytes(file, &bytes)
+}
+
+/// Parses trace text; `name` names the trace in errors and reports (a file name,
+/// say).
+///
+/// Errors: [`TraceError::Parse`] for the first line that breaks a rule of the format.
+pub fn parse_str(name: &str, text: &str) -> Result<Trace, TraceError> {
+    parse_bytes(name.to_string(), text.as_bytes())
+}
+
+/// The parser's state: ids interned so far and which are live.
+struct Parser {
+    trace: Trace,
+    ids: HashMap<String, u32>,
+    /// For each id index: the line of the `a` that made it live, 0 when not live.
+    live_since: Vec<usize>,
+    /// The line of the `begin` of the open scope, 0 when none is open.
+    open_scope: usize,
+}
+
+fn parse_bytes(name: String, bytes: &[u8]) -> Result<Trace, TraceError> {
+    let mut p = Parser {
+        trace: Trace {
+            name,
+            events: Vec::with_capacity(bytes.len() / 12),
+            lines: Vec::with_capacity(bytes.len() / 12),
+            id_names: Vec::new(),
+            allocations: 0,
+            has_scope_events: false,
+        },
+        ids: HashMap::new(),
+        live_since: Vec::new(),
+        open_scope: 0,
+    };
+    for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
+        let line = i + 1;
+        let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+        let result = match std::str::from_utf8(raw) {
+            Ok(text) => p.line(line, text),
+            Err(_) => Err(Problem::NotUtf8),
+        };
+        if let Err(problem) = result {
+            return Err(TraceError::Parse {
+                file: p.trace.name,
+                line,
+                problem,
+            });
+        }
+    }
+    Ok(p.trace)
+}
+
+fn is_sep(c: char) -> bool {
+    c == ' ' || c == '\t'
+}
+
+impl Parser {
+    fn line(&mut self, line: usize, text: &str) -> Result<(), Problem> {
+        let text = text.trim_matches(is_sep);
+        if text.is_empty() || text.starts_with('#') {
+            return Ok(());
+        }
+        let mut fields = text.split(is_sep).filter(|f| !f.is_empty());
+        let keyword = fields.next().unwrap_or("");
+        let mut args: [&str; 2] = ["", ""];
+        let mut found = 0;
+        for f in fields {
+            if found < args.len() {
+                args[found] = f;
+            }
+            found += 1;
+        }
+        let arity = |want: usize, expected: &'static str| {
+            if found == want {
+                Ok(())
+            } else {
+                Err(Problem::Malformed {
+                    keyword: keyword.to_string(),
+                    expected,
+                    found,
+                })
+            }
+        };
+        let event = match keyword {
+            "a" => {
+                arity(2, "an id and a size in bytes")?;
+                let bytes = parse_size(args[1])?;
+                let id = self.intern(args[0])?;
+                let slot = id as usize;
+                let since = self.live_since.get(slot).copied().unwrap_or(0);
+                if since != 0 {
+                    return Err(Problem::AllocLiveId {
+                        id: args[0].to_string(),
+                        allocated_line: since,
+                    });
+                }
+                if let Some(s) = self.live_since.get_mut(slot) {
+                    *s = line;
+                }
+                self.trace.allocations += 1;
+                Event::Alloc { id, bytes }
+            }
+            "f" => {
+                arity(1, "an id")?;
+                let live = self
+                    .ids
+                    .get(args[0])
+                    .and_then(|&id| self.live_since.get_mut(id as usize).map(|s| (id, s)))
+                    .filter(|(_, s)| **s != 0);
+                match live {
+                    Some((id, since)) => {
+                        *since = 0;
+                        Event::Free { id }
+                    }
+                    None => {
+                        return Err(Problem::FreeNotLive {
+                            id: args[0].to_string(),
+                        })
+                    }
+                }
+            }
+            "begin" => {
+                arity(0, "no fields")?;
+                if self.open_scope != 0 {
+                    return Err(Problem::BeginInScope {
+                        open_line: self.open_scope,
+                    });
+                }
+                self.open_scope = line;
+                Event::Begin
+            }
+            "finish" | "abort" => {
+                arity(0, "no fields")?;
+                let (kw, event) = if keyword == "finish" {
+                    ("finish", Event::Finish)
+                } else {
+                    ("abort", Event::Abort)
+                };
+                if self.open_scope == 0 {
+                    return Err(Problem::CloseWithoutScope { keyword: kw });
+                }
+                self.open_scope = 0;
+                event
+            }
+            "trim" => {
+                arity(0, "no fields")?;
+                if self.open_scope != 0 {
+                    return Err(Problem::TrimInScope {
+                        open_line: self.open_scope,
+                    });
+                }
+                Event::Trim
+            }
+            other => return Err(Problem::UnknownKeyword(other.to_string())),
+        };
+        if matches!(event, Event::Begin | Event::Finish | Event::Abort) {
+            self.trace.has_scope_events = true;
+        }
+        self.trace.events.push(event);
+        self.trace.lines.push(line);
+        Ok(())
+    }
+
+    /// The dense index of `token`, interning it on first sight.
+    fn intern(&mut self, token: &str) -> Result<u32, Problem> {
+        if let Some(&id) = self.ids.get(token) {
+            return Ok(id);
+        }
+        let id = u32::try_from(self.trace.id_names.len()).map_err(|_| Problem::TooManyIds)?;
+        self.ids.insert(token.to_string(), id);
+        self.trace.id_names.push(token.to_string());
+        self.live_since.push(0);
+        Ok(id)
+    }
+}
+
+/// A size field: plain decimal digits, `1..=2^63`.
+fn parse_size(token: &str) -> Result<u64, Problem> {
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Problem::SizeNotDecimal(token.to_string()));
+    }
+    match token.parse::<u64>() {
+        Ok(0) => Err(Problem::ZeroSize),
+        Ok(n) if n <= MAX_ALLOCATION_BYTES => Ok(n),
+        _ => Err(Problem::SizeTooLarge(token.to_string())),
+    }
+}
+
+/// Rounds `bytes` up to a multiple of `granularity` (bytes; 0 is taken as 1),
+/// saturating at `u64::MAX`.
+fn round_up(bytes: u64, granularity: u64) -> u64 {
+    let g = granularity.max(1);
+    match bytes.checked_add(g - 1) {
+        Some(b) => b / g * g,
+        None => u64::MAX,
+    }
+}
+
+impl Trace {
+    /// The trace's name: the path as given to [`parse`], or the name given to
+    /// [`parse_str`].
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The events, in trace order.
+    pub fn events(&self) -> &[Event] {
+        &self.events
+    }
+
+    /// The 1-based line number of each event (`lines()[i]` is the line of
+    /// `events()[i]`).
+    pub fn lines(&self) -> &[usize] {
+        &self.lines
+    }
+
+    /// The events with their 1-based line numbers, in trace order.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, Event)> + '_ {
+        self.lines.iter().copied().zip(self.events.iter().copied())
+    }
+
+    /// Number of events (comment and blank lines excluded).
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Whether the trace has no events.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Number of distinct allocation ids: every `id` in an [`Event`] is below it.
+    pub fn id_count(&self) -> usize {
+        self.id_names.len()
+    }
+
+    /// The id token as written in the file for the dense index `id`.
+    pub fn id_name(&self, id: u32) -> Option<&str> {
+        self.id_names.get(id as usize).map(String::as_str)
+    }
+
+    /// Number of `a` events.
+    pub fn allocations(&self) -> usize {
+        self.allocations
+    }
+
+    /// Whether the trace has any `begin`, `finish` or `abort` line. A trace without
+    /// one is replayed inside a single retention scope.
+    pub fn has_scope_events(&self) -> bool {
+        self.has_scope_events
+    }
+
+    /// The lower bound of any allocator's physical memory on this trace, bytes: the
+    /// peak over the trace of live bytes, each allocation rounded up to
+    /// `granularity` (bytes; 0 is taken as 1). Saturates at `u64::MAX`.
+    pub fn lower_bound_bytes(&self, granularity: u64) -> u64 {
+        let mut sizes = vec![0u64; self.id_count()];
+        let (mut live, mut peak) = (0u64, 0u64);
+        for e in &self.events {
+            match *e {
+                Event::Alloc { id, bytes } => {
+                    let r = round_up(bytes, granularity);
+                    if let Some(s) = sizes.get_mut(id as usize) {
+                        *s = r;
+                    }
+                    live = live.saturating_add(r);
+                    peak = peak.max(live);
+                }
+                Event::Free { id } => {
+                    let r = sizes.get(id as usize).copied().unwrap_or(0);
+                    live = live.saturating_sub(r);
+                }
+                Event::Begin | Event::Finish | Event::Abort | Event::Trim => {}
+            }
+        }
+        peak
+    }
+
+    /// Physical memory of a pool that never reuses on this trace, bytes: every freed
+    /// mapping retained until its scope closes (the warmup-retention bug). Sizes are
+    /// rounded up to `granularity` (bytes; 0 is taken as 1); a trace without scope
+    /// lines is taken as one scope, as [`replay`] runs it. Within a scope this is the
+    /// live bytes at its start plus every allocation since; outside a scope it is the
+    /// live bytes; the result is the peak over the trace. Saturates at `u64::MAX`.
+    pub fn no_reuse_bytes(&self, granularity: u64) -> u64 {
+        let mut sizes = vec![0u64; self.id_count()];
+        let mut in_scope = !self.has_scope_events;
+        let (mut live, mut retained, mut peak) = (0u64, 0u64, 0u64);
+        for e in &self.events {
+            match *e {
+                Event::Alloc { id, bytes } => {
+                    let r = round_up(bytes, granularity);
+                    if let Some(s) = sizes.get_mut(id as usize) {
+                        *s = r;
+                    }
+                    live = live.saturating_add(r);
+                    peak = peak.max(live.saturating_add(retained));
+                }
+                Event::Free { id } => {
+                    let r = sizes.get(id as usize).copied().unwrap_or(0);
+                    live = live.saturating_sub(r);
+                    if in_scope {
+                        retained = retained.saturating_add(r);
+                    }
+                }
+                Event::Begin => in_scope = true,
+                Event::Finish | Event::Abort => {
+                    in_scope = false;
+                    retained = 0;
+                }
+                Event::Trim => {}
+            }
+        }
+        peak
+    }
+}
+
+/// What a replay did. Byte fields are bytes; counts count allocations or mappings.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ReplayReport {
+    /// Allocations the replay made (successful `a` events).
+    pub allocations: u64,
+    /// The pool's high watermark of physical bytes after the replay
+    /// ([`Snapshot::peak_physical_bytes`](crate::Snapshot::peak_physical_bytes)): the
+    /// replay's own peak on a fresh pool, as `flare-replay` runs it.
+    pub peak_physical_bytes: u64,
+    /// Physical bytes the pool holds after the replay, once the scope finished and
+    /// every allocation of the replay was released (0 on a fresh pool unless a
+    /// release step failed).
+    pub final_physical_bytes: u64,
+    /// Mappings the pool created during the replay (driver create/reserve/map).
+    pub mappings_created: u64,
+    /// Allocations of the replay served from an idle mapping (no driver call).
+    pub reuse_hits: u64,
+    /// The trace line whose allocation ran out of memory, which stopped the replay;
+    /// `None` when the whole trace ran.
+    pub out_of_memory_at_line: Option<usize>,
+    /// Allocations still live when the replay ended (the trace's end, or the
+    /// out-of-memory line); the replay freed them.
+    pub live_at_end: u64,
+    /// Wall time of the replay itself, seconds (parsing excluded).
+    pub seconds: f64,
+}
+
+/// A replay that failed for a reason other than running out of memory. Whatever the
+/// replay allocated was freed and its scope closed before this is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// A pool operation failed on a line of the trace (a driver failure, say).
+    #[error("{file}:{line}: {source}")]
+    Pool {
+        /// The trace's name.
+        file: String,
+        /// The 1-based line of the event.
+        line: usize,
+        /// The pool's error.
+        source: Error,
+    },
+    /// Opening the replay's own retention scope (for a trace without scope lines)
+    /// failed: a scope is already open on the pool, say.
+    #[error("{file}: cannot open the replay's retention scope: {source}")]
+    Begin {
+        /// The trace's name.
+        file: String,
+        /// The pool's error.
+        source: Error,
+    },
+    /// Releasing at the end of the replay (freeing what is still live, finishing the
+    /// scope, trimming) failed: the driver refused a release step. The pool keeps
+    /// that memory and retries it at its next release point.
+    #[error("{file}: releasing at the end of the replay failed: {source}")]
+    Release {
+        /// The trace's name.
+        file: String,
+        /// The first error.
+        source: Error,
+    },
+}
+
+/// How often (in events) the progress callback is called.
+const PROGRESS_EVERY: usize = 1 << 14;
+
+/// Replays `trace` on `pool`, event by event.
+///
+/// A trace without `begin`/`finish`/`abort` lines runs inside one retention scope
+/// (begun before the first event, finished after the last; its `trim` lines are then
+/// no-ops, as the pool releases nothing inside a scope). At the end, allocations
+/// still live are counted in [`ReplayReport::live_at_end`] and freed, an open scope
+/// is finished, and idle cached memory is trimmed, so that
+/// [`ReplayReport::final_physical_bytes`] is what the pool holds afterwards.
+///
+/// An allocation that runs out of memory ([`Error::OutOfMemory`]) stops the replay:
+/// it is reported in [`ReplayReport::out_of_memory_at_line`], not as an error; what
+/// was allocated is freed and the open scope is aborted.
+///
+/// `progress`, when given, is called with `(events done, events in total)` every
+/// few thousand events and once at the end.
+///
+/// Errors: [`ReplayError`] for any other failure; whatever the replay allocated is
+/// freed first (the first error is returned).
+pub fn replay(
+    pool: &Pool,
+    trace: &Trace,
+    progress: Option<&dyn Fn(u64, u64)>,
+) -> Result<ReplayReport, ReplayError> {
+    let start_snapshot = pool.snapshot();
+    let implicit_scope = !trace.has_scope_events();
+    let total = trace.len() as u64;
+    let started = Instant::now();
+    if implicit_scope {
+        pool.retention_begin()
+            .map_err(|source| ReplayError::Begin {
+                file: trace.name.clone(),
+                source,
+            })?;
+    }
+    let mut ptrs: Vec<Option<u64>> = vec![None; trace.id_count()];
+    let mut live: u64 = 0;
+    let mut allocations: u64 = 0;
+    let mut scope_open = implicit_scope;
+    let mut oom_line: Option<usize> = None;
+    let mut failure: Option<(usize, Error)> = None;
+
+    for (i, (&event, &line)) in trace.events.iter().zip(&trace.lines).enumerate() {
+        if let Some(report) = progress {
+            if i % PROGRESS_EVERY == 0 && i != 0 {
+                report(i as u64, total);
+            }
+        }
+        let result = match event {
+            Event::Alloc { id, bytes } => match ptrs.get_mut(id as usize) {
+                Some(slot @ None) => match pool.allocate_raw(bytes) {
+                    Ok(ptr) => {
+                        *slot = Some(ptr);
+                        live += 1;
+                        allocations += 1;
+                        Ok(())
+                    }
+                    Err(Error::OutOfMemory { .. }) => {
+                        oom_line = Some(line);
+                        break;
+                    }
+                    Err(e) => Err(e),
+                },
+                // Unreachable for a parsed trace: the parser rejects both.
+                _ => Err(Error::InvalidArgument(format!(
+                    "allocation id index {id} is live or out of range"
+                ))),
+            },
+            Event::Free { id } => match ptrs.get_mut(id as usize).and_then(Option::take) {
+                Some(ptr) => {
+                    live -= 1;
+                    pool.free_raw(ptr)
+                }
+                None => Err(Error::InvalidArgument(format!(
+                    "allocation id index {id} is not live"
+                ))),
+            },
+            Event::Begin => pool.retention_begin().map(|()| scope_open = true),
+            Event::Finish => {
+                scope_open = false;
+                pool.retention_finish()
+            }
+            Event::Abort => {
+                scope_open = false;
+                pool.retention_abort()
+            }
+            Event::Trim if implicit_scope => Ok(()),
+            Event::Trim => pool.trim(),
+        };
+        if let Err(e) = result {
+            failure = Some((line, e));
+            break;
+        }
+    }
+
+    // Release: free what is live, close the scope, trim idle cached memory.
+    let live_at_end = live;
+    let mut release_error: Option<Error> = None;
+    let mut note = |r: crate::Result<()>| {
+        if let Err(e) = r {
+            release_error.get_or_insert(e);
+        }
+    };
+    for ptr in ptrs.iter_mut().filter_map(Option::take) {
+        note(pool.free_raw(ptr));
+    }
+    if scope_open {
+        if oom_line.is_some() || failure.is_some() {
+            note(pool.retention_abort());
+        } else {
+            note(pool.retention_finish());
+        }
+    }
+    if !pool.snapshot().scope_open {
+        note(pool.trim());
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    if let Some(report) = progress {
+        report(total, total);
+    }
+
+    if let Some((line, source)) = failure {
+        return Err(ReplayError::Pool {
+            file: trace.name.clone(),
+            line,
+            source,
+        });
+    }
+    if let Some(source) = release_error {
+        return Err(ReplayError::Release {
+            file: trace.name.clone(),
+            source,
+        });
+    }
+    let end = pool.snapshot();
+    Ok(ReplayReport {
+        allocations,
+        peak_physical_bytes: end.peak_physical_bytes,
+        final_physical_bytes: end.physical_bytes,
+        mappings_created: end
+            .mappings_created
+            .saturating_sub(start_snapshot.mappings_created),
+        reuse_hits: end.reuse_hits.saturating_sub(start_snapshot.reuse_hits),
+        out_of_memory_at_line: oom_line,
+        live_at_end,
+        seconds,
+    })
+}
+
+impl fmt::Display for Event {
+    /// Writes the event as a trace line would, with its dense id index
+    /// (`a 3 2097152`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Event::Alloc { id, bytes } => write!(f, "a {id} {bytes}"),
+            Event::Free { id } => write!(f, "f {id}"),
+            Event::Begin => f.write_str("begin"),
+            Event::Finish => f.write_str("finish"),
+            Event::Abort => f.write_str("abort"),
+            Event::Trim => f.write_str("trim"),
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! The flare-trace v1 parser: every error rule (with its line number and problem),
+//! comments, blank lines, tabs, id reuse, and the reference figures of the shipped
+//! traces against `tests/data/README.md`.
+
+mod common;
+
+use common::{data, GIB, GRANULARITY, SHIPPED};
+use flare_package::trace::{self, Event, Problem, TraceError, MAX_ALLOCATION_BYTES};
+
+/// Parses `text` and returns its error's (line, problem), checking that the message
+/// names the file and the line.
+fn error_of(text: &str) -> (usize, Problem) {
+    let err = trace::parse_str("test.trace", text).expect_err("the trace must be rejected");
+    let msg = err.to_string();
+    match err {
+        TraceError::Parse {
+            file,
+            line,
+            problem,
+        } => {
+            assert_eq!(file, "test.trace");
+            assert!(
+                msg.starts_with(&format!("test.trace:{line}: ")),
+                "message {msg:?}"
+            );
+            assert!(msg.contains(&problem.to_string()), "message {msg:?}");
+            (line, problem)
+        }
+        other => panic!("expected a parse error, got {other:?}"),
+    }
+}
+
+#[test]
+fn parses_every_keyword_with_line_numbers() {
+    let text = "# flare-trace v1\n# a comment\n\na 1 33554432\na 2 2097152\nf 1\nbegin\nfinish\nbegin\nabort\ntrim\n";
+    let t = trace::parse_str("ok.trace", text).unwrap();
+    assert_eq!(t.name(), "ok.trace");
+    assert_eq!(
+        t.events(),
+        &[
+            Event::Alloc {
+                id: 0,
+                bytes: 33554432
+            },
+            Event::Alloc {
+                id: 1,
+                bytes: 2097152
+            },
+            Event::Free { id: 0 },
+            Event::Begin,
+            Event::Finish,
+            Event::Begin,
+            Event::Abort,
+            Event::Trim,
+        ]
+    );
+    assert_eq!(t.lines(), &[4, 5, 6, 7, 8, 9, 10, 11]);
+    assert_eq!(t.len(), 8);
+    assert_eq!(t.allocations(), 2);
+    assert_eq!(t.id_count(), 2);
+    assert_eq!(t.id_name(0), Some("1"));
+    assert_eq!(t.id_name(1), Some("2"));
+    assert_eq!(t.id_name(2), None);
+    assert!(t.has_scope_events());
+    let pairs: Vec<(usize, Event)> = t.iter().collect();
+    assert_eq!(pairs[2], (6, Event::Free { id: 0 }));
+}
+
+#[test]
+fn comments_blank_lines_tabs_and_crlf() {
+    let text =
+        "  # indented comment\n\t\n   \na\t7\t\t4096  \r\n\t f \t7\r\n#a 1 0 (commented out)\n";
+    let t = trace::parse_str("ws.trace", text).unwrap();
+    assert_eq!(
+        t.events(),
+        &[Event::Alloc { id: 0, bytes: 4096 }, Event::Free { id: 0 }]
+    );
+    assert_eq!(t.lines(), &[4, 5]);
+    assert!(!t.has_scope_events());
+    assert!(trace::parse_str("empty", "").unwrap().is_empty());
+    assert!(
+        trace::parse_str("comments", "# flare-trace v1\n# nothing\n")
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn id_reused_after_free_keeps_its_index() {
+    let t = trace::parse_str("reuse", "a x 1\nf x\na x 2\na y 3\nf x\nf y\na x 4\n").unwrap();
+    assert_eq!(t.id_count(), 2);
+    assert_eq!(
+        t.events(),
+        &[
+            Event::Alloc { id: 0, bytes: 1 },
+            Event::Free { id: 0 },
+            Event::Alloc { id: 0, bytes: 2 },
+            Event::Alloc { id: 1, bytes: 3 },
+            Event::Free { id: 0 },
+            Event::Free { id: 1 },
+            Event::Alloc { id: 0, bytes: 4 },
+        ]
+    );
+}
+
+#[test]
+fn ids_are_any_token() {
+    let t = trace::parse_str("ids", "a 0x7f00:blk#3 10\nf 0x7f00:blk#3\n").unwrap();
+    assert_eq!(t.id_name(0), Some("0x7f00:blk#3"));
+}
+
+#[test]
+fn malformed_lines() {
+    let cases: [(&str, &str, usize); 8] = [
+        ("a 1 5\na 2\n", "a", 1),
+        ("a 1 5 6\n", "a", 3),
+        ("a\n", "a", 0),
+        ("a 1 5\nf\n", "f", 0),
+        ("a 1 5\nf 1 2\n", "f", 2),
+        ("begin now\n", "begin", 1),
+        ("begin\nfinish 1\n", "finish", 1),
+        ("trim all\n", "trim", 1),
+    ];
+    for (text, kw, found_fields) in cases {
+        let want_line = text.lines().count();
+        let (line, problem) = error_of(text);
+        assert_eq!(line, want_line, "{text:?}");
+        match problem {
+            Problem::Malformed { keyword, found, .. } => {
+                assert_eq!(keyword, kw, "{text:?}");
+                assert_eq!(found, found_fields, "{text:?}");
+            }
+            other => panic!("{text:?}: expected Malformed, got {other:?}"),
+        }
+    }
+    // abort with an argument, after a scope opened
+    let (line, problem) = error_of("begin\n\n# c\nabort now\n");
+    assert_eq!(line, 4);
+    assert!(matches!(problem, Problem::Malformed { ref keyword, .. } if keyword == "abort"));
+}
+
+#[test]
+fn unknown_keyword() {
+    let (line, problem) = error_of("a 1 5\n\nalloc 2 5\n");
+    assert_eq!(line, 3);
+    assert_eq!(problem, Problem::UnknownKeyword("alloc".into()));
+    let (line, problem) = error_of("A 1 5\n");
+    assert_eq!(line, 1);
+    assert_eq!(problem, Problem::UnknownKeyword("A".into()));
+    let (line, problem) = error_of("a 1 5\nfree 1\n");
+    assert_eq!(line, 2);
+    assert_eq!(problem, Problem::UnknownKeyword("free".into()));
+}
+
+#[test]
+fn size_zero() {
+    let (line, problem) = error_of("# header\na 1 0\n");
+    assert_eq!(line, 2);
+    assert_eq!(problem, Problem::ZeroSize);
+    let (_, problem) = error_of("a 1 000\n");
+    assert_eq!(problem, Problem::ZeroSize);
+}
+
+#[test]
+fn size_too_large() {
+    // 2^63 itself is allowed.
+    let t = trace::parse_str("max", &format!("a 1 {MAX_ALLOCATION_BYTES}\n")).unwrap();
+    assert_eq!(
+        t.events(),
+        &[Event::Alloc {
+            id: 0,
+            bytes: 1 << 63
+        }]
+    );
+    for size in [
+        "9223372036854775809",
+        "18446744073709551615",
+        "18446744073709551616",
+        "99999999999999999999999999",
+    ] {
+        let (line, problem) = error_of(&format!("a 1 1\na 2 {size}\n"));
+        assert_eq!(line, 2);
+        assert_eq!(problem, Problem::SizeTooLarge(size.into()));
+    }
+}
+
+#[test]
+fn size_not_decimal() {
+    for size in ["0x10", "-5", "+5", "1e6", "1.5", "12MiB", "abc", "5_000"] {
+        let (line, problem) = error_of(&format!("\na 1 {size}\n"));
+        assert_eq!(line, 2, "{size}");
+        assert_eq!(problem, Problem::SizeNotDecimal(size.into()), "{size}");
+    }
+}
+
+#[test]
+fn second_alloc_of_a_live_id() {
+    let (line, problem) = error_of("a 1 5\na 2 5\n# c\na 1 7\n");
+    assert_eq!(line, 4);
+    assert_eq!(
+        problem,
+        Problem::AllocLiveId {
+            id: "1".into(),
+            allocated_line: 1
+        }
+    );
+    // after its free and a new allocation, the line named is the new one
+    let (line, problem) = error_of("a 1 5\nf 1\na 1 6\na 1 7\n");
+    assert_eq!(line, 4);
+    assert_eq!(
+        problem,
+        Problem::AllocLiveId {
+            id: "1".into(),
+            allocated_line: 3
+        }
+    );
+}
+
+#[test]
+fn free_of_an_id_not_live() {
+    let (line, problem) = error_of("a 1 5\nf 2\n");
+    assert_eq!(line, 2);
+    assert_eq!(problem, Problem::FreeNotLive { id: "2".into() });
+    // double free
+    let (line, problem) = error_of("a 1 5\nf 1\n\nf 1\n");
+    assert_eq!(line, 4);
+    assert_eq!(problem, Problem::FreeNotLive { id: "1".into() });
+}
+
+#[test]
+fn scope_lines_must_be_well_nested() {
+    let (line, problem) = error_of("begin\na 1 5\nbegin\n");
+    assert_eq!(line, 3);
+    assert_eq!(problem, Problem::BeginInScope { open_line: 1 });
+    let (line, problem) = error_of("a 1 5\nfinish\n");
+    assert_eq!(line, 2);
+    assert_eq!(problem, Problem::CloseWithoutScope { keyword: "finish" });
+    let (line, problem) = error_of("begin\nabort\nabort\n");
+    assert_eq!(line, 3);
+    assert_eq!(problem, Problem::CloseWithoutScope { keyword: "abort" });
+    let (line, problem) = error_of("\nbegin\ntrim\n");
+    assert_eq!(line, 3);
+    assert_eq!(problem, Problem::TrimInScope { open_line: 2 });
+    // trim outside a scope, and a scope left open at the end, are fine
+    assert!(trace::parse_str("ok", "trim\nbegin\nfinish\ntrim\nbegin\na 1 5\n").is_ok());
+}
+
+#[test]
+fn not_utf8() {
+    let dir = std::env::temp_dir().join(format!("flare-trace-parse-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("latin1.trace");
+    std::fs::write(&path, b"a 1 5\na \xe9t\xe9 5\n").unwrap();
+    let err = trace::parse(&path).unwrap_err();
+    assert_eq!(err.line(), Some(2));
+    assert_eq!(err.problem(), Some(&Problem::NotUtf8));
+    assert!(err
+        .to_string()
+        .starts_with(&format!("{}:2: ", path.display())));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn missing_file_is_an_io_error() {
+    let err = trace::parse(data("no-such.trace")).unwrap_err();
+    assert!(matches!(err, TraceError::Io { .. }), "{err:?}");
+    assert_eq!(err.line(), None);
+    assert!(err.to_string().contains("no-such.trace"), "{err}");
+}
+
+#[test]
+fn figures_of_a_small_trace() {
+    let mib = 1 << 20;
+    // live: 2, 2+4 = 6 (peak), then 4, then 4+2 = 6; no reuse: 2 + 4 + 2 = 8
+    let t = trace::parse_str("small", "a 1 1\na 2 3145728\nf 1\na 3 2097152\n").unwrap();
+    assert_eq!(t.lower_bound_bytes(GRANULARITY), 6 * mib);
+    assert_eq!(t.no_reuse_bytes(GRANULARITY), 8 * mib);
+    // granularity 0 or 1: no rounding (1 + 3 MiB, then 3 + 2 MiB)
+    assert_eq!(t.lower_bound_bytes(1), 5 * mib);
+    assert_eq!(t.lower_bound_bytes(0), 5 * mib);
+    assert_eq!(t.no_reuse_bytes(1), 1 + 5 * mib);
+    // explicit scopes: retained memory is dropped at finish/abort, and frees outside
+    // a scope are released
+    let t = trace::parse_str(
+        "scoped",
+        "a w 4194304\nbegin\na 1 2097152\nf 1\na 2 2097152\nf 2\nfinish\na 3 2097152\nf 3\na 4 2097152\nf 4\nbegin\na 5 2097152\nabort\n",
+    )
+    .unwrap();
+    assert_eq!(t.lower_bound_bytes(GRANULARITY), 6 * mib);
+    // first scope: 4 live + 2 + 2 = 8; outside: 6; second: 4 + 2 = 6
+    assert_eq!(t.no_reuse_bytes(GRANULARITY), 8 * mib);
+}
+
+#[test]
+fn shipped_traces_match_the_readme_figures() {
+    for (file, lower_gib, no_reuse_gib) in SHIPPED {
+        let t = trace::parse(data(file)).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!t.has_scope_events(), "{file}");
+        let lower = t.lower_bound_bytes(GRANULARITY) as f64 / GIB as f64;
+        let no_reuse = t.no_reuse_bytes(GRANULARITY) as f64 / GIB as f64;
+        assert!(
+            (lower - lower_gib).abs() <= 0.01,
+            "{file}: lower bound {lower:.4} GiB, README {lower_gib}"
+        );
+        assert!(
+            (no_reuse - no_reuse_gib).abs() <= 0.01,
+            "{file}: no reuse {no_reuse:.4} GiB, README {no_reuse_gib}"
+        );
+    }
+}
+
+#[test]
+fn shipped_trace_allocation_counts_match_the_readme() {
+    for (file, allocations) in [
+        ("eager-prefill-20shapes.tensor.trace", 11781),
+        ("eager-prefill-20shapes.segment.trace", 21),
+        ("graph-warmup-20sizes.tensor.trace", 35323),
+        ("graph-warmup-20sizes.segment.trace", 524),
+    ] {
+        let t = trace::parse(data(file)).unwrap();
+        assert_eq!(t.allocations(), allocations, "{file}");
+        assert!(t.name().ends_with(file));
+    }
+}

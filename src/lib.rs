@@ -10,17 +10,15 @@
 
 pub mod driver;
 mod error;
+pub mod ffi;
 pub mod pool;
 
-
 pub(crate) mod sync;
-
 
 pub use driver::sim::{SimConfig, SimDriver};
 pub use driver::{CuResult, DevicePtr, Driver, DriverCall, DriverError};
 pub use error::{Error, Result};
 pub use pool::{Allocation, Backend, Pool, PoolConfig, RetentionScope, ReusePolicy, Snapshot};
-
 
 /// Formats a byte count the way error messages and reports print it: `"1.0 GiB"`,
 /// `"2.0 MiB"`, `"512 B"` (binary units, one decimal).

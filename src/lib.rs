@@ -1,9 +1,4 @@
-//! # flare-package
-//!
-//! A CUDA virtual-memory allocator with retention scopes, whole-mapping reuse and
-//! exact snapshot accounting, with a C ABI (`include/flare_package.h`).
-//!
-//! See `README.md` for a tour and `docs/` for the design.
+#![doc = include_str!("../README.md")]
 
 #![deny(missing_docs)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]

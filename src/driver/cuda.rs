@@ -1,28 +1,607 @@
-//! STUB: the CUDA driver backend. To be replaced by the full implementation.
-#![allow(missing_docs, unused_variables)]
+//! The real CUDA driver backend: a thin wrapper over cudarc's raw, dynamically loaded
+//! driver functions (`cudarc::driver::sys`), one driver call per [`Driver`] method.
+//!
+//! - libcuda is loaded at run time, so the crate builds and its non-GPU tests run on a
+//!   machine with no CUDA at all; [`CudaDriver::is_available`] says whether it loads,
+//!   and [`CudaDriver::new`] fails with a typed [`DriverCall::Init`] error (never a
+//!   panic) when it does not.
+//! - Every call runs with the pool's device context (the device's primary context,
+//!   retained for the driver's lifetime) current on the calling thread: it is pushed
+//!   before the call and popped after, so the caller's own context is left as it was,
+//!   and a thread with no current context works.
+//! - Errors keep the raw `CUresult` and the call that returned it
+//!   ([`DriverError`]); cudarc's own error type is never formatted, because that
+//!   calls the driver.
+//!
+//! Costs measured on an H200 (medians; `docs/vmm-semantics.md`): a fresh 2 MiB
+//! mapping costs about 8 µs (create) + 0.4 µs (reserve) + 0.6 µs (map) + 20 µs (set
+//! access), and tearing it down about 14 µs (unmap) + 9 µs (release) + 0.4 µs (free
+//! the addresses). The push/pop of the context around each call adds well under a
+//! microsecond.
 
-use super::{DevicePtr, Driver, DriverError, MemInfo, PhysicalHandle, Reservation};
+use std::ffi::c_void;
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+use std::sync::OnceLock;
 
-/// The real CUDA driver for one device.
-pub struct CudaDriver {}
+use cudarc::driver::sys;
+
+use super::{
+    check, CuResult, DevicePtr, Driver, DriverCall, DriverError, MemInfo, PhysicalHandle,
+    Reservation,
+};
+
+/// `CUDA_ERROR_NOT_FOUND` (500): what [`CudaDriver::new`] reports when the loaded
+/// libcuda lacks a function this backend calls (a driver too old for it).
+const NOT_FOUND: CuResult = CuResult(500);
+
+/// Every driver function this backend calls. [`CudaDriver::new`] checks that libcuda
+/// exports each of them, so that no later call can hit cudarc's panic on a missing
+/// symbol.
+const REQUIRED_SYMBOLS: [&str; 20] = [
+    "cuInit",
+    "cuDeviceGet",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxPushCurrent_v2",
+    "cuCtxPopCurrent_v2",
+    "cuCtxGetCurrent",
+    "cuCtxSynchronize",
+    "cuMemGetAllocationGranularity",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemMap",
+    "cuMemSetAccess",
+    "cuMemUnmap",
+    "cuMemGetInfo_v2",
+    "cuMemsetD8_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyHtoD_v2",
+];
+
+/// The raw `CUresult` as the project's own value, without calling the driver.
+fn code(r: sys::CUresult) -> CuResult {
+    CuResult(r as u32)
+}
+
+/// A byte count or address as the driver's `size_t`. Only fails on a target whose
+/// `usize` is narrower than 64 bits, with `CUDA_ERROR_INVALID_VALUE`, as the driver
+/// itself would for a size it cannot represent.
+fn to_usize(v: u64) -> Result<usize, CuResult> {
+    usize::try_from(v).map_err(|_| CuResult::INVALID_VALUE)
+}
+
+/// A failed memset or copy ([`CudaDriver::memset_d8`], [`CudaDriver::copy_dtoh`],
+/// [`CudaDriver::copy_htod`]): these are not pool operations, so they have no
+/// [`DriverCall`]; the error names the driver function instead, with its raw
+/// `CUresult`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{function} failed with {code}")]
+pub struct TransferError {
+    /// The driver function that failed (`"cuMemsetD8_v2"`); `"cuCtxPushCurrent_v2"`
+    /// when the pool's context could not be made current.
+    pub function: &'static str,
+    /// The raw `CUresult` it returned.
+    pub code: CuResult,
+}
+
+/// The real CUDA driver for one device: the device's primary context (retained for
+/// the driver's lifetime) and the allocation property every handle is created with
+/// (pinned device memory on that device, no exportable handle types).
+///
+/// `Send + Sync`: every method may be called from any thread, concurrently; each one
+/// makes the context current on the calling thread for the duration of the call.
+pub struct CudaDriver {
+    /// The device ordinal given to [`CudaDriver::new`].
+    device: i32,
+    /// The driver's device handle (`cuDeviceGet`), kept for the primary-context release.
+    cu_device: sys::CUdevice,
+    /// The device's primary context, retained in `new` and released in `Drop`.
+    context: sys::CUcontext,
+    /// The allocation property for `cuMemCreate` and the granularity query.
+    prop: sys::CUmemAllocationProp,
+    /// Allocation granularity (RECOMMENDED, for `prop`), bytes; queried once.
+    granularity: u64,
+}
+
+// SAFETY: `context` is a primary context. The driver API allows a context to be made
+// current on any thread (and on several threads at once), and every use of it here
+// pushes it onto the calling thread's context stack and pops it before returning, so
+// no thread-affine state is ever left behind. `prop` holds only a null
+// `win32HandleMetaData` pointer, which is never dereferenced. The remaining fields
+// are plain integers, never mutated after `new`.
+unsafe impl Send for CudaDriver {}
+// SAFETY: as for `Send`: every method takes `&self`, reads only fields fixed at
+// construction, and the CUDA driver API is thread-safe for concurrent calls on one
+// context from several threads.
+unsafe impl Sync for CudaDriver {}
+
+impl fmt::Debug for CudaDriver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaDriver")
+            .field("device", &self.device)
+            .field("granularity", &self.granularity)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which step of [`CudaDriver::with_context`] failed.
+#[derive(Clone, Copy, Debug)]
+enum Stage {
+    Push,
+    Call,
+    Pop,
+}
+
+/// Pops the pool's context from the calling thread's stack when dropped, unless
+/// [`Pushed::pop`] already did: even a panic inside the call leaves the thread's
+/// context stack as it was.
+struct Pushed {
+    armed: bool,
+}
+
+impl Pushed {
+    /// Pops now and returns the driver's answer.
+    fn pop(mut self) -> CuResult {
+        self.armed = false;
+        pop_context()
+    }
+}
+
+impl Drop for Pushed {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = pop_context();
+        }
+    }
+}
+
+fn pop_context() -> CuResult {
+    let mut popped: sys::CUcontext = ptr::null_mut();
+    // SAFETY: only called after a successful `cuCtxPushCurrent_v2` on this thread
+    // (libcuda is loaded and the symbol was checked in `CudaDriver::new`); `popped`
+    // is a valid out-pointer for the duration of the call.
+    code(unsafe { sys::cuCtxPopCurrent_v2(&mut popped) })
+}
 
 impl CudaDriver {
-    /// Loads libcuda, initialises it and retains `device`'s primary context.
-    pub fn new(device: i32) -> Result<CudaDriver, DriverError> { unimplemented!() }
-    /// Whether libcuda can be loaded on this machine.
-    pub fn is_available() -> bool { unimplemented!() }
-    pub fn device(&self) -> i32 { unimplemented!() }
+    /// Whether libcuda can be loaded on this machine. Never panics and never calls
+    /// the driver; the answer is computed once per process. `true` does not promise a
+    /// usable device: [`CudaDriver::new`] says that.
+    pub fn is_available() -> bool {
+        static PRESENT: OnceLock<bool> = OnceLock::new();
+        *PRESENT.get_or_init(|| {
+            // SAFETY: `is_culib_present` only tries to open the library with
+            // `dlopen`; it calls no driver function.
+            catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false)
+        })
+    }
+
+    /// Loads libcuda, initialises it (`cuInit`), finds device ordinal `device`
+    /// (`cuDeviceGet`), retains its primary context (`cuDevicePrimaryCtxRetain`; released
+    /// when the driver is dropped) and queries the allocation granularity once
+    /// (RECOMMENDED, with the same property [`Driver::create`] uses).
+    ///
+    /// # Errors
+    ///
+    /// - [`DriverCall::Init`] with `CUDA_ERROR_NOT_INITIALIZED` (3) when libcuda cannot
+    ///   be loaded (no panic), or with `CUDA_ERROR_NOT_FOUND` (500) when it lacks a
+    ///   function this backend needs;
+    /// - [`DriverCall::Init`] with the driver's code when `cuInit`, `cuDeviceGet`
+    ///   (`CUDA_ERROR_INVALID_DEVICE` for an ordinal that does not exist,
+    ///   `CUDA_ERROR_NO_DEVICE` with no GPU) or the context retain fails;
+    /// - [`DriverCall::Granularity`] when the granularity query fails.
+    pub fn new(device: i32) -> Result<CudaDriver, DriverError> {
+        let not_loaded = DriverError::new(DriverCall::Init, CuResult::NOT_INITIALIZED);
+        if !Self::is_available() {
+            return Err(not_loaded);
+        }
+        // The library was found a moment ago; should loading it or a symbol still
+        // fail, cudarc panics: that becomes the same typed error.
+        catch_unwind(AssertUnwindSafe(|| Self::init(device))).unwrap_or(Err(not_loaded))
+    }
+
+    fn init(device: i32) -> Result<CudaDriver, DriverError> {
+        let init_err = |c: CuResult| DriverError::new(DriverCall::Init, c);
+        // SAFETY: `is_available` found the library; `culib` loads it (or panics, which
+        // `new` catches).
+        let lib = unsafe { sys::culib() };
+        for name in REQUIRED_SYMBOLS {
+            // SAFETY: the symbol is only looked up, never called through this
+            // pointer type.
+            let found = unsafe { lib.get::<*const c_void>(name.as_bytes()) };
+            if found.is_err() {
+                return Err(init_err(NOT_FOUND));
+            }
+        }
+        // SAFETY: libcuda is loaded and exports `cuInit`; flags must be 0.
+        check(DriverCall::Init, code(unsafe { sys::cuInit(0) }))?;
+        let mut cu_device: sys::CUdevice = 0;
+        // SAFETY: `cu_device` is a valid out-pointer; the driver is initialised.
+        check(
+            DriverCall::Init,
+            code(unsafe { sys::cuDeviceGet(&mut cu_device, device) }),
+        )?;
+        let mut context: sys::CUcontext = ptr::null_mut();
+        // SAFETY: `context` is a valid out-pointer and `cu_device` a device handle the
+        // driver just returned. The retain is balanced by the release in `Drop`.
+        check(
+            DriverCall::Init,
+            code(unsafe { sys::cuDevicePrimaryCtxRetain(&mut context, cu_device) }),
+        )?;
+
+        let prop = sys::CUmemAllocationProp {
+            type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: device,
+            },
+            win32HandleMetaData: ptr::null_mut(),
+            allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+                compressionType: 0,
+                gpuDirectRDMACapable: 0,
+                usage: 0,
+                reserved: [0; 4],
+            },
+        };
+        // From here on, dropping `driver` (on the error path too) releases the context.
+        let mut driver = CudaDriver {
+            device,
+            cu_device,
+            context,
+            prop,
+            granularity: 0,
+        };
+        let mut granularity: usize = 0;
+        driver.in_context(DriverCall::Granularity, || {
+            // SAFETY: `granularity` is a valid out-pointer and `prop` a fully
+            // initialised property that outlives the call.
+            code(unsafe {
+                sys::cuMemGetAllocationGranularity(
+                    &mut granularity,
+                    &driver.prop,
+                    sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+                )
+            })
+        })?;
+        driver.granularity = granularity as u64;
+        Ok(driver)
+    }
+
+    /// The device ordinal this driver was created for.
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+
+    /// Runs `f` (one driver call, returning its raw `CUresult`) with the pool's
+    /// context pushed on the calling thread, then pops it, so the thread's context
+    /// stack is left as it was (a panic in `f` pops too). The error is the first
+    /// failure of push, call and pop, with the stage that failed; on a failed push
+    /// `f` is not run.
+    fn with_context(&self, f: impl FnOnce() -> CuResult) -> Result<(), (Stage, CuResult)> {
+        // SAFETY: `self.context` is the primary context retained in `new`, released
+        // only in `Drop`, so it is valid for as long as `self` is.
+        let pushed = code(unsafe { sys::cuCtxPushCurrent_v2(self.context) });
+        if !pushed.is_success() {
+            return Err((Stage::Push, pushed));
+        }
+        let guard = Pushed { armed: true };
+        let result = f();
+        let popped = guard.pop();
+        if !result.is_success() {
+            return Err((Stage::Call, result));
+        }
+        if !popped.is_success() {
+            return Err((Stage::Pop, popped));
+        }
+        Ok(())
+    }
+
+    /// [`CudaDriver::with_context`] for a pool call: a failure of the push, the call
+    /// or the pop is a [`DriverError`] for `call` with the raw code.
+    fn in_context(
+        &self,
+        call: DriverCall,
+        f: impl FnOnce() -> CuResult,
+    ) -> Result<(), DriverError> {
+        self.with_context(f)
+            .map_err(|(_, c)| DriverError::new(call, c))
+    }
+
+    /// [`CudaDriver::with_context`] for a memset or copy: the error names `function`,
+    /// or the context push or pop when that is what failed.
+    fn transfer(
+        &self,
+        function: &'static str,
+        f: impl FnOnce() -> CuResult,
+    ) -> Result<(), TransferError> {
+        self.with_context(f).map_err(|(stage, code)| {
+            let function = match stage {
+                Stage::Push => "cuCtxPushCurrent_v2",
+                Stage::Call => function,
+                Stage::Pop => "cuCtxPopCurrent_v2",
+            };
+            TransferError { function, code }
+        })
+    }
+
+    /// Sets `bytes` bytes from device address `ptr` to `value` (`cuMemsetD8_v2` on the
+    /// legacy default stream; asynchronous with respect to the host, ordered before a
+    /// later [`CudaDriver::copy_dtoh`] or [`Driver::synchronize`]). For tests and
+    /// benchmarks, not used by the pool.
+    ///
+    /// # Errors
+    ///
+    /// `cuMemsetD8_v2` with the driver's code: `CUDA_ERROR_INVALID_VALUE` when the range
+    /// is not mapped with access granted.
+    pub fn memset_d8(&self, ptr: DevicePtr, value: u8, bytes: u64) -> Result<(), TransferError> {
+        let n = to_usize(bytes).map_err(|c| TransferError {
+            function: "cuMemsetD8_v2",
+            code: c,
+        })?;
+        self.transfer("cuMemsetD8_v2", || {
+            // SAFETY: the driver validates the device range; no host memory involved.
+            code(unsafe { sys::cuMemsetD8_v2(ptr, value, n) })
+        })
+    }
+
+    /// Copies `dst.len()` bytes from device address `ptr` into `dst`
+    /// (`cuMemcpyDtoH_v2`; synchronous: waits for earlier work on the legacy default
+    /// stream). For tests and benchmarks, not used by the pool.
+    ///
+    /// # Errors
+    ///
+    /// `cuMemcpyDtoH_v2` with the driver's code: `CUDA_ERROR_INVALID_VALUE` when the
+    /// source range is not mapped with access granted.
+    pub fn copy_dtoh(&self, ptr: DevicePtr, dst: &mut [u8]) -> Result<(), TransferError> {
+        let n = dst.len();
+        let host = dst.as_mut_ptr().cast::<c_void>();
+        self.transfer("cuMemcpyDtoH_v2", || {
+            // SAFETY: `host` points to `n` writable bytes borrowed mutably for the
+            // duration of this call; the copy is synchronous, so the driver does not
+            // touch them after it returns.
+            code(unsafe { sys::cuMemcpyDtoH_v2(host, ptr, n) })
+        })
+    }
+
+    /// Copies `src` to device address `ptr` (`cuMemcpyHtoD_v2`; returns once `src` may
+    /// be reused). For tests and benchmarks, not used by the pool.
+    ///
+    /// # Errors
+    ///
+    /// `cuMemcpyHtoD_v2` with the driver's code: `CUDA_ERROR_INVALID_VALUE` when the
+    /// destination range is not mapped with access granted.
+    pub fn copy_htod(&self, ptr: DevicePtr, src: &[u8]) -> Result<(), TransferError> {
+        let n = src.len();
+        let host = src.as_ptr().cast::<c_void>();
+        self.transfer("cuMemcpyHtoD_v2", || {
+            // SAFETY: `host` points to `n` readable bytes borrowed for the duration
+            // of this call; a pageable host-to-device copy has consumed them when it
+            // returns.
+            code(unsafe { sys::cuMemcpyHtoD_v2(ptr, host, n) })
+        })
+    }
+
+    /// Raw `cuMemMap(ptr, size, offset, handle_raw, 0)`, with any size and offset.
+    /// Only for the test that checks the driver refuses to map part of a handle
+    /// (`CUDA_ERROR_NOT_SUPPORTED`); the pool always maps whole handles
+    /// ([`Driver::map`]).
+    #[doc(hidden)]
+    pub fn map_range_raw(
+        &self,
+        ptr: DevicePtr,
+        size: u64,
+        offset: u64,
+        handle_raw: u64,
+    ) -> Result<(), DriverError> {
+        let err = |c| DriverError::new(DriverCall::Map, c);
+        let size = to_usize(size).map_err(err)?;
+        let offset = to_usize(offset).map_err(err)?;
+        self.in_context(DriverCall::Map, || {
+            // SAFETY: the driver validates the range, offset and handle.
+            code(unsafe { sys::cuMemMap(ptr, size, offset, handle_raw, 0) })
+        })
+    }
+
+    /// Whether the calling thread has no current CUDA context (`cuCtxGetCurrent`
+    /// returns null, or fails). `true` when libcuda is absent. For the test that
+    /// checks a call leaves the thread's context as it found it.
+    #[doc(hidden)]
+    pub fn current_context_is_null() -> bool {
+        if !Self::is_available() {
+            return true;
+        }
+        let mut current: sys::CUcontext = ptr::null_mut();
+        // SAFETY: libcuda is present; `current` is a valid out-pointer. A panic
+        // (a symbol missing) is caught and read as "no context".
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            code(unsafe { sys::cuCtxGetCurrent(&mut current) })
+        }));
+        match r {
+            Ok(c) if c.is_success() => current.is_null(),
+            _ => true,
+        }
+    }
+}
+
+impl Drop for CudaDriver {
+    fn drop(&mut self) {
+        // SAFETY: balances the `cuDevicePrimaryCtxRetain` in `new` (a `CudaDriver`
+        // exists only after it succeeded). The result is ignored: at process exit the
+        // driver may already be deinitialised, and nothing can be done either way.
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.cu_device) };
+    }
 }
 
 impl Driver for CudaDriver {
-    fn granularity(&self) -> Result<u64, DriverError> { unimplemented!() }
-    fn create(&self, size: u64) -> Result<PhysicalHandle, DriverError> { unimplemented!() }
-    fn release(&self, handle: PhysicalHandle) -> Result<(), DriverError> { unimplemented!() }
-    fn reserve(&self, size: u64) -> Result<Reservation, DriverError> { unimplemented!() }
-    fn free_reservation(&self, reservation: Reservation) -> Result<(), DriverError> { unimplemented!() }
-    fn map(&self, ptr: DevicePtr, handle: PhysicalHandle) -> Result<(), DriverError> { unimplemented!() }
-    fn set_access(&self, ptr: DevicePtr, size: u64, devices: &[i32]) -> Result<(), DriverError> { unimplemented!() }
-    fn unmap(&self, ptr: DevicePtr, size: u64) -> Result<(), DriverError> { unimplemented!() }
-    fn synchronize(&self) -> Result<(), DriverError> { unimplemented!() }
-    fn mem_info(&self) -> Result<MemInfo, DriverError> { unimplemented!() }
+    /// Allocation granularity, bytes: queried once in [`CudaDriver::new`]
+    /// (`cuMemGetAllocationGranularity`, RECOMMENDED, with the property
+    /// [`Driver::create`] uses) and cached, so this makes no driver call and cannot
+    /// fail. 2 MiB (2097152) on an H200.
+    fn granularity(&self) -> Result<u64, DriverError> {
+        Ok(self.granularity)
+    }
+
+    /// `cuMemCreate(size, prop, 0)`: pinned device memory on this device, `size` bytes.
+    /// About 8 µs at 2 MiB and 64 MiB, 54 µs at 1 GiB (H200).
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::Create`]: `CUDA_ERROR_INVALID_VALUE` for 0 or a size that is not
+    /// a multiple of the granularity, `CUDA_ERROR_OUT_OF_MEMORY` when the device is
+    /// full; a failed context push is reported with its own code.
+    fn create(&self, size: u64) -> Result<PhysicalHandle, DriverError> {
+        let bytes = to_usize(size).map_err(|c| DriverError::new(DriverCall::Create, c))?;
+        let mut raw: sys::CUmemGenericAllocationHandle = 0;
+        self.in_context(DriverCall::Create, || {
+            // SAFETY: `raw` is a valid out-pointer, `prop` a fully initialised
+            // property that outlives the call.
+            code(unsafe { sys::cuMemCreate(&mut raw, bytes, &self.prop, 0) })
+        })?;
+        Ok(PhysicalHandle { raw, size })
+    }
+
+    /// `cuMemRelease(handle)`. A handle still mapped stays usable and is freed at its
+    /// last unmap. About 9 µs at 2 MiB, 25 µs at 64 MiB, 412 µs at 1 GiB (H200).
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::Release`]: `CUDA_ERROR_INVALID_VALUE` for a handle already
+    /// released.
+    fn release(&self, handle: PhysicalHandle) -> Result<(), DriverError> {
+        self.in_context(DriverCall::Release, || {
+            // SAFETY: the driver validates the handle value.
+            code(unsafe { sys::cuMemRelease(handle.raw) })
+        })
+    }
+
+    /// `cuMemAddressReserve(size, alignment = granularity, addr = 0, flags = 0)`.
+    /// About 0.4 µs at 2 MiB, 4.6 µs at 1 GiB (H200).
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::Reserve`]: `CUDA_ERROR_INVALID_VALUE` for 0 or a size that is not
+    /// a multiple of the granularity; `CUDA_ERROR_OUT_OF_MEMORY` when the address
+    /// space is exhausted.
+    fn reserve(&self, size: u64) -> Result<Reservation, DriverError> {
+        let err = |c| DriverError::new(DriverCall::Reserve, c);
+        let bytes = to_usize(size).map_err(err)?;
+        let alignment = to_usize(self.granularity).map_err(err)?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        self.in_context(DriverCall::Reserve, || {
+            // SAFETY: `ptr` is a valid out-pointer; no fixed address is requested.
+            code(unsafe { sys::cuMemAddressReserve(&mut ptr, bytes, alignment, 0, 0) })
+        })?;
+        Ok(Reservation { ptr, size })
+    }
+
+    /// `cuMemAddressFree(ptr, size)` of the whole reservation. About 0.4 µs at 2 MiB,
+    /// 6.8 µs at 1 GiB (H200).
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::FreeReservation`]: `CUDA_ERROR_INVALID_VALUE` while a mapping
+    /// inside it is live, for part of a reservation, or for one already freed.
+    fn free_reservation(&self, reservation: Reservation) -> Result<(), DriverError> {
+        let bytes = to_usize(reservation.size)
+            .map_err(|c| DriverError::new(DriverCall::FreeReservation, c))?;
+        self.in_context(DriverCall::FreeReservation, || {
+            // SAFETY: the driver validates the range against its reservations.
+            code(unsafe { sys::cuMemAddressFree(reservation.ptr, bytes) })
+        })
+    }
+
+    /// `cuMemMap(ptr, handle.size, 0, handle.raw, 0)`: always the whole handle. About
+    /// 0.6 µs at 2 MiB and 64 MiB, 2.1 µs at 1 GiB (H200).
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::Map`]: `CUDA_ERROR_INVALID_VALUE` for an address that is not
+    /// reserved, not granularity-aligned, or overlaps a live mapping.
+    fn map(&self, ptr: DevicePtr, handle: PhysicalHandle) -> Result<(), DriverError> {
+        let bytes = to_usize(handle.size).map_err(|c| DriverError::new(DriverCall::Map, c))?;
+        self.in_context(DriverCall::Map, || {
+            // SAFETY: the driver validates the range and the handle.
+            code(unsafe { sys::cuMemMap(ptr, bytes, 0, handle.raw, 0) })
+        })
+    }
+
+    /// `cuMemSetAccess(ptr, size, descs)` with one read/write descriptor per device
+    /// ordinal in `devices` (location type DEVICE). The most expensive step of a fresh
+    /// mapping: about 20 µs at 2 MiB, 33 µs at 64 MiB, 77 µs at 1 GiB (H200).
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::SetAccess`]: `CUDA_ERROR_INVALID_VALUE` for a range that is not
+    /// exactly mapped, a device ordinal that does not exist, or an empty `devices`.
+    fn set_access(&self, ptr: DevicePtr, size: u64, devices: &[i32]) -> Result<(), DriverError> {
+        let bytes = to_usize(size).map_err(|c| DriverError::new(DriverCall::SetAccess, c))?;
+        let descs: Vec<sys::CUmemAccessDesc> = devices
+            .iter()
+            .map(|&id| sys::CUmemAccessDesc {
+                location: sys::CUmemLocation {
+                    type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id,
+                },
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            })
+            .collect();
+        self.in_context(DriverCall::SetAccess, || {
+            // SAFETY: `descs` holds `descs.len()` initialised descriptors and outlives
+            // the call; the driver validates the range.
+            code(unsafe { sys::cuMemSetAccess(ptr, bytes, descs.as_ptr(), descs.len()) })
+        })
+    }
+
+    /// `cuMemUnmap(ptr, size)`. Does not wait for work in flight (measured: it returns
+    /// while a kernel still reads the range, and the kernel then faults): synchronize
+    /// first. About 14 µs at 2 MiB, 37.5 µs at 1 GiB (H200).
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::Unmap`]: `CUDA_ERROR_INVALID_VALUE` for part of a mapping or a
+    /// size that is not a multiple of the granularity.
+    fn unmap(&self, ptr: DevicePtr, size: u64) -> Result<(), DriverError> {
+        let bytes = to_usize(size).map_err(|c| DriverError::new(DriverCall::Unmap, c))?;
+        self.in_context(DriverCall::Unmap, || {
+            // SAFETY: the driver validates the range.
+            code(unsafe { sys::cuMemUnmap(ptr, bytes) })
+        })
+    }
+
+    /// `cuCtxSynchronize` on the pool's context: waits for all its work.
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::Synchronize`]: `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` while any
+    /// stream is being captured (and the capture is invalidated); a sticky fault of
+    /// earlier work (`CUDA_ERROR_ILLEGAL_ADDRESS`, ...).
+    fn synchronize(&self) -> Result<(), DriverError> {
+        self.in_context(DriverCall::Synchronize, || {
+            // SAFETY: no arguments; the pool's context is current.
+            code(unsafe { sys::cuCtxSynchronize() })
+        })
+    }
+
+    /// `cuMemGetInfo_v2`: free and total bytes of this device.
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::MemGetInfo`] with the driver's code (a lost context, say).
+    fn mem_info(&self) -> Result<MemInfo, DriverError> {
+        let mut free: usize = 0;
+        let mut total: usize = 0;
+        self.in_context(DriverCall::MemGetInfo, || {
+            // SAFETY: `free` and `total` are valid out-pointers.
+            code(unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })
+        })?;
+        Ok(MemInfo {
+            free: free as u64,
+            total: total as u64,
+        })
+    }
 }

@@ -46,7 +46,9 @@ impl std::str::FromStr for ReusePolicy {
             "best-fit" | "bestfit" | "best_fit" => Ok(ReusePolicy::BestFit),
             "exact" => Ok(ReusePolicy::Exact),
             "none" => Ok(ReusePolicy::None),
-            _ => Err(format!("unknown reuse policy {s:?} (none, exact, best-fit)")),
+            _ => Err(format!(
+                "unknown reuse policy {s:?} (none, exact, best-fit)"
+            )),
         }
     }
 }

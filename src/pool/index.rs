@@ -140,7 +140,11 @@ mod tests {
         ix.insert(3, 32);
         assert_eq!(ix.len(), 4);
         assert_eq!(ix.take_exact(6), None);
-        assert_eq!(ix.take_best_fit(6, 12), Some((2, 8)), "most recent of the 8s");
+        assert_eq!(
+            ix.take_best_fit(6, 12),
+            Some((2, 8)),
+            "most recent of the 8s"
+        );
         assert_eq!(ix.take_best_fit(6, 12), Some((1, 8)));
         assert_eq!(ix.take_best_fit(6, 12), None, "32 is beyond the bound");
         assert_eq!(ix.take_best_fit(6, 64), Some((3, 32)));

@@ -23,13 +23,11 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::driver::cuda::CudaDriver;
 use crate::driver::sim::{SimConfig, SimDriver};
-use crate::driver::{
-    DevicePtr, Driver, DriverCall, DriverError, PhysicalHandle, Reservation,
-};
+use crate::driver::{DevicePtr, Driver, DriverCall, DriverError, PhysicalHandle, Reservation};
 use crate::error::{Error, Result};
 use crate::sync::{lock, Mutex};
-use std::sync::Arc;
 use index::ReuseIndex;
+use std::sync::Arc;
 
 /// Where a mapping is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -836,7 +834,12 @@ impl Pool {
             match d.synchronize() {
                 Err(e) => {
                     note(e, 0, &mut failed);
-                    outcomes.extend(batch.mappings.iter().map(|(s, _)| (*s, Outcome::StillMapped)));
+                    outcomes.extend(
+                        batch
+                            .mappings
+                            .iter()
+                            .map(|(s, _)| (*s, Outcome::StillMapped)),
+                    );
                 }
                 Ok(()) => {
                     for (slot, m) in &batch.mappings {
@@ -850,9 +853,10 @@ impl Pool {
         }
         let mut pending_outcomes: Vec<(u32, Outcome)> = Vec::with_capacity(batch.pending.len());
         for (slot, m) in &batch.pending {
-            let outcome = self.release_steps(m, m.mapped, m.handle_live, m.reservation_live, &mut |e| {
-                note(e, m.size(), &mut failed)
-            });
+            let outcome =
+                self.release_steps(m, m.mapped, m.handle_live, m.reservation_live, &mut |e| {
+                    note(e, m.size(), &mut failed)
+                });
             pending_outcomes.push((*slot, outcome));
         }
         let mut st = lock(&self.state);
@@ -897,14 +901,15 @@ impl Pool {
                 return Outcome::StillMapped;
             }
         }
-        let handle_live = handle_live
-            && d.release(m.handle)
-                .map_err(|e| note(e))
-                .is_err();
-        let reservation_live = reservation_live
-            && d.free_reservation(m.reservation)
-                .map_err(|e| note(e))
-                .is_err();
+        let mut failed = |r: Result<(), DriverError>| match r {
+            Ok(()) => false,
+            Err(e) => {
+                note(e);
+                true
+            }
+        };
+        let handle_live = handle_live && failed(d.release(m.handle));
+        let reservation_live = reservation_live && failed(d.free_reservation(m.reservation));
         Outcome::Unmapped {
             handle_live,
             reservation_live,

@@ -77,8 +77,7 @@ impl Snapshot {
     /// Checks the accounting invariants; returns a description of the first one
     /// broken.
     pub fn check_invariants(&self) -> Result<(), String> {
-        if self.physical_bytes != self.live_mapped_bytes + self.idle_bytes + self.pending_bytes
-        {
+        if self.physical_bytes != self.live_mapped_bytes + self.idle_bytes + self.pending_bytes {
             return Err(format!(
                 "physical {} != live mapped {} + idle {} + pending {}",
                 self.physical_bytes, self.live_mapped_bytes, self.idle_bytes, self.pending_bytes
@@ -110,7 +109,9 @@ impl Snapshot {
             ("reserved", self.reserved_bytes),
         ] {
             if v % g != 0 {
-                return Err(format!("{name} bytes {v} not a multiple of the granularity {g}"));
+                return Err(format!(
+                    "{name} bytes {v} not a multiple of the granularity {g}"
+                ));
             }
         }
         if (self.live_count == 0) != (self.live_mapped_bytes == 0) {

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every test of the project that needs no GPU: formatting and lints, the Rust
+# unit and integration tests (simulated driver, property tests, header check), the
+# loom models, the C and C++ programs against the static library (plain, under
+# AddressSanitizer + UndefinedBehaviorSanitizer, under valgrind, and through CMake),
+# and the replay of every shipped trace. Installs the system tools it needs
+# (cmake, valgrind) with apt-get when they are missing and it runs as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v valgrind >/dev/null || need+=(valgrind)
+command -v g++ >/dev/null || need+=(g++)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing ${need[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "missing tools: ${need[*]} (install them, e.g. apt-get install ${need[*]})" >&2
+    exit 1
+  fi
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy -D warnings"
+cargo clippy --release --all-targets -- -D warnings
+echo "== cargo test (simulated driver; GPU tests are ignored)"
+cargo test --release
+echo "== loom models"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom
+echo "== C and C++ programs linking the static library"
+bash ffi-tests/run.sh
+echo "== flare-replay on every shipped trace"
+cargo run --release --quiet --bin flare-replay -- tests/data/*.trace
+echo "all tests passed"

@@ -1,0 +1,417 @@
+//! The pool's contracts on the simulated driver (runs in CI).
+
+mod common;
+
+use common::*;
+use flare_package::{Backend, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimConfig};
+
+#[test]
+fn warmup_one_transient_at_a_time() {
+    // Twelve forwards of two 1 GiB transients: reuse keeps one mapping; no reuse
+    // keeps all 24.
+    assert_eq!(warmup(On::Sim, ReusePolicy::Exact, false), GIB);
+    assert_eq!(warmup(On::Sim, ReusePolicy::BestFit, false), GIB);
+    assert_eq!(warmup(On::Sim, ReusePolicy::None, false), 24 * GIB);
+}
+
+#[test]
+fn warmup_both_transients_live() {
+    assert_eq!(warmup(On::Sim, ReusePolicy::Exact, true), 2 * GIB);
+    assert_eq!(warmup(On::Sim, ReusePolicy::BestFit, true), 2 * GIB);
+    assert_eq!(warmup(On::Sim, ReusePolicy::None, true), 24 * GIB);
+}
+
+#[test]
+fn per_shape_sizes_stay_bounded_outside_a_scope() {
+    let sizes = shape_sizes();
+    assert_eq!(sizes.len(), 1000);
+    let round = |b: u64| b.div_ceil(2 * MIB) * 2 * MIB;
+    let mut sorted: Vec<u64> = sizes.iter().map(|&b| round(b)).collect();
+    sorted.sort_unstable();
+    let two_largest = sorted[999] + sorted[998];
+    for policy in ReusePolicy::ALL {
+        let pool = pool(On::Sim, policy);
+        let mut live = std::collections::VecDeque::new();
+        for &b in &sizes {
+            live.push_back(pool.allocate_raw(b).unwrap());
+            if live.len() > 2 {
+                pool.free_raw(live.pop_front().unwrap()).unwrap();
+            }
+            let s = check(&pool);
+            assert!(
+                s.physical_bytes <= two_largest,
+                "{policy:?}: {} > {}",
+                s.physical_bytes,
+                two_largest
+            );
+        }
+        let s = check(&pool);
+        assert!(s.peak_physical_bytes <= two_largest);
+        assert_eq!(s.live_count, 2);
+        for p in live {
+            pool.free_raw(p).unwrap();
+        }
+        let s = check(&pool);
+        assert_eq!(s.physical_bytes, 0, "release threshold 0: nothing cached");
+        assert_driver_empty(&pool);
+    }
+}
+
+#[test]
+fn per_shape_sizes_with_a_release_threshold_stay_under_it() {
+    let threshold = 256 * MIB;
+    let pool = Pool::new(PoolConfig {
+        release_threshold_bytes: threshold,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let sizes = shape_sizes();
+    let max = sizes
+        .iter()
+        .map(|b| b.div_ceil(2 * MIB) * 2 * MIB)
+        .max()
+        .unwrap();
+    let mut live = std::collections::VecDeque::new();
+    for &b in &sizes {
+        live.push_back(pool.allocate_raw(b).unwrap());
+        if live.len() > 2 {
+            pool.free_raw(live.pop_front().unwrap()).unwrap();
+        }
+        let s = check(&pool);
+        assert!(s.idle_bytes <= threshold);
+        assert!(s.physical_bytes <= 2 * max + threshold);
+    }
+    drop(live);
+    pool.trim().unwrap();
+    assert_eq!(check(&pool).idle_bytes, 0);
+}
+
+#[test]
+fn a_reuse_hit_makes_no_driver_call() {
+    let pool = pool(On::Sim, ReusePolicy::BestFit);
+    let sim = pool.sim_driver().unwrap().clone();
+    pool.retention_begin().unwrap();
+    let p = pool.allocate_raw(64 * MIB).unwrap();
+    pool.free_raw(p).unwrap();
+    let before: Vec<u64> = DriverCall::ALL.iter().map(|&c| sim.call_count(c)).collect();
+    let q = pool.allocate_raw(64 * MIB - 5).unwrap();
+    assert_eq!(q, p, "the idle mapping is handed out again");
+    pool.free_raw(q).unwrap();
+    let after: Vec<u64> = DriverCall::ALL.iter().map(|&c| sim.call_count(c)).collect();
+    assert_eq!(before, after);
+    let s = check(&pool);
+    assert_eq!(
+        (s.reuse_hits, s.reuse_exact_hits, s.mappings_created),
+        (1, 1, 1)
+    );
+    assert_eq!(s.idle_bytes, 64 * MIB);
+    pool.retention_finish().unwrap();
+    assert_driver_empty(&pool);
+}
+
+#[test]
+fn best_fit_respects_the_waste_bound() {
+    let pool = Pool::new(PoolConfig {
+        best_fit_max_waste_percent: 100,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    pool.retention_begin().unwrap();
+    let big = pool.allocate_raw(8 * MIB).unwrap();
+    pool.free_raw(big).unwrap();
+    // 2 MiB may take at most 4 MiB: the idle 8 MiB mapping is too wasteful.
+    let small = pool.allocate_raw(2 * MIB).unwrap();
+    assert_ne!(small, big);
+    // 6 MiB may take up to 12 MiB: the 8 MiB one fits.
+    let mid = pool.allocate_raw(6 * MIB).unwrap();
+    assert_eq!(mid, big);
+    let s = check(&pool);
+    assert_eq!(
+        (s.reuse_hits, s.reuse_exact_hits, s.mappings_created),
+        (1, 0, 2)
+    );
+    assert_eq!(s.live_requested_bytes, 8 * MIB);
+    assert_eq!(s.live_mapped_bytes, 10 * MIB);
+    pool.free_raw(small).unwrap();
+    pool.free_raw(mid).unwrap();
+    pool.retention_finish().unwrap();
+    assert_driver_empty(&pool);
+}
+
+#[test]
+fn exact_reuses_only_the_same_rounded_size() {
+    let pool = pool(On::Sim, ReusePolicy::Exact);
+    pool.retention_begin().unwrap();
+    let a = pool.allocate_raw(4 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    let b = pool.allocate_raw(2 * MIB).unwrap();
+    assert_ne!(a, b);
+    let c = pool.allocate_raw(3 * MIB + 1).unwrap();
+    assert_eq!(c, a, "3 MiB + 1 rounds to 4 MiB");
+    let s = check(&pool);
+    assert_eq!(
+        (s.reuse_hits, s.reuse_exact_hits, s.mappings_created),
+        (1, 1, 2)
+    );
+    drop(pool);
+}
+
+#[test]
+fn bad_arguments_change_nothing() {
+    let pool = pool(On::Sim, ReusePolicy::BestFit);
+    let p = pool.allocate_raw(3 * MIB).unwrap();
+    let before = check(&pool);
+    assert!(matches!(
+        pool.allocate_raw(0),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        pool.allocate_raw(u64::MAX),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(
+        pool.free_raw(p + 4096),
+        Err(Error::UnknownPointer { ptr: p + 4096 })
+    );
+    assert_eq!(
+        pool.free_raw(12345),
+        Err(Error::UnknownPointer { ptr: 12345 })
+    );
+    assert!(matches!(pool.retention_finish(), Err(Error::ScopeState(_))));
+    assert!(matches!(pool.retention_abort(), Err(Error::ScopeState(_))));
+    assert_eq!(check(&pool), before);
+    pool.free_raw(p).unwrap();
+    let after_free = check(&pool);
+    assert_eq!(
+        pool.free_raw(p),
+        Err(Error::UnknownPointer { ptr: p }),
+        "double free"
+    );
+    assert_eq!(check(&pool), after_free);
+    pool.retention_begin().unwrap();
+    let in_scope = check(&pool);
+    assert!(matches!(pool.retention_begin(), Err(Error::ScopeState(_))));
+    assert!(matches!(pool.trim(), Err(Error::ScopeState(_))));
+    assert_eq!(check(&pool), in_scope);
+}
+
+#[test]
+fn out_of_memory_inside_a_scope_releases_nothing_and_says_why() {
+    let pool = Pool::new(PoolConfig::simulated(SimConfig {
+        capacity_bytes: 4 * GIB,
+        ..SimConfig::default()
+    }))
+    .unwrap();
+    pool.retention_begin().unwrap();
+    let live = pool.allocate_raw(2 * GIB).unwrap();
+    let t = pool.allocate_raw(GIB).unwrap();
+    pool.free_raw(t).unwrap();
+    let before = check(&pool);
+    let err = pool.allocate_raw(2 * GIB).unwrap_err();
+    match &err {
+        Error::OutOfMemory {
+            requested,
+            live,
+            idle,
+            in_scope,
+            source,
+        } => {
+            assert_eq!(
+                (*requested, *live, *idle, *in_scope),
+                (2 * GIB, 2 * GIB, GIB, true)
+            );
+            assert_eq!(source.unwrap().call, DriverCall::Create);
+        }
+        e => panic!("expected out of memory, got {e:?}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains("2.0 GiB live")
+            && msg.contains("1.0 GiB retained idle")
+            && msg.contains("2.0 GiB requested"),
+        "{msg}"
+    );
+    assert!(msg.contains("finish the scope"), "{msg}");
+    let after = check(&pool);
+    assert_eq!(after.idle_bytes, GIB, "nothing retained was released");
+    assert_eq!(after.create_failures, before.create_failures + 1);
+    assert_eq!(after.oom_retries, 0);
+    pool.free_raw(live).unwrap();
+    pool.retention_finish().unwrap();
+    assert_driver_empty(&pool);
+}
+
+#[test]
+fn out_of_memory_outside_a_scope_releases_idle_and_retries_once() {
+    let pool = Pool::new(PoolConfig {
+        release_threshold_bytes: u64::MAX,
+        ..PoolConfig::simulated(SimConfig {
+            capacity_bytes: 4 * GIB,
+            ..SimConfig::default()
+        })
+    })
+    .unwrap();
+    let a = pool.allocate_raw(GIB).unwrap();
+    let b = pool.allocate_raw(GIB).unwrap();
+    pool.free_raw(a).unwrap();
+    pool.free_raw(b).unwrap();
+    assert_eq!(
+        check(&pool).idle_bytes,
+        2 * GIB,
+        "cached under the threshold"
+    );
+    // 3 GiB does not fit beside 2 GiB cached: release them, then it does.
+    let c = pool.allocate_raw(3 * GIB).unwrap();
+    let s = check(&pool);
+    assert_eq!(
+        (s.oom_retries, s.idle_bytes, s.physical_bytes),
+        (1, 0, 3 * GIB)
+    );
+    assert_eq!(s.mappings_released, 2);
+    // Beyond the device: released and retried, still out of memory.
+    let err = pool.allocate_raw(8 * GIB).unwrap_err();
+    assert!(
+        matches!(err, Error::OutOfMemory { in_scope: false, requested, .. } if requested == 8 * GIB)
+    );
+    assert_eq!(check(&pool).oom_retries, 2);
+    pool.free_raw(c).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+}
+
+#[test]
+fn release_threshold_keeps_small_frees_cached() {
+    let pool = Pool::new(PoolConfig {
+        release_threshold_bytes: 4 * MIB,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let a = pool.allocate_raw(2 * MIB).unwrap();
+    let b = pool.allocate_raw(4 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    assert_eq!(check(&pool).idle_bytes, 2 * MIB);
+    pool.free_raw(b).unwrap();
+    let s = check(&pool);
+    assert_eq!(
+        s.idle_bytes,
+        2 * MIB,
+        "6 MiB idle would pass 4 MiB: the 4 MiB one is released"
+    );
+    assert_eq!(s.mappings_released, 1);
+    let c = pool.allocate_raw(MIB).unwrap();
+    assert_eq!(c, a);
+    pool.free_raw(c).unwrap();
+    pool.trim().unwrap();
+    let s = check(&pool);
+    assert_eq!(
+        (s.idle_bytes, s.physical_bytes, s.mappings_released),
+        (0, 0, 2)
+    );
+    assert_driver_empty(&pool);
+}
+
+#[test]
+fn peers_get_access_to_every_mapping() {
+    let pool = Pool::new(PoolConfig {
+        peer_devices: vec![1, 2],
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let sim = pool.sim_driver().unwrap().clone();
+    let a = pool.allocate_raw(2 * MIB).unwrap();
+    let b = pool.allocate_raw(2 * MIB).unwrap();
+    assert_eq!(sim.state().access_grants, 6, "2 mappings x 3 devices");
+    pool.free_raw(a).unwrap();
+    pool.free_raw(b).unwrap();
+    assert_eq!(sim.state().access_grants, 0);
+    assert!(matches!(
+        Pool::new(PoolConfig {
+            peer_devices: vec![-1],
+            ..PoolConfig::default()
+        }),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn guards_free_on_drop_and_scope_drop_aborts() {
+    let pool = pool(On::Sim, ReusePolicy::BestFit);
+    {
+        let scope = pool.retention_scope().unwrap();
+        let a = pool.allocate(5 * MIB).unwrap();
+        assert_eq!(a.size(), 5 * MIB);
+        assert_eq!(a.ptr() % (2 * MIB), 0);
+        drop(a);
+        assert_eq!(check(&pool).idle_bytes, 6 * MIB);
+        drop(scope);
+    }
+    let s = check(&pool);
+    assert_eq!(
+        (s.scopes_aborted, s.scopes_finished, s.physical_bytes),
+        (1, 0, 0)
+    );
+    let scope = pool.retention_scope().unwrap();
+    let kept = pool.allocate(2 * MIB).unwrap().into_raw();
+    scope.finish().unwrap();
+    let s = check(&pool);
+    assert_eq!(
+        (s.scopes_finished, s.live_count, s.physical_bytes),
+        (1, 1, 2 * MIB)
+    );
+    pool.free_raw(kept).unwrap();
+    assert_driver_empty(&pool);
+}
+
+#[test]
+fn live_allocations_survive_finish_and_release_when_freed() {
+    let pool = pool(On::Sim, ReusePolicy::BestFit);
+    pool.retention_begin().unwrap();
+    let weights = pool.allocate_raw(GIB).unwrap();
+    let t = pool.allocate_raw(GIB).unwrap();
+    pool.free_raw(t).unwrap();
+    pool.retention_finish().unwrap();
+    let s = check(&pool);
+    assert_eq!(
+        (s.live_mapped_bytes, s.idle_bytes, s.physical_bytes),
+        (GIB, 0, GIB)
+    );
+    pool.free_raw(weights).unwrap();
+    assert_eq!(check(&pool).physical_bytes, 0);
+    assert_driver_empty(&pool);
+}
+
+#[test]
+fn drop_releases_everything_live_included() {
+    let pool = Pool::new(PoolConfig::simulated(SimConfig::default())).unwrap();
+    let sim = pool.sim_driver().unwrap().clone();
+    pool.retention_begin().unwrap();
+    let _a = pool.allocate_raw(GIB).unwrap();
+    let b = pool.allocate_raw(GIB).unwrap();
+    pool.free_raw(b).unwrap();
+    assert_eq!(sim.state().physical_bytes, 2 * GIB);
+    drop(pool);
+    let d = sim.state();
+    assert_eq!(
+        (d.physical_bytes, d.handles, d.reservations, d.mappings),
+        (0, 0, 0, 0)
+    );
+}
+
+#[test]
+fn destroy_reports_success_when_everything_is_released() {
+    let pool = Pool::new(PoolConfig {
+        backend: Backend::Simulated(SimConfig::default()),
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let sim = pool.sim_driver().unwrap().clone();
+    pool.allocate_raw(MIB).unwrap();
+    pool.destroy().unwrap();
+    assert_eq!(sim.state().handles, 0);
+}
+
+#[test]
+fn pool_is_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Pool>();
+}

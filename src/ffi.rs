@@ -921,6 +921,30 @@ mod tests {
     }
 
     #[test]
+    fn a_panic_is_an_internal_status_with_its_message() {
+        let status = boundary("flare_test", || panic!("boom {}", 42));
+        assert_eq!(status, FlareStatus::FLARE_STATUS_INTERNAL);
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: `buf` has 256 writable bytes.
+        let n = unsafe { flare_last_error_message(buf.as_mut_ptr(), buf.len()) };
+        // SAFETY: flare_last_error_message NUL-terminated it.
+        let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
+        assert_eq!(n, msg.len());
+        assert!(msg.starts_with("flare_test: internal error") && msg.ends_with("boom 42"));
+    }
+
+    #[test]
+    fn errors_map_to_their_statuses() {
+        let status = boundary("flare_test", || Err(Error::UnknownPointer { ptr: 0x10 }));
+        assert_eq!(status, FlareStatus::FLARE_STATUS_UNKNOWN_POINTER);
+        let status = boundary("flare_test", || Err(Error::NoDriver("x".into())));
+        assert_eq!(status, FlareStatus::FLARE_STATUS_NO_DRIVER);
+        // SAFETY: NULL with length 0 writes nothing.
+        let n = unsafe { flare_last_error_message(ptr::null_mut(), 0) };
+        assert_eq!(n, "flare_test: no CUDA driver: x".len());
+    }
+
+    #[test]
     fn status_names_match_the_enum() {
         for (s, n) in [
             (FlareStatus::FLARE_STATUS_SUCCESS, "FLARE_STATUS_SUCCESS"),

@@ -171,7 +171,8 @@ typedef struct FlarePoolConfig {
      */
     uint32_t struct_size;
     /**
-     * The driver (default `FLARE_BACKEND_CUDA`).
+     * The driver (default `FLARE_BACKEND_SIMULATED`, as in the Rust API: set
+     * `FLARE_BACKEND_CUDA` for real memory).
      */
     FlareBackend backend;
     /**
@@ -348,8 +349,9 @@ extern "C" {
 
 /**
  * Fills `*config` with the defaults: `struct_size = sizeof(FlarePoolConfig)`,
- * `FLARE_BACKEND_CUDA`, device 0, `FLARE_REUSE_BEST_FIT`, release threshold 0, no
- * peers, simulated capacity and granularity 0 (their defaults, 140 GiB and 2 MiB).
+ * `FLARE_BACKEND_SIMULATED` (set `FLARE_BACKEND_CUDA` for real memory), device 0,
+ * `FLARE_REUSE_BEST_FIT`, release threshold 0, no peers, simulated capacity and
+ * granularity 0 (their defaults, 140 GiB and 2 MiB).
  *
  * Writes `sizeof(FlarePoolConfig)` bytes of this header's version. NULL: nothing
  * happens. Thread-safe.

@@ -157,7 +157,8 @@ pub struct RawDriverCall(pub u32);
 pub struct FlarePoolConfig {
     /// `sizeof(FlarePoolConfig)`, bytes.
     pub struct_size: u32,
-    /// The driver (default `FLARE_BACKEND_CUDA`).
+    /// The driver (default `FLARE_BACKEND_SIMULATED`, as in the Rust API: set
+    /// `FLARE_BACKEND_CUDA` for real memory).
     pub backend: RawBackend,
     /// CUDA device ordinal whose memory the pool allocates (default 0; negative is
     /// `FLARE_STATUS_INVALID_ARGUMENT`).
@@ -277,7 +278,7 @@ impl FlarePoolConfig {
     fn default_for_layout() -> Self {
         FlarePoolConfig {
             struct_size: size_of::<FlarePoolConfig>() as u32,
-            backend: RawBackend(FlareBackend::FLARE_BACKEND_CUDA as u32),
+            backend: RawBackend(FlareBackend::FLARE_BACKEND_SIMULATED as u32),
             device: 0,
             reuse_policy: RawReusePolicy(FlareReusePolicy::FLARE_REUSE_BEST_FIT as u32),
             release_threshold_bytes: 0,
@@ -522,8 +523,9 @@ unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolConfig, Erro
 }
 
 /// Fills `*config` with the defaults: `struct_size = sizeof(FlarePoolConfig)`,
-/// `FLARE_BACKEND_CUDA`, device 0, `FLARE_REUSE_BEST_FIT`, release threshold 0, no
-/// peers, simulated capacity and granularity 0 (their defaults, 140 GiB and 2 MiB).
+/// `FLARE_BACKEND_SIMULATED` (set `FLARE_BACKEND_CUDA` for real memory), device 0,
+/// `FLARE_REUSE_BEST_FIT`, release threshold 0, no peers, simulated capacity and
+/// granularity 0 (their defaults, 140 GiB and 2 MiB).
 ///
 /// Writes `sizeof(FlarePoolConfig)` bytes of this header's version. NULL: nothing
 /// happens. Thread-safe.

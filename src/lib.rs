@@ -4,6 +4,7 @@
 
 pub mod driver;
 mod error;
+pub mod ffi;
 pub mod pool;
 pub mod trace;
 

@@ -1,0 +1,23 @@
+/* The C ABI from C11: see lifecycle_tests.h for the checks. Threads: pthreads. */
+#include "lifecycle_tests.h"
+
+#include <pthread.h>
+
+static void run_parallel(void *(*fn)(void *), void *args[], int n) {
+    pthread_t threads[16];
+    int i, started = 0;
+    for (i = 0; i < n && i < 16; i++) {
+        if (pthread_create(&threads[i], NULL, fn, args[i]) != 0) {
+            report(0, __FILE__, __LINE__, "pthread_create");
+            break;
+        }
+        started++;
+    }
+    for (i = 0; i < started; i++) {
+        pthread_join(threads[i], NULL);
+    }
+}
+
+int main(void) {
+    return run_all_tests("C11");
+}

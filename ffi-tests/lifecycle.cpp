@@ -1,0 +1,60 @@
+// The C ABI from C++17: see lifecycle_tests.h for the checks (compiled as C++ here),
+// plus what a C++ engine does: RAII ownership of the pool, std::thread.
+#include "lifecycle_tests.h"
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+static_assert(std::is_standard_layout<FlareSnapshot>::value, "FlareSnapshot is plain C");
+static_assert(sizeof(FlarePoolConfig) == 56, "FlarePoolConfig layout");
+static_assert(sizeof(FlareSnapshot) == 224, "FlareSnapshot layout");
+
+static void run_parallel(void *(*fn)(void *), void *args[], int n) {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; i++) {
+        threads.emplace_back(fn, args[i]);
+    }
+    for (auto &t : threads) {
+        t.join();
+    }
+}
+
+namespace {
+
+struct PoolDeleter {
+    void operator()(FlarePool *pool) const noexcept { flare_pool_destroy(pool); }
+};
+using PoolPtr = std::unique_ptr<FlarePool, PoolDeleter>;
+
+std::string last_error() {
+    std::string msg(flare_last_error_message(nullptr, 0), '\0');
+    flare_last_error_message(&msg[0], msg.size() + 1);
+    return msg;
+}
+
+void test_cpp_idioms() {
+    FlarePoolConfig cfg;
+    flare_pool_config_init(&cfg);
+    cfg.backend = FLARE_BACKEND_SIMULATED;
+    FlarePool *raw = nullptr;
+    OK(flare_pool_create(&cfg, &raw));
+    PoolPtr pool(raw);
+    void *p = nullptr;
+    OK(flare_package_allocate(pool.get(), 1 << 20, &p));
+    CHECK_STATUS(flare_package_free(pool.get(), static_cast<char *>(p) + 1),
+                 FLARE_STATUS_UNKNOWN_POINTER);
+    std::string msg = last_error();
+    CHECK(msg.find("unknown pointer") != std::string::npos && msg.size() == strlen(msg.c_str()));
+    OK(flare_package_free(pool.get(), p));
+    // The pool is destroyed by PoolPtr.
+}
+
+}  // namespace
+
+int main() {
+    test_cpp_idioms();
+    return run_all_tests("C++17");
+}

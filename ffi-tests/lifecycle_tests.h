@@ -1,0 +1,720 @@
+/*
+ * The C ABI tests shared by lifecycle.c (C11) and lifecycle.cpp (C++17): the same
+ * checks compile as both languages. The including file defines
+ *
+ *     static void run_parallel(void *(*fn)(void *), void *args[], int n);
+ *
+ * (pthreads in C, std::thread in C++) after including this file.
+ *
+ * Everything runs on the simulated backend: pointers are device addresses of a
+ * simulated device and are never dereferenced.
+ */
+#ifndef FLARE_LIFECYCLE_TESTS_H
+#define FLARE_LIFECYCLE_TESTS_H
+
+#include "flare_package.h"
+#include "flare_package.h" /* twice on purpose: the include guard must hold */
+
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if !defined(FLARE_PACKAGE_VERSION_MAJOR) || !defined(FLARE_PACKAGE_VERSION_MINOR) || \
+    !defined(FLARE_PACKAGE_VERSION_PATCH)
+#error "flare_package.h must define FLARE_PACKAGE_VERSION_MAJOR/MINOR/PATCH"
+#endif
+
+#define MiB (UINT64_C(1) << 20)
+#define GiB (UINT64_C(1) << 30)
+
+static int g_passed = 0;
+static int g_failed = 0;
+
+static void report(int ok, const char *file, int line, const char *what) {
+    if (ok) {
+        g_passed++;
+    } else {
+        char msg[512];
+        g_failed++;
+        flare_last_error_message(msg, sizeof msg);
+        fprintf(stderr, "FAIL %s:%d: %s (last error: %s)\n", file, line, what, msg);
+    }
+}
+
+#define CHECK(cond) report((cond) ? 1 : 0, __FILE__, __LINE__, #cond)
+
+#define CHECK_STATUS(expr, want)                                                         \
+    do {                                                                                 \
+        FlareStatus got_ = (expr);                                                       \
+        if (got_ != (want)) {                                                            \
+            fprintf(stderr, "  %s returned %s, expected %s\n", #expr,                    \
+                    flare_status_name(got_), flare_status_name(want));                   \
+        }                                                                                \
+        report(got_ == (want), __FILE__, __LINE__, #expr " == " #want);                  \
+    } while (0)
+
+#define OK(expr) CHECK_STATUS(expr, FLARE_STATUS_SUCCESS)
+
+/* Whether this thread's last error message contains `needle`. */
+static int last_error_contains(const char *needle) {
+    char msg[1024];
+    flare_last_error_message(msg, sizeof msg);
+    return strstr(msg, needle) != NULL;
+}
+
+static FlareSnapshot snap(const FlarePool *pool) {
+    FlareSnapshot s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = (uint32_t)sizeof s;
+    if (flare_pool_snapshot(pool, &s) != FLARE_STATUS_SUCCESS) {
+        report(0, __FILE__, __LINE__, "flare_pool_snapshot");
+    }
+    return s;
+}
+
+static int snap_equal(const FlareSnapshot *a, const FlareSnapshot *b) {
+    return memcmp(a, b, sizeof *a) == 0;
+}
+
+/* Nothing held: no physical memory, no reservation, nothing pending or idle. */
+static int snap_empty(const FlareSnapshot *s) {
+    return s->physical_bytes == 0 && s->reserved_bytes == 0 && s->pending_count == 0 &&
+           s->pending_bytes == 0 && s->idle_count == 0 && s->live_count == 0;
+}
+
+static int snap_consistent(const FlareSnapshot *s) {
+    return s->physical_bytes == s->live_mapped_bytes + s->idle_bytes + s->pending_bytes &&
+           s->allocations == s->frees + s->live_count &&
+           s->physical_bytes <= s->peak_physical_bytes;
+}
+
+static FlarePool *new_pool(FlareReusePolicy policy, uint64_t capacity, uint64_t threshold) {
+    FlarePoolConfig cfg;
+    FlarePool *pool = NULL;
+    flare_pool_config_init(&cfg);
+    cfg.backend = FLARE_BACKEND_SIMULATED;
+    cfg.reuse_policy = policy;
+    cfg.sim_capacity_bytes = capacity;
+    cfg.release_threshold_bytes = threshold;
+    OK(flare_pool_create(&cfg, &pool));
+    CHECK(pool != NULL);
+    return pool;
+}
+
+static void test_status_names(void) {
+    static const char *const names[] = {
+        "FLARE_STATUS_SUCCESS",         "FLARE_STATUS_INVALID_ARGUMENT",
+        "FLARE_STATUS_OUT_OF_MEMORY",   "FLARE_STATUS_NOT_SUPPORTED",
+        "FLARE_STATUS_UNKNOWN_POINTER", "FLARE_STATUS_SCOPE_STATE",
+        "FLARE_STATUS_DRIVER_ERROR",    "FLARE_STATUS_NO_DRIVER",
+        "FLARE_STATUS_INTERNAL",
+    };
+    int i;
+    for (i = 0; i <= 8; i++) {
+        const char *n = flare_status_name((FlareStatus)i);
+        CHECK(n != NULL && strcmp(n, names[i]) == 0);
+    }
+    /* 15 is inside the enum's value range in C++ too, but no enumerator. */
+    CHECK(strcmp(flare_status_name((FlareStatus)15), "FLARE_STATUS_UNRECOGNIZED") == 0);
+    CHECK(FLARE_STATUS_INTERNAL == 8 && FLARE_CALL_SYNCHRONIZE == 7 &&
+          FLARE_REUSE_NONE == 2 && FLARE_BACKEND_SIMULATED == 1);
+    CHECK(FLARE_PACKAGE_VERSION_MAJOR == 0 && FLARE_PACKAGE_VERSION_MINOR == 1 &&
+          FLARE_PACKAGE_VERSION_PATCH == 0);
+}
+
+static void test_config(void) {
+    FlarePoolConfig cfg;
+    FlarePool *pool = NULL;
+    FlarePool *const sentinel = (FlarePool *)(uintptr_t)0x5e5e;
+    FlareSnapshot s;
+    int32_t peers[2] = {1, 2};
+    uint32_t bad_sizes[4] = {0, 4, 7, 5000};
+    uint32_t bad;
+    int i;
+
+    flare_pool_config_init(NULL); /* a no-op, not a crash */
+    memset(&cfg, 0xcd, sizeof cfg);
+    flare_pool_config_init(&cfg);
+    CHECK(cfg.struct_size == sizeof cfg && cfg.backend == FLARE_BACKEND_SIMULATED && cfg.device == 0 &&
+          cfg.reuse_policy == FLARE_REUSE_BEST_FIT && cfg.release_threshold_bytes == 0 &&
+          cfg.peer_devices == NULL && cfg.peer_device_count == 0 &&
+          cfg.sim_capacity_bytes == 0 && cfg.sim_granularity_bytes == 0);
+    cfg.backend = FLARE_BACKEND_SIMULATED;
+
+    CHECK_STATUS(flare_pool_create(NULL, &pool), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(flare_pool_create(&cfg, NULL), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK(last_error_contains("out_pool is NULL"));
+
+    for (i = 0; i < 4; i++) {
+        FlarePoolConfig c = cfg;
+        c.struct_size = bad_sizes[i];
+        pool = sentinel;
+        CHECK_STATUS(flare_pool_create(&c, &pool), FLARE_STATUS_INVALID_ARGUMENT);
+        CHECK(pool == sentinel); /* outputs only on success */
+        CHECK(last_error_contains("struct_size"));
+    }
+    {
+        /* Unknown enum values, written as raw integers (valid C, and never UB on the
+         * library's side, which reads them as integers). */
+        FlarePoolConfig c = cfg;
+        bad = 7;
+        memcpy(&c.backend, &bad, sizeof bad);
+        pool = sentinel;
+        CHECK_STATUS(flare_pool_create(&c, &pool), FLARE_STATUS_INVALID_ARGUMENT);
+        CHECK(pool == sentinel && last_error_contains("backend 7"));
+        c = cfg;
+        bad = 9;
+        memcpy(&c.reuse_policy, &bad, sizeof bad);
+        CHECK_STATUS(flare_pool_create(&c, &pool), FLARE_STATUS_INVALID_ARGUMENT);
+        CHECK(pool == sentinel && last_error_contains("reuse_policy 9"));
+        c = cfg;
+        c.device = -1;
+        CHECK_STATUS(flare_pool_create(&c, &pool), FLARE_STATUS_INVALID_ARGUMENT);
+        c = cfg;
+        c.peer_device_count = 1;
+        CHECK_STATUS(flare_pool_create(&c, &pool), FLARE_STATUS_INVALID_ARGUMENT);
+        CHECK(pool == sentinel && last_error_contains("peer_devices"));
+    }
+    {
+        /* Peers: every mapping gets access for device 0, 1 and 2. */
+        FlarePoolConfig c = cfg;
+        void *p = NULL;
+        c.peer_devices = peers;
+        c.peer_device_count = 2;
+        pool = NULL;
+        OK(flare_pool_create(&c, &pool));
+        OK(flare_package_allocate(pool, 1, &p));
+        OK(flare_package_free(pool, p));
+        OK(flare_pool_destroy(pool));
+    }
+    {
+        /* An older caller whose struct ends before the simulated sizes: the garbage
+         * after its struct_size is not read, the sizes take their defaults. */
+        FlarePoolConfig c = cfg;
+        c.struct_size = (uint32_t)offsetof(FlarePoolConfig, sim_capacity_bytes);
+        c.sim_capacity_bytes = 12345;
+        c.sim_granularity_bytes = 3;
+        pool = NULL;
+        OK(flare_pool_create(&c, &pool));
+        s = snap(pool);
+        CHECK(s.granularity_bytes == 2 * MiB);
+        OK(flare_pool_destroy(pool));
+        /* The shortest accepted: struct_size and backend only. */
+        c.struct_size = 8;
+        c.device = 12345; /* not read: device 0 */
+        OK(flare_pool_create(&c, &pool));
+        OK(flare_pool_destroy(pool));
+    }
+    {
+        FlarePoolConfig c = cfg;
+        c.sim_granularity_bytes = 64 * 1024;
+        OK(flare_pool_create(&c, &pool));
+        s = snap(pool);
+        CHECK(s.granularity_bytes == 64 * 1024);
+        OK(flare_pool_destroy(pool));
+    }
+    {
+        /* The CUDA backend: no driver on a machine without a GPU. Where there is one,
+         * fault injection is not supported on it. */
+        FlarePoolConfig c;
+        FlareStatus st;
+        flare_pool_config_init(&c);
+        c.backend = FLARE_BACKEND_CUDA;
+        pool = NULL;
+        st = flare_pool_create(&c, &pool);
+        CHECK(st == FLARE_STATUS_NO_DRIVER || st == FLARE_STATUS_SUCCESS);
+        if (st == FLARE_STATUS_SUCCESS) {
+            CHECK_STATUS(flare_sim_inject_failure(pool, FLARE_CALL_MAP, 1, 999),
+                         FLARE_STATUS_NOT_SUPPORTED);
+            OK(flare_pool_destroy(pool));
+        } else {
+            fprintf(stderr, "  (CUDA backend: %s, as expected without a GPU)\n",
+                    flare_status_name(st));
+        }
+    }
+}
+
+static void test_lifecycle(void) {
+    FlarePool *pool = new_pool(FLARE_REUSE_BEST_FIT, 0, 0);
+    FlareSnapshot s;
+    void *a = NULL, *b = NULL, *c = NULL;
+
+    s = snap(pool);
+    CHECK(s.struct_size == sizeof s && s.granularity_bytes == 2 * MiB && s.scope_open == 0);
+    CHECK(snap_empty(&s) && s.allocations == 0 && s.peak_physical_bytes == 0);
+
+    OK(flare_package_allocate(pool, 1, &a));
+    OK(flare_package_allocate(pool, 3 * MiB, &b));
+    CHECK(a != NULL && b != NULL && a != b);
+    CHECK(((uintptr_t)a % (2 * MiB)) == 0 && ((uintptr_t)b % (2 * MiB)) == 0);
+    s = snap(pool);
+    CHECK(s.live_count == 2 && s.live_requested_bytes == 1 + 3 * MiB);
+    CHECK(s.live_mapped_bytes == 6 * MiB && s.physical_bytes == 6 * MiB);
+    CHECK(s.allocations == 2 && s.mappings_created == 2 && snap_consistent(&s));
+
+    OK(flare_package_free(pool, a));
+    OK(flare_package_free(pool, b));
+    OK(flare_package_free(pool, NULL)); /* a no-op */
+    s = snap(pool);
+    CHECK(snap_empty(&s) && s.frees == 2 && s.mappings_released == 2);
+    CHECK(s.peak_physical_bytes == 6 * MiB && s.peak_live_mapped_bytes == 6 * MiB);
+
+    /* A scope: the freed mapping is retained and reused, released at finish. */
+    OK(flare_retention_begin(pool));
+    CHECK(snap(pool).scope_open == 1);
+    OK(flare_package_allocate(pool, 4 * MiB, &a));
+    OK(flare_package_free(pool, a));
+    s = snap(pool);
+    CHECK(s.idle_count == 1 && s.idle_bytes == 4 * MiB && s.physical_bytes == 4 * MiB);
+    OK(flare_package_allocate(pool, 4 * MiB, &b));
+    CHECK(a == b);
+    s = snap(pool);
+    CHECK(s.reuse_hits == 1 && s.reuse_exact_hits == 1 && s.idle_count == 0);
+    CHECK_STATUS(flare_pool_trim(pool), FLARE_STATUS_SCOPE_STATE);
+    OK(flare_package_free(pool, b));
+    OK(flare_retention_finish(pool));
+    s = snap(pool);
+    CHECK(snap_empty(&s) && s.scope_open == 0 && s.scopes_finished == 1);
+
+    /* Abort: the same release, counted apart; a live allocation stays live. */
+    OK(flare_retention_begin(pool));
+    OK(flare_package_allocate(pool, 2 * MiB, &a));
+    OK(flare_package_allocate(pool, 2 * MiB, &c));
+    OK(flare_package_free(pool, a));
+    OK(flare_retention_abort(pool));
+    s = snap(pool);
+    CHECK(s.scopes_aborted == 1 && s.live_count == 1 && s.idle_count == 0 &&
+          s.physical_bytes == 2 * MiB && snap_consistent(&s));
+    OK(flare_package_free(pool, c));
+    OK(flare_pool_trim(pool));
+    s = snap(pool);
+    CHECK(snap_empty(&s));
+
+    /* Destroy with live allocations releases them. */
+    OK(flare_package_allocate(pool, 10 * MiB, &a));
+    OK(flare_retention_begin(pool));
+    OK(flare_pool_destroy(pool));
+    OK(flare_pool_destroy(NULL)); /* a no-op */
+
+    /* A release threshold caches freed mappings outside a scope until trim. */
+    pool = new_pool(FLARE_REUSE_EXACT, 0, 4 * MiB);
+    OK(flare_package_allocate(pool, 2 * MiB, &a));
+    OK(flare_package_free(pool, a));
+    s = snap(pool);
+    CHECK(s.idle_bytes == 2 * MiB && s.physical_bytes == 2 * MiB);
+    OK(flare_package_allocate(pool, 2 * MiB, &b));
+    CHECK(a == b && snap(pool).reuse_hits == 1);
+    OK(flare_package_free(pool, b));
+    OK(flare_pool_trim(pool));
+    s = snap(pool);
+    CHECK(snap_empty(&s));
+    OK(flare_pool_destroy(pool));
+}
+
+/* Inside one scope, twelve times: allocate 1 GiB, free, allocate 1 GiB, free. */
+static void test_warmup(FlareReusePolicy policy, uint64_t want_peak) {
+    FlarePool *pool = new_pool(policy, 0, 0);
+    FlareSnapshot s;
+    int i;
+    OK(flare_retention_begin(pool));
+    for (i = 0; i < 12; i++) {
+        void *p = NULL, *q = NULL;
+        OK(flare_package_allocate(pool, (size_t)GiB, &p));
+        OK(flare_package_free(pool, p));
+        OK(flare_package_allocate(pool, (size_t)GiB, &q));
+        OK(flare_package_free(pool, q));
+    }
+    s = snap(pool);
+    CHECK(s.peak_physical_bytes == want_peak);
+    CHECK(s.physical_bytes == want_peak && s.idle_bytes == want_peak && s.live_count == 0);
+    if (s.peak_physical_bytes != want_peak) {
+        fprintf(stderr, "  warmup, policy %d: peak %" PRIu64 " bytes, expected %" PRIu64 "\n",
+                (int)policy, s.peak_physical_bytes, want_peak);
+    }
+    OK(flare_retention_finish(pool));
+    s = snap(pool);
+    CHECK(snap_empty(&s) && s.allocations == 24 && s.frees == 24);
+    OK(flare_pool_destroy(pool));
+}
+
+/* Every bad input returns its status and changes nothing. */
+static void test_bad_inputs(void) {
+    FlarePool *pool = new_pool(FLARE_REUSE_BEST_FIT, GiB, 0);
+    void *const sentinel = (void *)(uintptr_t)0x5e5e;
+    void *p = NULL, *live = NULL, *freed = NULL, *out;
+    FlareSnapshot before, after, raw, raw_before;
+    char buf[16];
+    char full[1024];
+    size_t n, m;
+    uint32_t sizes[4] = {0, 4, 7, 4097};
+    int i;
+
+    OK(flare_package_allocate(pool, 3 * MiB, &live));
+    OK(flare_package_allocate(pool, 2 * MiB, &freed));
+    OK(flare_package_free(pool, freed));
+    before = snap(pool);
+
+    /* NULL pool, everywhere. */
+    out = sentinel;
+    CHECK_STATUS(flare_package_allocate(NULL, 1, &out), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK(out == sentinel && last_error_contains("pool is NULL"));
+    CHECK_STATUS(flare_package_free(NULL, live), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(flare_package_free(NULL, NULL), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(flare_retention_begin(NULL), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(flare_retention_finish(NULL), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(flare_retention_abort(NULL), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(flare_pool_trim(NULL), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(flare_pool_snapshot(NULL, &after), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(flare_sim_inject_failure(NULL, FLARE_CALL_MAP, 1, 999),
+                 FLARE_STATUS_INVALID_ARGUMENT);
+    /* NULL outputs. */
+    CHECK_STATUS(flare_package_allocate(pool, 1, NULL), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK(last_error_contains("out_ptr is NULL"));
+    CHECK_STATUS(flare_pool_snapshot(pool, NULL), FLARE_STATUS_INVALID_ARGUMENT);
+    /* Sizes: 0, one that overflows when rounded, one beyond the 1 GiB device. */
+    out = sentinel;
+    CHECK_STATUS(flare_package_allocate(pool, 0, &out), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK(out == sentinel && last_error_contains("0 bytes"));
+    CHECK_STATUS(flare_package_allocate(pool, SIZE_MAX, &out), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK(out == sentinel);
+    after = snap(pool);
+    CHECK(snap_equal(&before, &after));
+
+    CHECK_STATUS(flare_package_allocate(pool, (size_t)(2 * GiB), &out),
+                 FLARE_STATUS_OUT_OF_MEMORY);
+    CHECK(out == sentinel && last_error_contains("out of memory"));
+    after = snap(pool);
+    /* The pool counts the release-and-retry it made before giving up (oom_retries);
+     * everything else is unchanged. */
+    CHECK(after.oom_retries == before.oom_retries + 1);
+    after.oom_retries = before.oom_retries;
+    CHECK(snap_equal(&before, &after));
+    before = snap(pool);
+
+    /* Pointers: unknown, interior, already freed. */
+    CHECK_STATUS(flare_package_free(pool, (void *)(uintptr_t)0x1234),
+                 FLARE_STATUS_UNKNOWN_POINTER);
+    CHECK(last_error_contains("unknown pointer 0x1234"));
+    CHECK_STATUS(flare_package_free(pool, (char *)live + 4096), FLARE_STATUS_UNKNOWN_POINTER);
+    CHECK_STATUS(flare_package_free(pool, freed), FLARE_STATUS_UNKNOWN_POINTER);
+    after = snap(pool);
+    CHECK(snap_equal(&before, &after));
+
+    /* Scope state. */
+    CHECK_STATUS(flare_retention_finish(pool), FLARE_STATUS_SCOPE_STATE);
+    CHECK(last_error_contains("flare_retention_finish"));
+    CHECK_STATUS(flare_retention_abort(pool), FLARE_STATUS_SCOPE_STATE);
+    after = snap(pool);
+    CHECK(snap_equal(&before, &after));
+    OK(flare_retention_begin(pool));
+    before = snap(pool);
+    CHECK_STATUS(flare_retention_begin(pool), FLARE_STATUS_SCOPE_STATE);
+    CHECK_STATUS(flare_pool_trim(pool), FLARE_STATUS_SCOPE_STATE);
+    after = snap(pool);
+    CHECK(snap_equal(&before, &after));
+    OK(flare_retention_finish(pool));
+    before = snap(pool);
+
+    /* Fault-injection arguments. */
+    CHECK_STATUS(flare_sim_inject_failure(pool, (FlareDriverCall)8, 1, 999),
+                 FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(flare_sim_inject_failure(pool, FLARE_CALL_MAP, 0, 999),
+                 FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(flare_sim_inject_failure(pool, FLARE_CALL_MAP, 1, 0),
+                 FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(flare_sim_inject_failure(pool, FLARE_CALL_MAP, 1, -1),
+                 FLARE_STATUS_INVALID_ARGUMENT);
+
+    /* Snapshot struct_size: bad ones write nothing. */
+    for (i = 0; i < 4; i++) {
+        memset(&raw, 0xab, sizeof raw);
+        raw.struct_size = sizes[i];
+        raw_before = raw;
+        CHECK_STATUS(flare_pool_snapshot(pool, &raw), FLARE_STATUS_INVALID_ARGUMENT);
+        CHECK(snap_equal(&raw, &raw_before));
+    }
+    /* An older caller's shorter struct: only the fields wholly inside are written (a
+     * size ending mid-field stops before that field). */
+    memset(&raw, 0xab, sizeof raw);
+    raw.struct_size = (uint32_t)offsetof(FlareSnapshot, idle_count) + 4;
+    OK(flare_pool_snapshot(pool, &raw));
+    CHECK(raw.struct_size == offsetof(FlareSnapshot, idle_count) + 4);
+    CHECK(raw.live_count == 1 && raw.live_requested_bytes == 3 * MiB &&
+          raw.live_mapped_bytes == 4 * MiB && raw.granularity_bytes == 2 * MiB);
+    CHECK(raw.idle_count == UINT64_C(0xabababababababab) &&
+          raw.scopes_aborted == UINT64_C(0xabababababababab));
+    /* A newer caller's larger struct: the library's fields, the rest untouched. */
+    {
+        unsigned char big[4096];
+        FlareSnapshot head;
+        uint32_t size = 4096;
+        memset(big, 0xab, sizeof big);
+        memcpy(big, &size, sizeof size);
+        OK(flare_pool_snapshot(pool, (FlareSnapshot *)(void *)big));
+        memcpy(&head, big, sizeof head);
+        after = snap(pool);
+        head.struct_size = after.struct_size;
+        CHECK(snap_equal(&head, &after));
+        CHECK(big[sizeof head] == 0xab && big[4095] == 0xab);
+    }
+    after = snap(pool);
+    CHECK(snap_equal(&before, &after));
+
+    /* The last error message: truncation, NULL buffer, exact fit, kept over successes. */
+    CHECK_STATUS(flare_package_free(pool, freed), FLARE_STATUS_UNKNOWN_POINTER);
+    OK(flare_pool_trim(pool)); /* a success does not clear it */
+    n = flare_last_error_message(full, sizeof full);
+    CHECK(n > sizeof buf && n < sizeof full && strlen(full) == n);
+    CHECK(strstr(full, "flare_package_free") != NULL && strstr(full, "unknown pointer") != NULL);
+    memset(buf, 'x', sizeof buf);
+    m = flare_last_error_message(buf, sizeof buf);
+    CHECK(m == n && buf[sizeof buf - 1] == '\0' && strlen(buf) == sizeof buf - 1 &&
+          strncmp(buf, full, sizeof buf - 1) == 0);
+    CHECK(flare_last_error_message(NULL, 0) == n);
+    CHECK(flare_last_error_message(NULL, 100) == n);
+    memset(buf, 'x', sizeof buf);
+    CHECK(flare_last_error_message(buf, 0) == n && buf[0] == 'x');
+    CHECK(flare_last_error_message(buf, 1) == n && buf[0] == '\0' && buf[1] == 'x');
+    {
+        char *exact = (char *)malloc(n + 1);
+        CHECK(exact != NULL);
+        if (exact != NULL) {
+            CHECK(flare_last_error_message(exact, n + 1) == n && strcmp(exact, full) == 0);
+            free(exact);
+        }
+    }
+    after = snap(pool);
+    CHECK(snap_equal(&before, &after));
+
+    p = NULL;
+    OK(flare_package_free(pool, live));
+    OK(flare_package_allocate(pool, 1, &p)); /* still usable */
+    OK(flare_package_free(pool, p));
+    after = snap(pool);
+    CHECK(snap_empty(&after));
+    OK(flare_pool_destroy(pool));
+}
+
+static const char *const cuda_names[8] = {
+    "cuMemCreate", "cuMemRelease", "cuMemAddressReserve", "cuMemAddressFree",
+    "cuMemMap",    "cuMemSetAccess", "cuMemUnmap",        "cuCtxSynchronize",
+};
+
+/* The pool is usable (an allocation and a free work) and, after trim, holds nothing. */
+static void check_recovered(FlarePool *pool, const char *what) {
+    void *p = NULL;
+    FlareSnapshot s;
+    OK(flare_pool_trim(pool));
+    s = snap(pool);
+    CHECK(snap_empty(&s) && snap_consistent(&s));
+    OK(flare_package_allocate(pool, 5 * MiB, &p));
+    OK(flare_package_free(pool, p));
+    s = snap(pool);
+    CHECK(snap_empty(&s));
+    if (!snap_empty(&s)) {
+        fprintf(stderr, "  after %s: physical %" PRIu64 ", reserved %" PRIu64
+                        ", pending %" PRIu64 "\n",
+                what, s.physical_bytes, s.reserved_bytes, s.pending_count);
+    }
+}
+
+static void test_injected_failures(void) {
+    FlarePool *pool = new_pool(FLARE_REUSE_BEST_FIT, 0, 0);
+    FlareSnapshot s, before;
+    void *p = NULL, *const sentinel = (void *)(uintptr_t)0x5e5e;
+    int k;
+
+    /* Allocation steps. */
+    for (k = 0; k < 4; k++) {
+        static const FlareDriverCall calls[4] = {FLARE_CALL_CREATE, FLARE_CALL_RESERVE,
+                                                 FLARE_CALL_MAP, FLARE_CALL_SET_ACCESS};
+        FlareDriverCall call = calls[k];
+        before = snap(pool);
+        OK(flare_sim_inject_failure(pool, call, 1, 999));
+        p = sentinel;
+        CHECK_STATUS(flare_package_allocate(pool, 3 * MiB, &p), FLARE_STATUS_DRIVER_ERROR);
+        CHECK(p == sentinel);
+        CHECK(last_error_contains(cuda_names[call]) && last_error_contains("999"));
+        s = snap(pool);
+        CHECK(snap_empty(&s) && s.allocations == before.allocations);
+        CHECK(call != FLARE_CALL_MAP || s.map_failures == before.map_failures + 1);
+        CHECK(call != FLARE_CALL_SET_ACCESS || s.access_failures == before.access_failures + 1);
+        check_recovered(pool, cuda_names[call]);
+    }
+
+    /* The nth call: the second create fails, the first succeeds. */
+    {
+        void *a = NULL;
+        OK(flare_sim_inject_failure(pool, FLARE_CALL_CREATE, 2, 999));
+        OK(flare_package_allocate(pool, MiB, &a));
+        CHECK_STATUS(flare_package_allocate(pool, MiB, &p), FLARE_STATUS_DRIVER_ERROR);
+        OK(flare_package_free(pool, a));
+        check_recovered(pool, "second cuMemCreate");
+    }
+
+    /* Out of memory from cuMemCreate: outside a scope the pool releases what is idle
+     * and retries once, which succeeds; inside a scope it reports it. */
+    before = snap(pool);
+    OK(flare_sim_inject_failure(pool, FLARE_CALL_CREATE, 1, 2));
+    OK(flare_package_allocate(pool, MiB, &p));
+    CHECK(snap(pool).oom_retries == before.oom_retries + 1);
+    OK(flare_package_free(pool, p));
+    OK(flare_retention_begin(pool));
+    OK(flare_sim_inject_failure(pool, FLARE_CALL_CREATE, 1, 2));
+    CHECK_STATUS(flare_package_allocate(pool, MiB, &p), FLARE_STATUS_OUT_OF_MEMORY);
+    CHECK(last_error_contains("inside a retention scope"));
+    OK(flare_retention_finish(pool));
+    check_recovered(pool, "out of memory");
+
+    /* A failing undo step: map fails, then freeing the reservation fails too. The
+     * leftover is kept pending and released by the next trim. */
+    OK(flare_sim_inject_failure(pool, FLARE_CALL_MAP, 1, 999));
+    OK(flare_sim_inject_failure(pool, FLARE_CALL_FREE_RESERVATION, 1, 999));
+    CHECK_STATUS(flare_package_allocate(pool, MiB, &p), FLARE_STATUS_DRIVER_ERROR);
+    s = snap(pool);
+    CHECK(s.pending_count == 1 && s.reserved_bytes == 2 * MiB && s.physical_bytes == 0);
+    check_recovered(pool, "map + cuMemAddressFree");
+
+    /* Release steps, at a free outside a scope: the free succeeds, the refused step is
+     * counted and its memory kept (pending after a refused release or address free;
+     * still mapped, back to idle, after a refused unmap or synchronize), and the next
+     * trim releases it. */
+    for (k = 0; k < 4; k++) {
+        static const FlareDriverCall calls[4] = {FLARE_CALL_RELEASE, FLARE_CALL_FREE_RESERVATION,
+                                                 FLARE_CALL_UNMAP, FLARE_CALL_SYNCHRONIZE};
+        FlareDriverCall call = calls[k];
+        before = snap(pool);
+        OK(flare_package_allocate(pool, 2 * MiB, &p));
+        OK(flare_sim_inject_failure(pool, call, 1, 999));
+        OK(flare_package_free(pool, p));
+        s = snap(pool);
+        CHECK(s.pending_count + s.idle_count == 1 && s.live_count == 0 && snap_consistent(&s));
+        CHECK(call != FLARE_CALL_RELEASE ||
+              (s.release_failures == before.release_failures + 1 &&
+               s.physical_bytes == 2 * MiB && s.reserved_bytes == 0));
+        CHECK(call != FLARE_CALL_FREE_RESERVATION ||
+              (s.reservation_free_failures == before.reservation_free_failures + 1 &&
+               s.physical_bytes == 0 && s.reserved_bytes == 2 * MiB));
+        CHECK(call != FLARE_CALL_UNMAP ||
+              (s.unmap_failures == before.unmap_failures + 1 && s.idle_bytes == 2 * MiB));
+        CHECK(call != FLARE_CALL_SYNCHRONIZE ||
+              (s.sync_failures == before.sync_failures + 1 && s.idle_bytes == 2 * MiB));
+        check_recovered(pool, cuda_names[call]);
+    }
+
+    /* Release steps at the end of a scope: finish reports the first refused step,
+     * closes the scope all the same, and the next trim releases what was kept. */
+    for (k = 1; k < 8; k++) {
+        FlareDriverCall call = (FlareDriverCall)k;
+        if (call == FLARE_CALL_RESERVE || call == FLARE_CALL_MAP || call == FLARE_CALL_SET_ACCESS) {
+            continue;
+        }
+        OK(flare_retention_begin(pool));
+        OK(flare_package_allocate(pool, 2 * MiB, &p));
+        OK(flare_package_free(pool, p));
+        OK(flare_sim_inject_failure(pool, call, 1, 999));
+        if (k % 2 == 0) {
+            CHECK_STATUS(flare_retention_finish(pool), FLARE_STATUS_DRIVER_ERROR);
+        } else {
+            CHECK_STATUS(flare_retention_abort(pool), FLARE_STATUS_DRIVER_ERROR);
+        }
+        CHECK(last_error_contains(cuda_names[call]));
+        s = snap(pool);
+        CHECK(s.scope_open == 0 && snap_consistent(&s) && s.physical_bytes + s.reserved_bytes > 0);
+        check_recovered(pool, cuda_names[call]);
+    }
+    OK(flare_pool_destroy(pool));
+}
+
+struct worker {
+    FlarePool *pool;
+    int id;
+    int failures;
+};
+
+static void *worker_main(void *arg) {
+    struct worker *w = (struct worker *)arg;
+    void *held[4] = {NULL, NULL, NULL, NULL};
+    int i, j;
+    for (i = 0; i < 400; i++) {
+        size_t size = 1 + (size_t)(((unsigned)i * 7919u + (unsigned)w->id * 104729u) % (9u << 20));
+        j = i % 4;
+        if (held[j] != NULL) {
+            if (flare_package_free(w->pool, held[j]) != FLARE_STATUS_SUCCESS) {
+                w->failures++;
+            }
+            held[j] = NULL;
+        }
+        if (flare_package_allocate(w->pool, size, &held[j]) != FLARE_STATUS_SUCCESS) {
+            w->failures++;
+        }
+        if (i % 50 == 0) {
+            FlareSnapshot s = snap(w->pool);
+            if (!snap_consistent(&s)) {
+                w->failures++;
+            }
+        }
+    }
+    for (j = 0; j < 4; j++) {
+        if (flare_package_free(w->pool, held[j]) != FLARE_STATUS_SUCCESS) {
+            w->failures++;
+        }
+    }
+    return NULL;
+}
+
+static void run_parallel(void *(*fn)(void *), void *args[], int n);
+
+static void test_threads(int in_scope, uint64_t threshold) {
+    FlarePool *pool = new_pool(FLARE_REUSE_BEST_FIT, 0, threshold);
+    struct worker workers[4];
+    void *args[4];
+    FlareSnapshot s;
+    int i;
+    if (in_scope) {
+        OK(flare_retention_begin(pool));
+    }
+    for (i = 0; i < 4; i++) {
+        workers[i].pool = pool;
+        workers[i].id = i;
+        workers[i].failures = 0;
+        args[i] = &workers[i];
+    }
+    run_parallel(worker_main, args, 4);
+    for (i = 0; i < 4; i++) {
+        CHECK(workers[i].failures == 0);
+    }
+    s = snap(pool);
+    CHECK(s.live_count == 0 && s.allocations == 1600 && s.frees == 1600 && snap_consistent(&s));
+    if (in_scope) {
+        CHECK(s.reuse_hits > 0);
+        OK(flare_retention_finish(pool));
+    }
+    OK(flare_pool_trim(pool));
+    s = snap(pool);
+    CHECK(snap_empty(&s));
+    OK(flare_pool_destroy(pool));
+}
+
+static int run_all_tests(const char *language) {
+    fprintf(stderr, "flare-package %d.%d.%d C ABI tests (%s)\n", FLARE_PACKAGE_VERSION_MAJOR,
+            FLARE_PACKAGE_VERSION_MINOR, FLARE_PACKAGE_VERSION_PATCH, language);
+    test_status_names();
+    test_config();
+    test_lifecycle();
+    test_warmup(FLARE_REUSE_BEST_FIT, GiB);
+    test_warmup(FLARE_REUSE_EXACT, GiB);
+    test_warmup(FLARE_REUSE_NONE, 24 * GiB);
+    test_bad_inputs();
+    test_injected_failures();
+    test_threads(0, 0);
+    test_threads(0, 64 * MiB);
+    test_threads(1, 0);
+    printf("%d passed, %d failed\n", g_passed, g_failed);
+    return g_failed == 0 ? 0 : 1;
+}
+
+#endif /* FLARE_LIFECYCLE_TESTS_H */

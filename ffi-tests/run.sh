@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Builds the release static library, then compiles and runs the C11 and C++17 ABI
+# tests against it: plainly, under AddressSanitizer + UndefinedBehaviorSanitizer
+# (leak detection on), under valgrind (memcheck, definite leaks are errors), and the
+# CMake consumer project when cmake is present. Exits non-zero on any failure.
+#
+#   bash ffi-tests/run.sh
+#
+# Needs: cargo, gcc, g++ (with libasan/libubsan, as Debian's gcc ships them),
+# valgrind, and optionally cmake (>= 3.18). On Debian/Ubuntu:
+#   apt-get install -y gcc g++ valgrind cmake
+# Set SKIP_VALGRIND=1 or SKIP_SANITIZERS=1 to leave a stage out (not in CI).
+#
+# Leak suppressions: none. Both LeakSanitizer and valgrind report no leak: every
+# allocation of the library (Rust's per-thread last-error string and std's own
+# allocations included) is freed by exit.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+build="$here/build"
+mkdir -p "$build"
+cd "$root"
+
+echo "== cargo build --release --lib (libflare_package.a)"
+cargo build --release --lib --quiet
+lib="$root/target/release/libflare_package.a"
+[ -f "$lib" ] || { echo "missing $lib" >&2; exit 1; }
+
+warn=(-Wall -Wextra -Werror -pedantic)
+syslibs=(-lpthread -ldl -lm)
+failures=()
+
+# run NAME COMMAND...: runs a test program; it must exit 0 and its last line must be
+# "N passed, 0 failed".
+run() {
+  local name=$1; shift
+  echo "-- $name"
+  local out rc=0
+  out=$("$@" 2>&1) || rc=$?
+  printf '%s\n' "$out" | sed 's/^/   /' | tail -n 25
+  local last
+  last=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1 || true)
+  if [ "$rc" -ne 0 ] || [ -z "$last" ] || [[ "$last" != *" 0 failed" ]]; then
+    echo "   => FAILED (exit $rc)"
+    failures+=("$name")
+  fi
+}
+
+compile() { # compile OUT LANG(c|cpp) EXTRA_FLAGS...
+  local out=$1 lang=$2; shift 2
+  if [ "$lang" = c ]; then
+    gcc -std=c11 "${warn[@]}" -g "$@" -I"$root/include" "$here/lifecycle.c" "$lib" "${syslibs[@]}" -o "$out"
+  else
+    g++ -std=c++17 "${warn[@]}" -g "$@" -I"$root/include" "$here/lifecycle.cpp" "$lib" "${syslibs[@]}" -o "$out"
+  fi
+}
+
+echo "== header alone compiles as C11 and C++17"
+printf '#include "flare_package.h"\n#include "flare_package.h"\nint main(void) { return 0; }\n' > "$build/header_only.c"
+gcc -std=c11 "${warn[@]}" -I"$root/include" -fsyntax-only "$build/header_only.c"
+g++ -std=c++17 "${warn[@]}" -I"$root/include" -fsyntax-only -x c++ "$build/header_only.c"
+
+echo "== plain"
+compile "$build/lifecycle_c" c -O2
+compile "$build/lifecycle_cpp" cpp -O2
+run "C11" "$build/lifecycle_c"
+run "C++17" "$build/lifecycle_cpp"
+
+if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer (detect_leaks=1)"
+  san=(-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  compile "$build/lifecycle_c_asan" c "${san[@]}"
+  compile "$build/lifecycle_cpp_asan" cpp "${san[@]}"
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  run "C11 asan+ubsan" "$build/lifecycle_c_asan"
+  run "C++17 asan+ubsan" "$build/lifecycle_cpp_asan"
+  unset ASAN_OPTIONS UBSAN_OPTIONS
+fi
+
+if [ "${SKIP_VALGRIND:-0}" != 1 ]; then
+  echo "== valgrind (memcheck, definite leaks are errors)"
+  command -v valgrind >/dev/null || { echo "valgrind is missing: apt-get install -y valgrind" >&2; exit 1; }
+  vg=(valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite)
+  run "C11 valgrind" "${vg[@]}" "$build/lifecycle_c"
+  run "C++17 valgrind" "${vg[@]}" "$build/lifecycle_cpp"
+fi
+
+if command -v cmake >/dev/null; then
+  echo "== CMake consumer (imported target flare_package::flare_package)"
+  rm -rf "$build/cmake"
+  cmake -S "$here/cmake" -B "$build/cmake" -DFLARE_PACKAGE_ROOT="$root" >/dev/null
+  cmake --build "$build/cmake" >/dev/null
+  run "CMake C" "$build/cmake/flare_cmake_smoke"
+  run "CMake C++" "$build/cmake/flare_cmake_smoke_cpp"
+else
+  echo "== CMake consumer: SKIPPED (cmake not installed: apt-get install -y cmake)"
+fi
+
+echo "== GPU smoke program compiles (run it on a GPU machine with ffi-tests/gpu/run.sh)"
+gcc -std=c11 "${warn[@]}" -I"$root/include" -c "$here/gpu/cuda_smoke.c" -o "$build/cuda_smoke.o"
+
+if [ ${#failures[@]} -ne 0 ]; then
+  echo "ffi-tests FAILED: ${failures[*]}"
+  exit 1
+fi
+echo "ffi-tests: all passed"

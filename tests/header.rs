@@ -1,0 +1,168 @@
+//! The committed C header `include/flare_package.h` must be exactly what cbindgen
+//! generates from `src/ffi.rs` with `cbindgen.toml`.
+//!
+//! Regenerate it with:
+//!
+//! ```sh
+//! FLARE_BLESS_HEADER=1 cargo test --test header
+//! ```
+
+use std::path::PathBuf;
+
+const BLESS_VAR: &str = "FLARE_BLESS_HEADER";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn header_path() -> PathBuf {
+    root().join("include").join("flare_package.h")
+}
+
+fn generate() -> String {
+    let root = root();
+    let config = cbindgen::Config::from_file(root.join("cbindgen.toml"))
+        .unwrap_or_else(|e| panic!("cannot read cbindgen.toml: {e}"));
+    let bindings = cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(root.join("src").join("ffi.rs"))
+        .generate()
+        .unwrap_or_else(|e| panic!("cbindgen failed on src/ffi.rs: {e}"));
+    let mut out = Vec::new();
+    bindings.write(&mut out);
+    String::from_utf8(out).unwrap_or_else(|e| panic!("cbindgen wrote non-UTF-8: {e}"))
+}
+
+fn first_difference(a: &str, b: &str) -> String {
+    for (i, (la, lb)) in a.lines().zip(b.lines()).enumerate() {
+        if la != lb {
+            return format!(
+                "first difference at line {}:\n  committed: {la}\n  generated: {lb}",
+                i + 1
+            );
+        }
+    }
+    format!(
+        "one is a prefix of the other ({} vs {} lines)",
+        a.lines().count(),
+        b.lines().count()
+    )
+}
+
+#[test]
+fn committed_header_is_what_cbindgen_generates() {
+    let generated = generate();
+    let path = header_path();
+    if std::env::var_os(BLESS_VAR).is_some_and(|v| !v.is_empty() && v != "0") {
+        std::fs::write(&path, &generated)
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+        eprintln!("wrote {}", path.display());
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "cannot read {}: {e}\nGenerate it with: {BLESS_VAR}=1 cargo test --test header",
+            path.display()
+        )
+    });
+    assert!(
+        committed == generated,
+        "{} is stale: it is not what cbindgen generates from src/ffi.rs and cbindgen.toml.\n{}\n\
+         Regenerate it with: {BLESS_VAR}=1 cargo test --test header  (then review and commit it)",
+        path.display(),
+        first_difference(&committed, &generated)
+    );
+}
+
+fn define(header: &str, name: &str) -> Option<String> {
+    header.lines().find_map(|l| {
+        let mut words = l.split_whitespace();
+        (words.next() == Some("#define") && words.next() == Some(name))
+            .then(|| words.next().unwrap_or("").to_string())
+    })
+}
+
+#[test]
+fn version_macros_match_cargo_toml() {
+    // Checked on the generated text, so that a stale cbindgen.toml fails here even
+    // when the committed header was blessed from it.
+    for header in [
+        generate(),
+        std::fs::read_to_string(header_path()).unwrap_or_default(),
+    ] {
+        for (name, want) in [
+            (
+                "FLARE_PACKAGE_VERSION_MAJOR",
+                env!("CARGO_PKG_VERSION_MAJOR"),
+            ),
+            (
+                "FLARE_PACKAGE_VERSION_MINOR",
+                env!("CARGO_PKG_VERSION_MINOR"),
+            ),
+            (
+                "FLARE_PACKAGE_VERSION_PATCH",
+                env!("CARGO_PKG_VERSION_PATCH"),
+            ),
+        ] {
+            assert_eq!(
+                define(&header, name).as_deref(),
+                Some(want),
+                "{name} in the header must be Cargo.toml's {want}: edit after_includes in \
+                 cbindgen.toml, then run {BLESS_VAR}=1 cargo test --test header"
+            );
+        }
+    }
+}
+
+/// The header with `struct `/`enum ` tags dropped and whitespace collapsed, so that
+/// declarations compare with the contract's spelling.
+fn normalized(header: &str) -> String {
+    header
+        .replace("struct ", "")
+        .replace("enum ", "")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn header_declares_the_whole_contract() {
+    let header = generate();
+    for item in [
+        "typedef struct FlarePool FlarePool;",
+        "typedef enum FlareStatus {",
+        "typedef enum FlareBackend {",
+        "typedef enum FlareReusePolicy {",
+        "typedef enum FlareDriverCall {",
+        "typedef struct FlarePoolConfig {",
+        "typedef struct FlareSnapshot {",
+        "#ifndef FLARE_PACKAGE_H",
+        "extern \"C\" {",
+    ] {
+        assert!(header.contains(item), "the generated header lacks `{item}`");
+    }
+    let flat = normalized(&header);
+    for decl in [
+        "void flare_pool_config_init(FlarePoolConfig *config);",
+        "FlareStatus flare_pool_create(const FlarePoolConfig *config, FlarePool **out_pool);",
+        "FlareStatus flare_pool_destroy(FlarePool *pool);",
+        "FlareStatus flare_package_allocate(FlarePool *pool, size_t size, void **out_ptr);",
+        "FlareStatus flare_package_free(FlarePool *pool, void *ptr);",
+        "FlareStatus flare_retention_begin(FlarePool *pool);",
+        "FlareStatus flare_retention_finish(FlarePool *pool);",
+        "FlareStatus flare_retention_abort(FlarePool *pool);",
+        "FlareStatus flare_pool_trim(FlarePool *pool);",
+        "FlareStatus flare_pool_snapshot(const FlarePool *pool, FlareSnapshot *out);",
+        "const char *flare_status_name(FlareStatus status);",
+        "size_t flare_last_error_message(char *buf, size_t len);",
+        "FlareStatus flare_sim_inject_failure(FlarePool *pool, FlareDriverCall call, uint32_t nth, int32_t cuda_error);",
+        "FlareBackend backend;",
+        "FlareReusePolicy reuse_policy;",
+    ] {
+        assert!(flat.contains(decl), "the generated header lacks `{decl}`");
+    }
+    assert!(
+        !header.contains("Raw"),
+        "a Raw* Rust type leaked into the header"
+    );
+}

@@ -65,7 +65,12 @@ fn a_failed_map_after_create_releases_the_handle() {
     assert_eq!(calls(&sim), [2, 2, 2, 0, 0, 2, 2, 0]);
     let s = check(&pool);
     assert_eq!(
-        (s.map_failures, s.mappings_created, s.allocations, s.pending_count),
+        (
+            s.map_failures,
+            s.mappings_created,
+            s.allocations,
+            s.pending_count
+        ),
         (2, 0, 0, 0)
     );
     assert_eq!((s.physical_bytes, s.reserved_bytes), (0, 0));
@@ -90,10 +95,18 @@ fn a_failed_set_access_unmaps_and_books_nothing() {
     assert_eq!(calls(&sim), [1, 1, 1, 1, 1, 1, 1, 0]);
     let s = check(&pool);
     assert_eq!(
-        (s.access_failures, s.live_count, s.idle_count, s.pending_count),
+        (
+            s.access_failures,
+            s.live_count,
+            s.idle_count,
+            s.pending_count
+        ),
         (1, 0, 0, 0)
     );
-    assert_eq!((s.physical_bytes, s.reserved_bytes, s.mappings_created), (0, 0, 0));
+    assert_eq!(
+        (s.physical_bytes, s.reserved_bytes, s.mappings_created),
+        (0, 0, 0)
+    );
     assert_driver_empty(&pool);
 }
 
@@ -103,13 +116,21 @@ fn a_failed_set_access_whose_unmap_also_fails_is_kept_pending_not_freed() {
     sim.inject_failure(DriverCall::SetAccess, 1, CuResult::INVALID_VALUE);
     sim.inject_failure(DriverCall::Unmap, 1, CuResult::UNKNOWN);
     let e = pool.allocate_raw(2 * MIB).unwrap_err();
-    assert_eq!(driver_error(&e).0, DriverCall::SetAccess, "the first failure");
+    assert_eq!(
+        driver_error(&e).0,
+        DriverCall::SetAccess,
+        "the first failure"
+    );
     // The reservation is not freed under the live mapping, nor the handle released:
     // no free VA, no release after the failed unmap.
     assert_eq!(calls(&sim), [1, 1, 1, 1, 1, 0, 0, 0]);
     let s = check(&pool);
     assert_eq!(
-        (s.access_failures, s.unmap_failures, s.reservation_free_failures),
+        (
+            s.access_failures,
+            s.unmap_failures,
+            s.reservation_free_failures
+        ),
         (1, 1, 0)
     );
     assert_eq!((s.pending_count, s.pending_bytes), (1, 2 * MIB));
@@ -125,7 +146,15 @@ fn a_failed_set_access_whose_unmap_also_fails_is_kept_pending_not_freed() {
     pool.trim().unwrap();
     assert_eq!(calls(&sim), [1, 1, 1, 1, 2, 1, 1, 0]);
     let s = check(&pool);
-    assert_eq!((s.pending_count, s.pending_bytes, s.physical_bytes, s.reserved_bytes), (0, 0, 0, 0));
+    assert_eq!(
+        (
+            s.pending_count,
+            s.pending_bytes,
+            s.physical_bytes,
+            s.reserved_bytes
+        ),
+        (0, 0, 0, 0)
+    );
     assert_eq!(s.unmap_failures, 1);
     assert_driver_empty(&pool);
 }
@@ -157,10 +186,19 @@ fn out_of_memory_from_create_stops_before_reserve_and_map() {
     }
     let after = calls(&sim);
     assert_eq!(after[0], before[0] + 1, "one create");
-    assert_eq!(&after[1..], &before[1..], "no reserve, no map, nothing released");
+    assert_eq!(
+        &after[1..],
+        &before[1..],
+        "no reserve, no map, nothing released"
+    );
     let s = check(&pool);
     assert_eq!(
-        (s.create_failures, s.oom_retries, s.idle_bytes, s.physical_bytes),
+        (
+            s.create_failures,
+            s.oom_retries,
+            s.idle_bytes,
+            s.physical_bytes
+        ),
         (1, 0, GIB, GIB)
     );
     pool.retention_finish().unwrap();
@@ -180,10 +218,18 @@ fn out_of_memory_outside_a_scope_releases_idle_then_retries_once() {
     assert_eq!(calls(&sim), [4, 3, 3, 3, 2, 2, 2, 1]);
     let s = check(&pool);
     assert_eq!(
-        (s.oom_retries, s.create_failures, s.mappings_released, s.mappings_created),
+        (
+            s.oom_retries,
+            s.create_failures,
+            s.mappings_released,
+            s.mappings_created
+        ),
         (1, 1, 2, 3)
     );
-    assert_eq!((s.idle_bytes, s.physical_bytes, s.live_count), (0, 3 * GIB, 1));
+    assert_eq!(
+        (s.idle_bytes, s.physical_bytes, s.live_count),
+        (0, 3 * GIB, 1)
+    );
     pool.free_raw(c).unwrap();
     pool.trim().unwrap();
     assert_driver_empty(&pool);
@@ -194,7 +240,11 @@ fn out_of_memory_outside_a_scope_with_a_refused_release_keeps_idle_reusable() {
     let (pool, sim) = pool_with(u64::MAX, 140 * GIB);
     let a = pool.allocate_raw(2 * GIB).unwrap();
     pool.free_raw(a).unwrap();
-    sim.inject_failure(DriverCall::Synchronize, 1, CuResult::STREAM_CAPTURE_UNSUPPORTED);
+    sim.inject_failure(
+        DriverCall::Synchronize,
+        1,
+        CuResult::STREAM_CAPTURE_UNSUPPORTED,
+    );
     sim.inject_failure(DriverCall::Create, 1, CuResult::OUT_OF_MEMORY);
     sim.inject_failure(DriverCall::Create, 1, CuResult::OUT_OF_MEMORY);
     let e = pool.allocate_raw(5 * GIB).unwrap_err();
@@ -206,10 +256,19 @@ fn out_of_memory_outside_a_scope_with_a_refused_release_keeps_idle_reusable() {
         ),
         "{e:?}"
     );
-    assert_eq!(sim.call_count(DriverCall::Unmap), 0, "a failed sync unmaps nothing");
+    assert_eq!(
+        sim.call_count(DriverCall::Unmap),
+        0,
+        "a failed sync unmaps nothing"
+    );
     let s = check(&pool);
     assert_eq!(
-        (s.oom_retries, s.create_failures, s.sync_failures, s.idle_bytes),
+        (
+            s.oom_retries,
+            s.create_failures,
+            s.sync_failures,
+            s.idle_bytes
+        ),
         (1, 2, 1, 2 * GIB)
     );
     // Still whole and reusable.
@@ -229,11 +288,21 @@ fn a_failed_unmap_never_frees_the_reservation_and_the_mapping_stays_reusable() {
     assert_eq!(calls(&sim)[4..], [1, 0, 0, 1]);
     let s = check(&pool);
     assert_eq!(
-        (s.unmap_failures, s.reservation_free_failures, s.idle_count, s.idle_bytes),
+        (
+            s.unmap_failures,
+            s.reservation_free_failures,
+            s.idle_count,
+            s.idle_bytes
+        ),
         (1, 0, 1, 2 * MIB)
     );
     assert_eq!(
-        (s.pending_count, s.physical_bytes, s.reserved_bytes, s.mappings_released),
+        (
+            s.pending_count,
+            s.physical_bytes,
+            s.reserved_bytes,
+            s.mappings_released
+        ),
         (0, 2 * MIB, 2 * MIB, 0)
     );
     assert_eq!(sim.state().access_grants, 1, "whole: mapped, access kept");
@@ -245,7 +314,10 @@ fn a_failed_unmap_never_frees_the_reservation_and_the_mapping_stays_reusable() {
     pool.free_raw(q).unwrap();
     assert_eq!(calls(&sim)[4..], [2, 1, 1, 2]);
     let s = check(&pool);
-    assert_eq!((s.unmap_failures, s.mappings_released, s.reuse_hits), (1, 1, 1));
+    assert_eq!(
+        (s.unmap_failures, s.mappings_released, s.reuse_hits),
+        (1, 1, 1)
+    );
     assert_driver_empty(&pool);
 }
 
@@ -258,10 +330,16 @@ fn a_failed_unmap_is_retried_at_the_next_release_point() {
     sim.inject_failure(DriverCall::Unmap, 1, CuResult::UNKNOWN);
     pool.free_raw(big).unwrap(); // over the threshold: released; the unmap fails
     let s = check(&pool);
-    assert_eq!((s.idle_count, s.idle_bytes, s.unmap_failures), (2, 10 * MIB, 1));
+    assert_eq!(
+        (s.idle_count, s.idle_bytes, s.unmap_failures),
+        (2, 10 * MIB, 1)
+    );
     pool.trim().unwrap();
     let s = check(&pool);
-    assert_eq!((s.idle_count, s.mappings_released, s.physical_bytes), (0, 2, 0));
+    assert_eq!(
+        (s.idle_count, s.mappings_released, s.physical_bytes),
+        (0, 2, 0)
+    );
     assert_eq!(sim.call_count(DriverCall::FreeReservation), 2);
     assert_driver_empty(&pool);
 }
@@ -280,7 +358,12 @@ fn a_failed_handle_release_is_retried_once_never_twice() {
         (1, 1, 2 * MIB)
     );
     assert_eq!(
-        (s.physical_bytes, s.reserved_bytes, s.idle_count, s.mappings_released),
+        (
+            s.physical_bytes,
+            s.reserved_bytes,
+            s.idle_count,
+            s.mappings_released
+        ),
         (2 * MIB, 0, 0, 0)
     );
     let d = sim.state();
@@ -291,7 +374,12 @@ fn a_failed_handle_release_is_retried_once_never_twice() {
     pool.trim().unwrap();
     let s = check(&pool);
     assert_eq!(
-        (s.release_failures, s.pending_count, s.physical_bytes, s.mappings_released),
+        (
+            s.release_failures,
+            s.pending_count,
+            s.physical_bytes,
+            s.mappings_released
+        ),
         (1, 0, 0, 1),
         "no second release (which the driver would refuse with INVALID_VALUE)"
     );
@@ -308,7 +396,11 @@ fn a_failed_reservation_free_is_retried_once() {
     pool.free_raw(p).unwrap();
     let s = check(&pool);
     assert_eq!(
-        (s.reservation_free_failures, s.pending_count, s.pending_bytes),
+        (
+            s.reservation_free_failures,
+            s.pending_count,
+            s.pending_bytes
+        ),
         (1, 1, 0)
     );
     assert_eq!((s.physical_bytes, s.reserved_bytes), (0, 4 * MIB));
@@ -318,7 +410,12 @@ fn a_failed_reservation_free_is_retried_once() {
     assert_eq!(calls(&sim)[4..], [2, 2, 3, 2]);
     let s = check(&pool);
     assert_eq!(
-        (s.reservation_free_failures, s.pending_count, s.reserved_bytes, s.mappings_released),
+        (
+            s.reservation_free_failures,
+            s.pending_count,
+            s.reserved_bytes,
+            s.mappings_released
+        ),
         (1, 0, 0, 2)
     );
     assert_driver_empty(&pool);
@@ -343,7 +440,10 @@ fn a_failed_capability_query_does_not_poison_later_calls() {
     let p = pool.allocate_raw(MIB).unwrap();
     pool.free_raw(p).unwrap();
     let s = pool.snapshot();
-    assert_eq!((s.mappings_created, s.mappings_released, s.physical_bytes), (1, 1, 0));
+    assert_eq!(
+        (s.mappings_created, s.mappings_released, s.physical_bytes),
+        (1, 1, 0)
+    );
     assert_eq!(sim.state().handles, 0);
 }
 
@@ -356,12 +456,19 @@ fn nothing_is_unmapped_while_work_is_in_flight() {
     assert!(sim.begin_capture().is_success());
     pool.free_raw(p).unwrap();
     let s = check(&pool);
-    assert_eq!((s.sync_failures, s.idle_count, s.idle_bytes), (1, 1, 64 * MIB));
+    assert_eq!(
+        (s.sync_failures, s.idle_count, s.idle_bytes),
+        (1, 1, 64 * MIB)
+    );
     assert_eq!(sim.call_count(DriverCall::Unmap), 0);
     let e = pool.trim().unwrap_err();
     assert_eq!(
         driver_error(&e),
-        (DriverCall::Synchronize, CuResult::STREAM_CAPTURE_UNSUPPORTED, 0)
+        (
+            DriverCall::Synchronize,
+            CuResult::STREAM_CAPTURE_UNSUPPORTED,
+            0
+        )
     );
     assert_eq!(sim.end_capture(), CuResult::STREAM_CAPTURE_INVALIDATED);
     // A lost context: refused again, still nothing unmapped.
@@ -373,7 +480,12 @@ fn nothing_is_unmapped_while_work_is_in_flight() {
     pool.trim().unwrap();
     let s = check(&pool);
     assert_eq!(
-        (s.sync_failures, s.idle_count, s.physical_bytes, s.mappings_released),
+        (
+            s.sync_failures,
+            s.idle_count,
+            s.physical_bytes,
+            s.mappings_released
+        ),
         (3, 0, 0, 1)
     );
     assert!(sim.faults().is_empty());
@@ -485,7 +597,11 @@ fn every_error_message_says_call_code_sizes_and_what_to_do() {
     let p = pool.allocate_raw(MIB).unwrap();
     pool.retention_begin().unwrap();
     pool.free_raw(p).unwrap();
-    sim.inject_failure(DriverCall::Synchronize, 1, CuResult::STREAM_CAPTURE_UNSUPPORTED);
+    sim.inject_failure(
+        DriverCall::Synchronize,
+        1,
+        CuResult::STREAM_CAPTURE_UNSUPPORTED,
+    );
     assert_eq!(
         pool.retention_finish().unwrap_err().to_string(),
         "driver call cuCtxSynchronize failed with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED \
@@ -514,7 +630,10 @@ fn every_error_message_says_call_code_sizes_and_what_to_do() {
     match Pool::new(PoolConfig::cuda(0)) {
         Err(e @ Error::NoDriver(_)) => {
             let msg = e.to_string();
-            assert!(msg.starts_with("no CUDA driver: cuInit failed with CUDA_ERROR_"), "{msg}");
+            assert!(
+                msg.starts_with("no CUDA driver: cuInit failed with CUDA_ERROR_"),
+                "{msg}"
+            );
             assert!(msg.contains("for device 0"), "{msg}");
         }
         Err(e) => panic!("unexpected {e:?}"),

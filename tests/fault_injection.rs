@@ -228,7 +228,11 @@ const RELEASE_STEPS: [DriverCall; 4] = [
 ];
 
 fn run(setup: Setup, ops: Vec<Op>) {
-    let capacity = if setup.small_device { 24 * GIB } else { 1 << 50 };
+    let capacity = if setup.small_device {
+        24 * GIB
+    } else {
+        1 << 50
+    };
     let pool = Pool::new(PoolConfig {
         reuse_policy: setup.policy,
         release_threshold_bytes: setup.release_threshold,

@@ -72,9 +72,8 @@ const THREADS: u32 = 1024;
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_free_outside_a_scope_waits_for_the_kernel_reading_it() {
-    let d = Arc::new(
-        CudaDriver::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}")),
-    );
+    let d =
+        Arc::new(CudaDriver::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}")));
     let pool = Pool::with_driver(PoolConfig::cuda(0), d.clone()).unwrap();
     let kernel = d.load_test_kernel(PTX, "sum_repeat").unwrap();
     let bytes = 512 * MIB;
@@ -115,7 +114,10 @@ fn gpu_free_outside_a_scope_waits_for_the_kernel_reading_it() {
     pool.free_raw(data).unwrap();
     let free_took = t.elapsed();
     let s = pool.snapshot();
-    assert_eq!((s.mappings_released, s.sync_failures, s.unmap_failures), (1, 0, 0));
+    assert_eq!(
+        (s.mappings_released, s.sync_failures, s.unmap_failures),
+        (1, 0, 0)
+    );
     // The context is healthy and the kernel read the right data to the end.
     d.synchronize()
         .unwrap_or_else(|e| panic!("the kernel faulted: the range was unmapped under it: {e}"));

@@ -96,7 +96,10 @@ fn busy_ranges_are_never_unmapped_over_a_long_random_sequence() {
             sim.end_capture();
         }
         let s = check(&pool);
-        assert!(captures > 100 && s.sync_failures > 100, "captures exercised: {s:?}");
+        assert!(
+            captures > 100 && s.sync_failures > 100,
+            "captures exercised: {s:?}"
+        );
         assert!(released_while_busy_refused > 0);
         assert!(s.mappings_released > 1000, "{s:?}");
         drop(pool);

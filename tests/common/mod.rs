@@ -100,8 +100,14 @@ pub fn check_counts(s: &Snapshot, d: &SimState) {
         s.pending_bytes
     );
     if s.pending_count == 0 {
-        assert_eq!(d.handles, whole, "handles = live + idle with nothing pending");
-        assert_eq!(d.mappings, whole, "mappings = live + idle with nothing pending");
+        assert_eq!(
+            d.handles, whole,
+            "handles = live + idle with nothing pending"
+        );
+        assert_eq!(
+            d.mappings, whole,
+            "mappings = live + idle with nothing pending"
+        );
         assert_eq!(
             d.reservations, whole,
             "reservations = live + idle with nothing pending"

@@ -16,10 +16,11 @@ pub enum Error {
     /// pool already released its idle mappings and retried once; inside a scope
     /// nothing retained is released, so `idle` bytes may still be held.
     #[error(
-        "out of memory{}: {} live, {} retained idle, {} requested; {}",
+        "out of memory{}: {} live, {} retained idle, {} requested{}; {}",
         if *.in_scope { " inside a retention scope" } else { "" },
         fmt_bytes(*.live), fmt_bytes(*.idle), fmt_bytes(*.requested),
-        if *.in_scope { "finish the scope or free live allocations" } else { "free live allocations" }
+        driver_cause(.source),
+        if *.in_scope { "finish the scope or free live allocations" } else { "idle mappings were released and the allocation retried once; free live allocations" }
     )]
     OutOfMemory {
         /// Bytes asked for, rounded up to the granularity.
@@ -51,7 +52,7 @@ pub enum Error {
     /// A driver call failed. `bytes` is the size the call was about (0 for
     /// synchronize). The pool's books are unchanged by the failed step and any steps
     /// before it were undone.
-    #[error("driver call {} failed with {} ({}) on {}; {}", .source.call, .source.code.name(), .source.code.0, fmt_bytes(*.bytes), hint(.source))]
+    #[error("driver call {} failed with {} ({}){}; {}", .source.call, .source.code.name(), .source.code.0, on_bytes(*.bytes), hint(.source))]
     Driver {
         /// The failed call and its raw `CUresult`.
         source: DriverError,
@@ -67,6 +68,23 @@ pub enum Error {
     /// No CUDA driver could be loaded or initialised (libcuda absent, no device).
     #[error("no CUDA driver: {0}")]
     NoDriver(String),
+}
+
+/// " (cuMemCreate failed with CUDA_ERROR_OUT_OF_MEMORY (2))", or nothing.
+fn driver_cause(source: &Option<DriverError>) -> String {
+    match source {
+        Some(e) => format!(" ({} failed with {} ({}))", e.call, e.code.name(), e.code.0),
+        None => String::new(),
+    }
+}
+
+/// " on 2.0 MiB", or nothing for a call about no size (a synchronize).
+fn on_bytes(bytes: u64) -> String {
+    if bytes == 0 {
+        String::new()
+    } else {
+        format!(" on {}", fmt_bytes(bytes))
+    }
 }
 
 fn hint(e: &DriverError) -> &'static str {

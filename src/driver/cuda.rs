@@ -88,6 +88,16 @@ pub struct TransferError {
     pub code: CuResult,
 }
 
+/// A kernel loaded from PTX by [`CudaDriver::load_test_kernel`]: test support only.
+/// Unload it with [`CudaDriver::unload_test_kernel`] (dropping it leaks the module
+/// until the context goes).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct TestKernel {
+    module: sys::CUmodule,
+    function: sys::CUfunction,
+}
+
 /// The real CUDA driver for one device: the device's primary context (retained for
 /// the driver's lifetime) and the allocation property every handle is created with
 /// (pinned device memory on that device, no exportable handle types).
@@ -404,6 +414,108 @@ impl CudaDriver {
         self.in_context(DriverCall::Map, || {
             // SAFETY: the driver validates the range, offset and handle.
             code(unsafe { sys::cuMemMap(ptr, size, offset, handle_raw, 0) })
+        })
+    }
+
+    /// Loads a PTX module (`cuModuleLoadData`; the driver JIT-compiles it for this
+    /// device) and looks up its kernel `kernel` (`cuModuleGetFunction`). Test
+    /// support: the GPU test that keeps a kernel reading an allocation while the
+    /// caller frees it. Unload it with [`CudaDriver::unload_test_kernel`].
+    ///
+    /// # Errors
+    ///
+    /// The failed function with its code (`CUDA_ERROR_INVALID_PTX` (218) for PTX the
+    /// JIT refuses, `CUDA_ERROR_NOT_FOUND` for a kernel the module lacks); on a failed
+    /// lookup the module is unloaded again.
+    #[doc(hidden)]
+    pub fn load_test_kernel(&self, ptx: &str, kernel: &str) -> Result<TestKernel, TransferError> {
+        let image = std::ffi::CString::new(ptx).map_err(|_| TransferError {
+            function: "cuModuleLoadData",
+            code: CuResult::INVALID_VALUE,
+        })?;
+        let name = std::ffi::CString::new(kernel).map_err(|_| TransferError {
+            function: "cuModuleGetFunction",
+            code: CuResult::INVALID_VALUE,
+        })?;
+        let mut module: sys::CUmodule = ptr::null_mut();
+        self.transfer("cuModuleLoadData", || {
+            // SAFETY: `module` is a valid out-pointer; `image` is a NUL-terminated PTX
+            // text that outlives the call (the driver copies what it keeps).
+            code(unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr().cast()) })
+        })?;
+        let mut function: sys::CUfunction = ptr::null_mut();
+        let found = self.transfer("cuModuleGetFunction", || {
+            // SAFETY: `function` is a valid out-pointer, `module` was loaded above and
+            // `name` is NUL-terminated.
+            code(unsafe { sys::cuModuleGetFunction(&mut function, module, name.as_ptr()) })
+        });
+        let loaded = TestKernel { module, function };
+        if let Err(e) = found {
+            let _ = self.unload_test_kernel(loaded);
+            return Err(e);
+        }
+        Ok(loaded)
+    }
+
+    /// Launches `kernel` with `grid` x `block` threads (one dimension each, no shared
+    /// memory) on the legacy default stream (`cuLaunchKernel`), every parameter a
+    /// 64-bit value (device pointers, counts). Asynchronous: returns once queued; a
+    /// [`Driver::synchronize`] waits for it and returns its fault, if any. Test support.
+    ///
+    /// # Errors
+    ///
+    /// `cuLaunchKernel` with its code (`CUDA_ERROR_INVALID_VALUE` for a parameter list
+    /// that does not match the kernel's).
+    #[doc(hidden)]
+    pub fn launch_test_kernel(
+        &self,
+        kernel: &TestKernel,
+        grid: u32,
+        block: u32,
+        params: &[u64],
+    ) -> Result<(), TransferError> {
+        let mut values: Vec<u64> = params.to_vec();
+        let mut args: Vec<*mut c_void> = values
+            .iter_mut()
+            .map(|v| ptr::from_mut(v).cast::<c_void>())
+            .collect();
+        let function = kernel.function;
+        self.transfer("cuLaunchKernel", || {
+            // SAFETY: `function` came from `load_test_kernel` on this context and its
+            // module is still loaded (`TestKernel` is consumed by the unload); `args`
+            // holds one pointer per kernel parameter, each to a live `u64` in
+            // `values`, and both outlive the call (the driver copies the parameter
+            // values at launch). Stream 0 is the legacy default stream.
+            code(unsafe {
+                sys::cuLaunchKernel(
+                    function,
+                    grid,
+                    1,
+                    1,
+                    block,
+                    1,
+                    1,
+                    0,
+                    ptr::null_mut(),
+                    args.as_mut_ptr(),
+                    ptr::null_mut(),
+                )
+            })
+        })
+    }
+
+    /// Unloads a module loaded by [`CudaDriver::load_test_kernel`] (`cuModuleUnload`).
+    /// Test support.
+    ///
+    /// # Errors
+    ///
+    /// `cuModuleUnload` with its code.
+    #[doc(hidden)]
+    pub fn unload_test_kernel(&self, kernel: TestKernel) -> Result<(), TransferError> {
+        self.transfer("cuModuleUnload", || {
+            // SAFETY: `kernel.module` was loaded by `load_test_kernel` on this
+            // context and is unloaded once (`TestKernel` is consumed here).
+            code(unsafe { sys::cuModuleUnload(kernel.module) })
         })
     }
 

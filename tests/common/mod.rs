@@ -2,6 +2,7 @@
 //! scenarios that run both on the simulated driver (CI) and on the real one (GPU).
 #![allow(dead_code)]
 
+use flare_package::driver::sim::SimState;
 use flare_package::{Backend, Pool, PoolConfig, ReusePolicy, SimConfig, Snapshot};
 
 pub const MIB: u64 = 1 << 20;
@@ -61,6 +62,72 @@ pub fn check(pool: &Pool) -> Snapshot {
             s.pending_count
         );
         assert!(sim.faults().is_empty(), "driver faults: {:?}", sim.faults());
+        check_counts(&s, &d);
+    }
+    s
+}
+
+/// The books against what the simulated driver holds, object by object: every live
+/// and idle mapping holds one handle, one reservation and one mapping; a pending
+/// leftover holds at most one of each, and only its still-live handle counts in
+/// `pending_bytes`. So handles, reservations and mappings lie between
+/// `live + idle` and `live + idle + pending`, and mapped bytes between
+/// `live mapped + idle` and that plus `pending_bytes` (a pending leftover that is
+/// still mapped always still holds its handle).
+#[track_caller]
+pub fn check_counts(s: &Snapshot, d: &SimState) {
+    let whole = s.live_count + s.idle_count;
+    for (what, n) in [
+        ("handles", d.handles),
+        ("reservations", d.reservations),
+        ("mappings", d.mappings),
+    ] {
+        assert!(
+            n >= whole && n <= whole + s.pending_count,
+            "driver {what} {n} vs live {} + idle {} (+ pending {})\n{s:#?}\n{d:#?}",
+            s.live_count,
+            s.idle_count,
+            s.pending_count
+        );
+    }
+    let mapped = s.live_mapped_bytes + s.idle_bytes;
+    assert!(
+        d.mapped_bytes >= mapped && d.mapped_bytes <= mapped + s.pending_bytes,
+        "driver mapped bytes {} vs live mapped {} + idle {} (+ pending {})",
+        d.mapped_bytes,
+        s.live_mapped_bytes,
+        s.idle_bytes,
+        s.pending_bytes
+    );
+    if s.pending_count == 0 {
+        assert_eq!(
+            d.handles, whole,
+            "handles = live + idle with nothing pending"
+        );
+        assert_eq!(
+            d.mappings, whole,
+            "mappings = live + idle with nothing pending"
+        );
+        assert_eq!(
+            d.reservations, whole,
+            "reservations = live + idle with nothing pending"
+        );
+    }
+}
+
+/// [`check`], plus the access grants: every live and idle mapping grants access to
+/// each of `devices` devices, and a pending leftover grants none (a still-mapped
+/// leftover is one whose set-access failed).
+#[track_caller]
+pub fn check_with_devices(pool: &Pool, devices: u64) -> Snapshot {
+    let s = check(pool);
+    if let Some(sim) = pool.sim_driver() {
+        let d = sim.state();
+        assert_eq!(
+            d.access_grants,
+            (s.live_count + s.idle_count) * devices,
+            "access grants vs (live + idle) x devices\n{s:#?}\n{d:#?}"
+        );
     }
     s
 }

@@ -1,0 +1,140 @@
+//! Work in flight on the real GPU: a kernel keeps reading an allocation for about
+//! 0.7 s while the caller frees it outside a retention scope. The pool's release
+//! synchronizes before it unmaps, so the kernel finishes with the right sum and the
+//! context stays healthy. Ignored by default (CI has no GPU); fails loudly without
+//! one.
+
+mod common;
+
+use common::MIB;
+use flare_package::driver::cuda::CudaDriver;
+use flare_package::{Driver, Pool, PoolConfig};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `sum_repeat(data, n, iters, out)`: one block; each thread walks `data[0..n)` (u32)
+/// with a block-stride loop, `iters` times, summing (wrapping) into a register, then
+/// adds its sum to `*out`. Every parameter is 64-bit. Written by hand (no nvcc here):
+/// PTX ISA 7.0 for sm_52, which the driver JIT-compiles for the device. The loads are
+/// volatile so that the JIT cannot hoist them out of the outer loop: the kernel
+/// really reads the range for its whole run.
+const PTX: &str = r#".version 7.0
+.target sm_52
+.address_size 64
+
+.visible .entry sum_repeat(
+    .param .u64 data,
+    .param .u64 n,
+    .param .u64 iters,
+    .param .u64 out
+)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<6>;
+    .reg .b64 %rd<12>;
+
+    ld.param.u64 %rd1, [data];
+    ld.param.u64 %rd2, [n];
+    ld.param.u64 %rd3, [iters];
+    ld.param.u64 %rd4, [out];
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd4, %rd4;
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %ntid.x;
+    cvt.u64.u32 %rd5, %r1;
+    cvt.u64.u32 %rd6, %r2;
+    mov.u32 %r3, 0;
+    mov.u64 %rd7, 0;
+$L_outer:
+    setp.ge.u64 %p1, %rd7, %rd3;
+    @%p1 bra $L_done;
+    mov.u64 %rd8, %rd5;
+$L_inner:
+    setp.ge.u64 %p2, %rd8, %rd2;
+    @%p2 bra $L_next;
+    shl.b64 %rd9, %rd8, 2;
+    add.u64 %rd10, %rd1, %rd9;
+    ld.volatile.global.u32 %r4, [%rd10];
+    add.u32 %r3, %r3, %r4;
+    add.u64 %rd8, %rd8, %rd6;
+    bra $L_inner;
+$L_next:
+    add.u64 %rd7, %rd7, 1;
+    bra $L_outer;
+$L_done:
+    atom.global.add.u32 %r5, [%rd4], %r3;
+    ret;
+}
+"#;
+
+const THREADS: u32 = 1024;
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_free_outside_a_scope_waits_for_the_kernel_reading_it() {
+    let d =
+        Arc::new(CudaDriver::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}")));
+    let pool = Pool::with_driver(PoolConfig::cuda(0), d.clone()).unwrap();
+    let kernel = d.load_test_kernel(PTX, "sum_repeat").unwrap();
+    let bytes = 512 * MIB;
+    let n = bytes / 4;
+    let data = pool.allocate_raw(bytes).unwrap();
+    let out = pool.allocate_raw(4).unwrap();
+    d.memset_d8(data, 3, bytes).unwrap(); // every u32 is 0x03030303
+    let expected = |iters: u64| {
+        0x0303_0303u32
+            .wrapping_mul(n as u32)
+            .wrapping_mul(iters as u32)
+    };
+    let read_out = || {
+        let mut word = [0u8; 4];
+        d.copy_dtoh(out, &mut word).unwrap();
+        u32::from_le_bytes(word)
+    };
+
+    // Calibrate: one pass over the range, then enough passes for about 0.7 s.
+    d.memset_d8(out, 0, 4).unwrap();
+    d.synchronize().unwrap();
+    let t = Instant::now();
+    d.launch_test_kernel(&kernel, 1, THREADS, &[data, n, 1, out])
+        .unwrap();
+    d.synchronize().unwrap();
+    let one = t.elapsed().max(Duration::from_micros(50));
+    assert_eq!(read_out(), expected(1), "one pass sums right");
+    let iters = (Duration::from_millis(700).as_secs_f64() / one.as_secs_f64()).ceil() as u64;
+    let iters = iters.clamp(1, 1 << 20);
+
+    // The kernel reads `data` for ~0.7 s; free it now, outside a scope (release
+    // threshold 0: released at once: synchronize, unmap, release, free the VA).
+    d.memset_d8(out, 0, 4).unwrap();
+    d.synchronize().unwrap();
+    let t = Instant::now();
+    d.launch_test_kernel(&kernel, 1, THREADS, &[data, n, iters, out])
+        .unwrap();
+    pool.free_raw(data).unwrap();
+    let free_took = t.elapsed();
+    let s = pool.snapshot();
+    assert_eq!(
+        (s.mappings_released, s.sync_failures, s.unmap_failures),
+        (1, 0, 0)
+    );
+    // The context is healthy and the kernel read the right data to the end.
+    d.synchronize()
+        .unwrap_or_else(|e| panic!("the kernel faulted: the range was unmapped under it: {e}"));
+    assert_eq!(read_out(), expected(iters), "kernel result after the free");
+    assert!(
+        free_took >= one.mul_f64(iters as f64 / 4.0),
+        "the free returned in {free_took:?}, before the kernel (~{:?}) could have finished",
+        one.mul_f64(iters as f64)
+    );
+    // Still usable: a fresh allocation, written and read back.
+    let again = pool.allocate_raw(2 * MIB).unwrap();
+    d.memset_d8(again, 7, 2 * MIB).unwrap();
+    let mut back = vec![0u8; 16];
+    d.copy_dtoh(again, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 7));
+    pool.free_raw(again).unwrap();
+    pool.free_raw(out).unwrap();
+    d.unload_test_kernel(kernel).unwrap();
+    assert_eq!(pool.snapshot().physical_bytes, 0);
+}

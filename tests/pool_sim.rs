@@ -268,12 +268,29 @@ fn out_of_memory_outside_a_scope_releases_idle_and_retries_once() {
         (1, 0, 3 * GIB)
     );
     assert_eq!(s.mappings_released, 2);
-    // Beyond the device: released and retried, still out of memory.
+    // 2 GiB fits the device but not beside 3 GiB live: released (nothing idle),
+    // retried once, still out of memory, with the driver's failure attached.
+    let before = check(&pool);
+    let err = pool.allocate_raw(2 * GIB).unwrap_err();
+    assert!(
+        matches!(err, Error::OutOfMemory { in_scope: false, requested, live, idle: 0, source: Some(_) } if requested == 2 * GIB && live == 3 * GIB),
+        "{err:?}"
+    );
+    let s = check(&pool);
+    assert_eq!(s.oom_retries, 2);
+    assert_eq!(
+        s.create_failures,
+        before.create_failures + 2,
+        "the first try and the retry"
+    );
+    // Beyond the whole device: fails at once, no driver call, nothing counted.
+    let before = check(&pool);
     let err = pool.allocate_raw(8 * GIB).unwrap_err();
     assert!(
-        matches!(err, Error::OutOfMemory { in_scope: false, requested, .. } if requested == 8 * GIB)
+        matches!(err, Error::OutOfMemory { in_scope: false, requested, source: None, .. } if requested == 8 * GIB),
+        "{err:?}"
     );
-    assert_eq!(check(&pool).oom_retries, 2);
+    assert_eq!(check(&pool), before);
     pool.free_raw(c).unwrap();
     pool.trim().unwrap();
     assert_driver_empty(&pool);

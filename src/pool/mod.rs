@@ -54,6 +54,9 @@ struct Mapping {
     /// Idle after a failed synchronize or unmap: release again at the next release
     /// point.
     retry: bool,
+    /// Counted in `mappings_created` (false for what a failed creation left
+    /// behind), so that its final release counts in `mappings_released`.
+    created: bool,
     /// Pending: what the driver still holds.
     mapped: bool,
     handle_live: bool,
@@ -330,7 +333,9 @@ impl State {
             if was_pending {
                 c.pending_count -= 1;
             }
-            c.mappings_released += 1;
+            if m.created {
+                c.mappings_released += 1;
+            }
             self.remove_slot(slot);
         } else {
             if !was_pending {
@@ -365,6 +370,10 @@ pub struct Pool {
     release_threshold: u64,
     max_waste_percent: u64,
     access_devices: Vec<i32>,
+    /// The device's total memory, bytes (`cuMemGetInfo` at creation; `u64::MAX`
+    /// when the query failed): a request above it cannot succeed however much is
+    /// released, so it fails at once.
+    device_total: u64,
     state: Mutex<State>,
 }
 
@@ -447,6 +456,7 @@ impl Pool {
                 access_devices.push(p);
             }
         }
+        let device_total = driver.mem_info().map_or(u64::MAX, |m| m.total);
         Ok(Pool {
             driver,
             sim: None,
@@ -455,6 +465,7 @@ impl Pool {
             release_threshold: config.release_threshold_bytes,
             max_waste_percent: u64::from(config.best_fit_max_waste_percent),
             access_devices,
+            device_total,
             state: Mutex::new(State::new(granularity)),
         })
     }
@@ -534,6 +545,12 @@ impl Pool {
 
     #[cold]
     fn allocate_miss(&self, bytes: u64, rounded: u64, max_size: u64) -> Result<DevicePtr> {
+        if rounded > self.device_total {
+            // Beyond the whole device: no driver call, nothing released, nothing
+            // counted.
+            let st = lock(&self.state);
+            return Err(self.oom_error(&st, rounded, None));
+        }
         let err = match self.create_mapping(rounded, bytes) {
             Ok(ptr) => return Ok(ptr),
             Err(e) => e,
@@ -616,6 +633,7 @@ impl Pool {
                     requested,
                     state: MappingState::Live,
                     retry: false,
+                    created: true,
                     mapped: true,
                     handle_live: true,
                     reservation_live: true,
@@ -675,6 +693,7 @@ impl Pool {
                         requested: 0,
                         state: MappingState::Pending,
                         retry: false,
+                        created: false,
                         mapped: still_mapped,
                         handle_live,
                         reservation_live,

@@ -14,13 +14,15 @@ pub enum Error {
 
     /// The device has no room for `requested` bytes. Outside a retention scope the
     /// pool already released its idle mappings and retried once; inside a scope
-    /// nothing retained is released, so `idle` bytes may still be held.
+    /// nothing retained is released, so `idle` bytes may still be held. A request
+    /// larger than the device's total memory fails at once (`source` is `None`),
+    /// with nothing released and nothing counted.
     #[error(
         "out of memory{}: {} live, {} retained idle, {} requested{}; {}",
         if *.in_scope { " inside a retention scope" } else { "" },
         fmt_bytes(*.live), fmt_bytes(*.idle), fmt_bytes(*.requested),
         driver_cause(.source),
-        if *.in_scope { "finish the scope or free live allocations" } else { "idle mappings were released and the allocation retried once; free live allocations" }
+        oom_advice(*.in_scope, .source)
     )]
     OutOfMemory {
         /// Bytes asked for, rounded up to the granularity.
@@ -71,6 +73,16 @@ pub enum Error {
 }
 
 /// " (cuMemCreate failed with CUDA_ERROR_OUT_OF_MEMORY (2))", or nothing.
+fn oom_advice(in_scope: bool, source: &Option<DriverError>) -> &'static str {
+    match (source, in_scope) {
+        (None, _) => "the request is larger than the device's total memory",
+        (Some(_), true) => "finish the scope or free live allocations",
+        (Some(_), false) => {
+            "idle mappings were released and the allocation retried once; free live allocations"
+        }
+    }
+}
+
 fn driver_cause(source: &Option<DriverError>) -> String {
     match source {
         Some(e) => format!(" ({} failed with {} ({}))", e.call, e.code.name(), e.code.0),

@@ -215,24 +215,36 @@ fn shipped_traces_on_the_bump_driver() {
 /// The shipped traces on the simulated driver (an H200: 140 GiB, 2 MiB).
 #[test]
 fn shipped_traces_on_the_simulated_driver() {
+    let capacity = SimConfig::default().capacity_bytes;
     for (file, _, _) in SHIPPED {
         let t = trace::parse(data(file)).unwrap();
         let no_reuse = t.no_reuse_bytes(GRANULARITY);
+        let lower = t.lower_bound_bytes(GRANULARITY);
+        let mut peak = std::collections::HashMap::new();
         for policy in ReusePolicy::ALL {
             let pool =
                 Pool::new(PoolConfig::simulated(SimConfig::default()).with_policy(policy)).unwrap();
             let r = trace::replay(&pool, &t, None).unwrap();
             let ctx = format!("{file} {}", policy.name());
             assert_eq!(r.final_physical_bytes, 0, "{ctx}");
-            if policy == ReusePolicy::None && no_reuse > SimConfig::default().capacity_bytes {
-                assert!(r.out_of_memory_at_line.is_some(), "{ctx}");
+            assert!(
+                r.peak_physical_bytes >= lower,
+                "{ctx}: below the lower bound"
+            );
+            if policy == ReusePolicy::None {
+                // Every freed mapping retained: the trace's no-reuse figure, or out
+                // of memory where that is beyond the device.
+                if no_reuse > capacity {
+                    assert!(r.out_of_memory_at_line.is_some(), "{ctx}");
+                    assert!(r.peak_physical_bytes <= capacity, "{ctx}");
+                } else {
+                    assert_eq!(r.out_of_memory_at_line, None, "{ctx}");
+                    assert_eq!(r.peak_physical_bytes, no_reuse, "{ctx}");
+                }
             } else {
                 assert_eq!(r.out_of_memory_at_line, None, "{ctx}");
-                assert!(
-                    r.peak_physical_bytes >= t.lower_bound_bytes(GRANULARITY),
-                    "{ctx}"
-                );
             }
+            peak.insert(policy, r.peak_physical_bytes);
             if let Some(sim) = pool.sim_driver() {
                 assert_eq!(sim.state().physical_bytes, 0, "{ctx}");
                 assert!(sim.faults().is_empty(), "{ctx}");
@@ -240,5 +252,11 @@ fn shipped_traces_on_the_simulated_driver() {
             pool.snapshot().check_invariants().unwrap();
             pool.destroy().unwrap();
         }
+        assert!(
+            peak[&ReusePolicy::BestFit] <= peak[&ReusePolicy::Exact],
+            "{file}: best-fit {} above exact {}",
+            peak[&ReusePolicy::BestFit],
+            peak[&ReusePolicy::Exact]
+        );
     }
 }

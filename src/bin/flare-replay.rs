@@ -38,6 +38,12 @@ struct Args {
     #[arg(long, value_parser = parse_capacity)]
     capacity: Option<u64>,
 
+    /// Best-fit only: the largest excess of a reused idle mapping over the rounded
+    /// request, percent of the request (default: the library's, chosen on these
+    /// traces).
+    #[arg(long, value_name = "PERCENT", default_value_t = flare_package::pool::DEFAULT_BEST_FIT_MAX_WASTE_PERCENT)]
+    best_fit_waste_percent: u32,
+
     /// One JSON object per replay on stdout, nothing else.
     #[arg(long)]
     json: bool,
@@ -166,6 +172,10 @@ fn run(args: &Args) -> Result<(), (u8, String)> {
             ..SimConfig::default()
         }),
         BackendArg::Cuda => PoolConfig::cuda(0),
+    };
+    let config = PoolConfig {
+        best_fit_max_waste_percent: args.best_fit_waste_percent,
+        ..config
     };
     let show_progress = !args.json && std::io::stderr().is_terminal();
     let stdout = std::io::stdout();

@@ -36,7 +36,8 @@ typedef enum FlareStatus {
     /**
      * The device has no room for the request. Outside a retention scope the pool
      * already released its idle mappings and retried once; inside one, nothing
-     * retained was released.
+     * retained was released. A request larger than the device's total memory fails
+     * at once, with nothing released and nothing counted.
      */
     FLARE_STATUS_OUT_OF_MEMORY = 2,
     /**
@@ -93,7 +94,8 @@ typedef enum FlareBackend {
 typedef enum FlareReusePolicy {
     /**
      * The smallest idle mapping at least as large as the rounded request, wasting at
-     * most 100% of the request (the default).
+     * most 30% of the request (the default; the bound was chosen by replaying real
+     * traces, see BENCHMARKS.md).
      */
     FLARE_REUSE_BEST_FIT = 0,
     /**

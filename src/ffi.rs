@@ -50,7 +50,8 @@ pub enum FlareStatus {
     FLARE_STATUS_INVALID_ARGUMENT = 1,
     /// The device has no room for the request. Outside a retention scope the pool
     /// already released its idle mappings and retried once; inside one, nothing
-    /// retained was released.
+    /// retained was released. A request larger than the device's total memory fails
+    /// at once, with nothing released and nothing counted.
     FLARE_STATUS_OUT_OF_MEMORY = 2,
     /// The operation is not available on this backend (fault injection on a CUDA
     /// pool).
@@ -91,7 +92,8 @@ pub enum FlareBackend {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlareReusePolicy {
     /// The smallest idle mapping at least as large as the rounded request, wasting at
-    /// most 100% of the request (the default).
+    /// most 30% of the request (the default; the bound was chosen by replaying real
+    /// traces, see BENCHMARKS.md).
     FLARE_REUSE_BEST_FIT = 0,
     /// Only an idle mapping of exactly the rounded size.
     FLARE_REUSE_EXACT = 1,

@@ -30,7 +30,7 @@ cargo clippy --release --all-targets -- -D warnings
 echo "== cargo test (simulated driver; GPU tests are ignored)"
 cargo test --release
 echo "== loom models"
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom -- --nocapture --test-threads=1
 echo "== C and C++ programs linking the static library"
 bash ffi-tests/run.sh
 echo "== flare-replay on every shipped trace"

@@ -2,6 +2,8 @@
 //! scenarios that run both on the simulated driver (CI) and on the real one (GPU).
 #![allow(dead_code)]
 
+pub mod hammer;
+
 use flare_package::driver::sim::SimState;
 use flare_package::{Backend, Pool, PoolConfig, ReusePolicy, SimConfig, Snapshot};
 

@@ -287,6 +287,12 @@ impl CudaDriver {
         self.device
     }
 
+    /// The device's primary context, retained by this driver until it is dropped:
+    /// for the baselines of `cuda_baseline`, which make it current themselves.
+    pub(crate) fn raw_context(&self) -> sys::CUcontext {
+        self.context
+    }
+
     /// Runs `f` (one driver call, returning its raw `CUresult`) with the pool's
     /// context pushed on the calling thread, then pops it, so the thread's context
     /// stack is left as it was (a panic in `f` pops too). The error is the first
@@ -324,7 +330,7 @@ impl CudaDriver {
 
     /// [`CudaDriver::with_context`] for a memset or copy: the error names `function`,
     /// or the context push or pop when that is what failed.
-    fn transfer(
+    pub(crate) fn transfer(
         &self,
         function: &'static str,
         f: impl FnOnce() -> CuResult,

@@ -1,0 +1,745 @@
+//! `flare-bench-gpu`: flare-package against the allocators an engine would otherwise
+//! use, measured side by side in one process on one GPU.
+//!
+//! 1. Reuse pair (allocate + free served from an idle mapping, inside a retention
+//!    scope) against the stream-ordered pool's warm pair (`cuMemAllocFromPoolAsync` +
+//!    `cuMemFreeAsync` on a pool of its own with release threshold `u64::MAX`) and
+//!    against `cuMemAlloc_v2` + `cuMemFree_v2`, at 2 MiB, 64 MiB and 1 GiB. Each pair
+//!    is timed on its own with `Instant`; the alternatives run with the context
+//!    already current (as on an engine's host thread); the async pool's pair is the
+//!    host time of the two calls.
+//! 2. Fresh mapping (a miss outside a scope, created and released) against the raw
+//!    driver sequence it wraps (create, reserve, map, set access, synchronize, unmap,
+//!    release, free the reservation) on the same driver; the two alternate, pair by
+//!    pair.
+//! 3. Replay of every shipped trace through the pool (`trace::replay`) and through the
+//!    stream-ordered pool (alloc / free by id on one stream, synchronize at the end):
+//!    wall time and peak physical memory.
+//! 4. Reuse throughput with 1, 2, 4, 8 and 16 threads on one pool (each thread its own
+//!    size, inside a scope), pairs per second.
+//!
+//! Prints tables and writes every figure, with the ratios ours / alternative, to
+//! `--json PATH`. `--backend sim` runs flare-package's side only, on the simulated
+//! driver (a dry run for machines without a GPU). Exit status: 0 on success, 1 when a
+//! measurement failed, 2 when CUDA is not available or the arguments are wrong.
+
+use std::error::Error;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use comfy_table::Table;
+use serde::Serialize;
+
+use flare_package::driver::cuda::CudaDriver;
+use flare_package::driver::cuda_baseline::{make_current, raw_mapping_cycle, StreamOrderedPool};
+use flare_package::driver::MemInfo;
+use flare_package::trace::{self, Event, Trace};
+use flare_package::{fmt_bytes, Driver, Pool, PoolConfig, SimConfig};
+
+type BoxResult<T> = Result<T, Box<dyn Error>>;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const SIZES: [u64; 3] = [2 * MIB, 64 * MIB, GIB];
+const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// Compare flare-package with the stream-ordered pool and cuMemAlloc on one GPU.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "flare-bench-gpu.json")]
+    json: PathBuf,
+
+    /// A short run (a tenth of the iterations): a smoke test, not for the figures.
+    #[arg(long)]
+    quick: bool,
+
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: i32,
+
+    /// Directory of the traces to replay (every `*.trace` in it).
+    #[arg(long, default_value = "tests/data")]
+    traces: PathBuf,
+
+    /// `cuda`: the real comparison. `sim`: flare-package's side only, on the
+    /// simulated driver (no alternative is measured).
+    #[arg(long, value_enum, default_value_t = BackendArg::Cuda)]
+    backend: BackendArg,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum BackendArg {
+    Cuda,
+    Sim,
+}
+
+/// Per-pair times, nanoseconds.
+#[derive(Clone, Copy, Debug, Serialize)]
+struct Stats {
+    iterations: usize,
+    median_ns: f64,
+    p99_ns: f64,
+    mean_ns: f64,
+    min_ns: f64,
+}
+
+fn stats(mut v: Vec<u64>) -> Stats {
+    v.sort_unstable();
+    let n = v.len().max(1);
+    let at = |q: usize| v.get((q * (n - 1)) / 100).copied().unwrap_or(0) as f64;
+    Stats {
+        iterations: v.len(),
+        median_ns: at(50),
+        p99_ns: at(99),
+        mean_ns: v.iter().sum::<u64>() as f64 / n as f64,
+        min_ns: v.first().copied().unwrap_or(0) as f64,
+    }
+}
+
+/// Runs `f` `warmup` times, then `n` times timing each run.
+fn time_each(n: usize, warmup: usize, mut f: impl FnMut() -> BoxResult<()>) -> BoxResult<Stats> {
+    for _ in 0..warmup {
+        f()?;
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        f()?;
+        v.push(t.elapsed().as_nanos() as u64);
+    }
+    Ok(stats(v))
+}
+
+fn ratio(a: f64, b: f64) -> Option<f64> {
+    (b > 0.0).then(|| a / b)
+}
+
+#[derive(Debug, Serialize)]
+struct ReusePair {
+    size_bytes: u64,
+    flare: Stats,
+    stream_ordered: Option<Stats>,
+    cu_mem_alloc: Option<Stats>,
+    /// ours / stream-ordered pool, medians.
+    ratio_median_vs_stream_ordered: Option<f64>,
+    ratio_p99_vs_stream_ordered: Option<f64>,
+    /// ours / cuMemAlloc + cuMemFree, medians.
+    ratio_median_vs_cu_mem_alloc: Option<f64>,
+    ratio_p99_vs_cu_mem_alloc: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct FreshMapping {
+    size_bytes: u64,
+    flare: Stats,
+    raw_driver: Stats,
+    /// ours / raw sequence, medians.
+    ratio_median: Option<f64>,
+    ratio_p99: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct FlareReplay {
+    seconds: f64,
+    events_per_second: f64,
+    peak_physical_bytes: u64,
+    final_physical_bytes: u64,
+    mappings_created: u64,
+    reuse_hits: u64,
+    out_of_memory_at_line: Option<usize>,
+    mem_free_before: Option<u64>,
+    mem_free_after: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+struct StreamReplay {
+    seconds: f64,
+    events_per_second: f64,
+    reserved_high_bytes: u64,
+    used_high_bytes: u64,
+    mem_free_before: Option<u64>,
+    /// After the replay, before the pool is destroyed (it keeps what it reserved).
+    mem_free_after: Option<u64>,
+    error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Replay {
+    trace: String,
+    events: usize,
+    allocations: usize,
+    flare: FlareReplay,
+    stream_ordered: Option<StreamReplay>,
+    /// ours / stream-ordered pool.
+    ratio_seconds: Option<f64>,
+    ratio_peak_bytes: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Threads {
+    threads: usize,
+    pairs: u64,
+    seconds: f64,
+    pairs_per_second: f64,
+    /// Mappings created while measuring (0: every pair was a reuse hit).
+    misses: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct Target {
+    what: String,
+    limit: f64,
+    measured: Option<f64>,
+    met: Option<bool>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    backend: BackendArg,
+    device: i32,
+    quick: bool,
+    /// Median cost of one `Instant::now()` + `elapsed()`, included in every per-pair
+    /// time.
+    timer_overhead_ns: f64,
+    mem_total_bytes: Option<u64>,
+    reuse_pair: Vec<ReusePair>,
+    fresh_mapping: Vec<FreshMapping>,
+    replay: Vec<Replay>,
+    threads: Vec<Threads>,
+    targets: Vec<Target>,
+    total_seconds: f64,
+}
+
+struct Bench {
+    args: Args,
+    /// The real driver for the alternatives (`None` on the simulated backend).
+    cuda: Option<CudaDriver>,
+}
+
+impl Bench {
+    fn config(&self) -> PoolConfig {
+        match self.args.backend {
+            BackendArg::Cuda => PoolConfig::cuda(self.args.device),
+            BackendArg::Sim => PoolConfig::simulated(SimConfig::default()),
+        }
+    }
+
+    fn scaled(&self, n: usize) -> usize {
+        if self.args.quick {
+            (n / 10).max(10)
+        } else {
+            n
+        }
+    }
+
+    fn mem_info(&self, pool: Option<&Pool>) -> Option<MemInfo> {
+        match (&self.cuda, pool) {
+            (_, Some(p)) => p.driver().mem_info().ok(),
+            (Some(d), None) => d.mem_info().ok(),
+            (None, None) => None,
+        }
+    }
+
+    fn reuse_pairs(&self) -> BoxResult<Vec<ReusePair>> {
+        let pool = Pool::new(self.config())?;
+        let scope = pool.retention_scope()?;
+        let mut out = Vec::new();
+        for size in SIZES {
+            let n = self.scaled(20_000);
+            let n_plain = self.scaled(if size >= GIB { 1_000 } else { 5_000 });
+            eprintln!("reuse pair {}: {n} pairs", fmt_bytes(size));
+            let p = pool.allocate_raw(size)?;
+            pool.free_raw(p)?;
+            let created = pool.snapshot().mappings_created;
+            let flare = time_each(n, 1_000, || {
+                let p = pool.allocate_raw(size)?;
+                pool.free_raw(p)?;
+                Ok(())
+            })?;
+            if pool.snapshot().mappings_created != created {
+                return Err("a reuse pair missed the pool".into());
+            }
+            let (mut stream_ordered, mut cu_mem_alloc) = (None, None);
+            if let Some(driver) = &self.cuda {
+                let sop = StreamOrderedPool::new(self.args.device)?;
+                {
+                    let cur = sop.make_current()?;
+                    stream_ordered = Some(time_each(n, 1_000, || {
+                        let p = cur.pool_alloc(&sop, size)?;
+                        cur.pool_free(&sop, p)?;
+                        Ok(())
+                    })?);
+                    sop.synchronize()?;
+                }
+                drop(sop);
+                let cur = make_current(driver)?;
+                cu_mem_alloc = Some(time_each(n_plain, 20, || {
+                    let p = cur.plain_alloc(size)?;
+                    cur.plain_free(p)?;
+                    Ok(())
+                })?);
+            }
+            let vs = |alt: &Option<Stats>, p99: bool| {
+                alt.as_ref().and_then(|a| {
+                    if p99 {
+                        ratio(flare.p99_ns, a.p99_ns)
+                    } else {
+                        ratio(flare.median_ns, a.median_ns)
+                    }
+                })
+            };
+            out.push(ReusePair {
+                size_bytes: size,
+                flare,
+                ratio_median_vs_stream_ordered: vs(&stream_ordered, false),
+                ratio_p99_vs_stream_ordered: vs(&stream_ordered, true),
+                ratio_median_vs_cu_mem_alloc: vs(&cu_mem_alloc, false),
+                ratio_p99_vs_cu_mem_alloc: vs(&cu_mem_alloc, true),
+                stream_ordered,
+                cu_mem_alloc,
+            });
+        }
+        scope.finish()?;
+        Ok(out)
+    }
+
+    fn fresh_mappings(&self) -> BoxResult<Vec<FreshMapping>> {
+        // Outside a scope, release threshold 0: every free releases the mapping.
+        let pool = Pool::new(self.config())?;
+        let driver = pool.driver().clone();
+        let devices = [self.args.device];
+        let mut out = Vec::new();
+        for size in SIZES {
+            let n = self.scaled(if size >= GIB { 400 } else { 2_000 });
+            eprintln!("fresh mapping {}: {n} pairs each", fmt_bytes(size));
+            for _ in 0..5 {
+                let p = pool.allocate_raw(size)?;
+                pool.free_raw(p)?;
+                raw_mapping_cycle(driver.as_ref(), size, &devices)?;
+            }
+            let (mut ours, mut raw) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            for _ in 0..n {
+                let t = Instant::now();
+                let p = pool.allocate_raw(size)?;
+                pool.free_raw(p)?;
+                ours.push(t.elapsed().as_nanos() as u64);
+                let t = Instant::now();
+                raw_mapping_cycle(driver.as_ref(), size, &devices)?;
+                raw.push(t.elapsed().as_nanos() as u64);
+            }
+            let s = pool.snapshot();
+            if s.reuse_hits != 0 || s.mappings_created != s.mappings_released {
+                return Err("a fresh-mapping pair was not a create-and-release".into());
+            }
+            let (flare, raw_driver) = (stats(ours), stats(raw));
+            out.push(FreshMapping {
+                size_bytes: size,
+                ratio_median: ratio(flare.median_ns, raw_driver.median_ns),
+                ratio_p99: ratio(flare.p99_ns, raw_driver.p99_ns),
+                flare,
+                raw_driver,
+            });
+        }
+        Ok(out)
+    }
+
+    fn replays(&self) -> BoxResult<Vec<Replay>> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&self.args.traces)
+            .map_err(|e| format!("{}: {e}", self.args.traces.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "trace"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(format!("no *.trace file in {}", self.args.traces.display()).into());
+        }
+        let mut out = Vec::new();
+        for file in files {
+            let t = trace::parse(&file)?;
+            eprintln!("replay {} ({} events)", t.name(), t.len());
+            let pool = Pool::new(self.config())?;
+            let before = self.mem_info(Some(&pool));
+            let r = trace::replay(&pool, &t, None)?;
+            let after = self.mem_info(Some(&pool));
+            drop(pool);
+            let flare = FlareReplay {
+                seconds: r.seconds,
+                events_per_second: t.len() as f64 / r.seconds.max(1e-12),
+                peak_physical_bytes: r.peak_physical_bytes,
+                final_physical_bytes: r.final_physical_bytes,
+                mappings_created: r.mappings_created,
+                reuse_hits: r.reuse_hits,
+                out_of_memory_at_line: r.out_of_memory_at_line,
+                mem_free_before: before.map(|m| m.free),
+                mem_free_after: after.map(|m| m.free),
+            };
+            let stream_ordered = match self.cuda {
+                Some(_) => Some(self.stream_replay(&t)?),
+                None => None,
+            };
+            let so = stream_ordered.as_ref().filter(|s| s.error.is_none());
+            out.push(Replay {
+                trace: t.name().to_string(),
+                events: t.len(),
+                allocations: t.allocations(),
+                ratio_seconds: so.and_then(|s| ratio(flare.seconds, s.seconds)),
+                ratio_peak_bytes: so.and_then(|s| {
+                    ratio(
+                        flare.peak_physical_bytes as f64,
+                        s.reserved_high_bytes as f64,
+                    )
+                }),
+                flare,
+                stream_ordered,
+            });
+        }
+        Ok(out)
+    }
+
+    fn stream_replay(&self, t: &Trace) -> BoxResult<StreamReplay> {
+        let before = self.mem_info(None);
+        let sop = StreamOrderedPool::new(self.args.device)?;
+        let mut ptrs: Vec<Option<u64>> = vec![None; t.id_count()];
+        let mut error = None;
+        let started = Instant::now();
+        {
+            let cur = sop.make_current()?;
+            for &event in t.events() {
+                let r = match event {
+                    Event::Alloc { id, bytes } => cur.pool_alloc(&sop, bytes).map(|p| {
+                        if let Some(slot) = ptrs.get_mut(id as usize) {
+                            *slot = Some(p);
+                        }
+                    }),
+                    Event::Free { id } => match ptrs.get_mut(id as usize).and_then(Option::take) {
+                        Some(p) => cur.pool_free(&sop, p),
+                        None => Ok(()),
+                    },
+                    Event::Trim => sop.trim_to(0),
+                    Event::Begin | Event::Finish | Event::Abort => Ok(()),
+                };
+                if let Err(e) = r {
+                    error = Some(e.to_string());
+                    break;
+                }
+            }
+            for p in ptrs.iter_mut().filter_map(Option::take) {
+                cur.pool_free(&sop, p)?;
+            }
+            sop.synchronize()?;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let after = self.mem_info(None);
+        Ok(StreamReplay {
+            seconds,
+            events_per_second: t.len() as f64 / seconds.max(1e-12),
+            reserved_high_bytes: sop.reserved_high_bytes()?,
+            used_high_bytes: sop.used_high_bytes()?,
+            mem_free_before: before.map(|m| m.free),
+            mem_free_after: after.map(|m| m.free),
+            error,
+        })
+    }
+
+    fn threads(&self) -> BoxResult<Vec<Threads>> {
+        let pool = Pool::new(self.config())?;
+        let scope = pool.retention_scope()?;
+        let run_for = Duration::from_millis(if self.args.quick { 100 } else { 500 });
+        let mut out = Vec::new();
+        for n in THREADS {
+            eprintln!("reuse throughput, {n} thread(s)");
+            let size_of = |i: usize| (i as u64 + 1) * 2 * MIB;
+            for i in 0..n {
+                let p = pool.allocate_raw(size_of(i))?;
+                pool.free_raw(p)?;
+            }
+            let created = pool.snapshot().mappings_created;
+            let stop = AtomicBool::new(false);
+            let barrier = Barrier::new(n + 1);
+            let (pairs, seconds) = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..n)
+                    .map(|i| {
+                        let (pool, stop, barrier) = (&pool, &stop, &barrier);
+                        s.spawn(move || -> Result<u64, String> {
+                            let size = size_of(i);
+                            barrier.wait();
+                            let mut pairs = 0u64;
+                            while !stop.load(Ordering::Relaxed) {
+                                for _ in 0..256 {
+                                    let p = pool.allocate_raw(size).map_err(|e| e.to_string())?;
+                                    pool.free_raw(p).map_err(|e| e.to_string())?;
+                                }
+                                pairs += 256;
+                            }
+                            Ok(pairs)
+                        })
+                    })
+                    .collect();
+                barrier.wait();
+                let t = Instant::now();
+                std::thread::sleep(run_for);
+                stop.store(true, Ordering::Relaxed);
+                let mut total = 0u64;
+                let mut failed = None;
+                for h in handles {
+                    match h.join() {
+                        Ok(Ok(p)) => total += p,
+                        Ok(Err(e)) => failed = Some(e),
+                        Err(_) => failed = Some("a benchmark thread panicked".to_string()),
+                    }
+                }
+                match failed {
+                    Some(e) => Err(e),
+                    None => Ok((total, t.elapsed().as_secs_f64())),
+                }
+            })?;
+            out.push(Threads {
+                threads: n,
+                pairs,
+                seconds,
+                pairs_per_second: pairs as f64 / seconds,
+                misses: pool.snapshot().mappings_created - created,
+            });
+        }
+        scope.finish()?;
+        Ok(out)
+    }
+}
+
+fn timer_overhead() -> f64 {
+    stats(
+        (0..10_000)
+            .map(|_| Instant::now().elapsed().as_nanos() as u64)
+            .collect(),
+    )
+    .median_ns
+}
+
+fn targets(r: &Report) -> Vec<Target> {
+    let mut out = Vec::new();
+    let check = |what: String, limit: f64, measured: Option<f64>| Target {
+        met: measured.map(|m| m <= limit),
+        what,
+        limit,
+        measured,
+    };
+    for p in &r.reuse_pair {
+        out.push(check(
+            format!(
+                "reuse pair {} / stream-ordered warm pair (median) <= 0.25",
+                fmt_bytes(p.size_bytes)
+            ),
+            0.25,
+            p.ratio_median_vs_stream_ordered,
+        ));
+    }
+    for f in &r.fresh_mapping {
+        out.push(check(
+            format!(
+                "fresh mapping {} / raw driver sequence (median) <= 1.05",
+                fmt_bytes(f.size_bytes)
+            ),
+            1.05,
+            f.ratio_median,
+        ));
+    }
+    out
+}
+
+fn us(ns: f64) -> String {
+    format!("{:.2} µs", ns / 1000.0)
+}
+
+fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
+    v.map_or_else(|| "n/a".to_string(), f)
+}
+
+fn print(r: &Report) {
+    println!(
+        "flare-bench-gpu: backend {:?}, device {}, {}timer overhead {:.0} ns (included in every pair)\n",
+        r.backend,
+        r.device,
+        if r.quick { "QUICK RUN, " } else { "" },
+        r.timer_overhead_ns
+    );
+    let mut t = Table::new();
+    t.set_header(vec![
+        "reuse pair",
+        "flare median",
+        "flare p99",
+        "stream-ordered median",
+        "stream-ordered p99",
+        "cuMemAlloc median",
+        "cuMemAlloc p99",
+        "ours/stream (median)",
+        "ours/cuMemAlloc (median)",
+    ]);
+    for p in &r.reuse_pair {
+        t.add_row(vec![
+            fmt_bytes(p.size_bytes),
+            us(p.flare.median_ns),
+            us(p.flare.p99_ns),
+            opt(p.stream_ordered, |s| us(s.median_ns)),
+            opt(p.stream_ordered, |s| us(s.p99_ns)),
+            opt(p.cu_mem_alloc, |s| us(s.median_ns)),
+            opt(p.cu_mem_alloc, |s| us(s.p99_ns)),
+            opt(p.ratio_median_vs_stream_ordered, |x| format!("{x:.3}")),
+            opt(p.ratio_median_vs_cu_mem_alloc, |x| format!("{x:.5}")),
+        ]);
+    }
+    println!("{t}\n");
+
+    let mut t = Table::new();
+    t.set_header(vec![
+        "fresh mapping",
+        "flare median",
+        "flare p99",
+        "raw driver median",
+        "raw driver p99",
+        "ours/raw (median)",
+        "ours/raw (p99)",
+    ]);
+    for f in &r.fresh_mapping {
+        t.add_row(vec![
+            fmt_bytes(f.size_bytes),
+            us(f.flare.median_ns),
+            us(f.flare.p99_ns),
+            us(f.raw_driver.median_ns),
+            us(f.raw_driver.p99_ns),
+            opt(f.ratio_median, |x| format!("{x:.3}")),
+            opt(f.ratio_p99, |x| format!("{x:.3}")),
+        ]);
+    }
+    println!("{t}\n");
+
+    let mut t = Table::new();
+    t.set_header(vec![
+        "trace",
+        "events",
+        "flare time",
+        "flare peak physical",
+        "flare free before/after",
+        "stream-ordered time",
+        "stream-ordered reserved high",
+        "ours/stream time",
+        "ours/stream peak",
+    ]);
+    for p in &r.replay {
+        let so = p.stream_ordered.as_ref();
+        t.add_row(vec![
+            p.trace.clone(),
+            p.events.to_string(),
+            format!("{:.2} ms", p.flare.seconds * 1e3),
+            fmt_bytes(p.flare.peak_physical_bytes),
+            match (p.flare.mem_free_before, p.flare.mem_free_after) {
+                (Some(b), Some(a)) => format!("{} / {}", fmt_bytes(b), fmt_bytes(a)),
+                _ => "n/a".to_string(),
+            },
+            opt(so, |s| match &s.error {
+                Some(e) => format!("failed: {e}"),
+                None => format!("{:.2} ms", s.seconds * 1e3),
+            }),
+            opt(so, |s| fmt_bytes(s.reserved_high_bytes)),
+            opt(p.ratio_seconds, |x| format!("{x:.3}")),
+            opt(p.ratio_peak_bytes, |x| format!("{x:.3}")),
+        ]);
+    }
+    println!("{t}\n");
+
+    let mut t = Table::new();
+    t.set_header(vec!["threads", "pairs", "pairs per second", "misses"]);
+    for x in &r.threads {
+        t.add_row(vec![
+            x.threads.to_string(),
+            x.pairs.to_string(),
+            format!("{:.3e}", x.pairs_per_second),
+            x.misses.to_string(),
+        ]);
+    }
+    println!("{t}\n");
+
+    let mut t = Table::new();
+    t.set_header(vec!["target", "measured", "met"]);
+    for x in &r.targets {
+        t.add_row(vec![
+            x.what.clone(),
+            opt(x.measured, |m| format!("{m:.3}")),
+            opt(x.met, |m| if m { "yes" } else { "NO" }.to_string()),
+        ]);
+    }
+    println!("{t}");
+}
+
+fn run(bench: &Bench) -> BoxResult<Report> {
+    let started = Instant::now();
+    let mut report = Report {
+        backend: bench.args.backend,
+        device: bench.args.device,
+        quick: bench.args.quick,
+        timer_overhead_ns: timer_overhead(),
+        mem_total_bytes: bench.mem_info(None).map(|m| m.total),
+        reuse_pair: bench.reuse_pairs()?,
+        fresh_mapping: bench.fresh_mappings()?,
+        replay: bench.replays()?,
+        threads: bench.threads()?,
+        targets: Vec::new(),
+        total_seconds: 0.0,
+    };
+    report.targets = targets(&report);
+    report.total_seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+fn write_json(path: &Path, report: &Report) -> BoxResult<()> {
+    let text = serde_json::to_string_pretty(report)?;
+    std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let cuda = match args.backend {
+        BackendArg::Sim => None,
+        BackendArg::Cuda => match CudaDriver::new(args.device) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                eprintln!(
+                    "flare-bench-gpu: CUDA is not available for device {}: {} failed with {} ({}).\n\
+                     This benchmark needs an NVIDIA GPU and its driver (libcuda); \
+                     `--backend sim` runs flare-package's side only, on the simulated driver.",
+                    args.device,
+                    e.call,
+                    e.code.name(),
+                    e.code.0
+                );
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let bench = Bench { args, cuda };
+    let report = match run(&bench) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("flare-bench-gpu: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    print(&report);
+    if let Err(e) = write_json(&bench.args.json, &report) {
+        eprintln!("flare-bench-gpu: cannot write the JSON report: {e}");
+        return ExitCode::from(1);
+    }
+    eprintln!(
+        "wrote {} ({:.1} s)",
+        bench.args.json.display(),
+        report.total_seconds
+    );
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,501 @@
+//! The allocators an engine would use instead of the pool, as a small safe API, for
+//! the GPU comparison benchmark (`flare-bench-gpu`). Not used by the pool.
+//!
+//! - [`StreamOrderedPool`]: a CUDA stream-ordered memory pool of its own
+//!   (`cuMemPoolCreate`, release threshold `u64::MAX`, so freed memory stays warm)
+//!   with one non-blocking stream; `alloc` is `cuMemAllocFromPoolAsync`, `free` is
+//!   `cuMemFreeAsync`. The pool is created for the benchmark, so no device setting
+//!   (the device's default pool included) is changed.
+//! - [`plain_alloc`] / [`plain_free`]: `cuMemAlloc_v2` / `cuMemFree_v2`.
+//! - [`raw_mapping_cycle`]: the driver sequence a fresh mapping of the pool wraps
+//!   (create, reserve, map, set access, then synchronize, unmap, release, free the
+//!   reservation), through the [`Driver`] trait, so it runs on [`CudaDriver`] and on
+//!   the simulated driver alike.
+//!
+//! Each call makes the device's primary context current around itself (pushed and
+//! popped, as [`CudaDriver`] does). A hot loop that should time the call alone, as an
+//! engine sees it with its context already current, holds a [`CurrentContext`]
+//! ([`make_current`]) and calls its methods, which push nothing.
+//!
+//! Errors are [`TransferError`]s: the driver function and its raw `CUresult`, named
+//! without calling the driver.
+
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::ptr;
+use std::sync::OnceLock;
+
+use cudarc::driver::sys;
+
+use super::cuda::{CudaDriver, TransferError};
+use super::{CuResult, DevicePtr, Driver, DriverError, PhysicalHandle, Reservation};
+
+/// `CUDA_ERROR_NOT_FOUND` (500): a driver function this module needs is missing
+/// from the loaded libcuda.
+const NOT_FOUND: CuResult = CuResult(500);
+
+/// Every driver function this module calls beyond those [`CudaDriver::new`] checks.
+const BASELINE_SYMBOLS: [&str; 12] = [
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuMemPoolCreate",
+    "cuMemPoolDestroy",
+    "cuMemPoolSetAttribute",
+    "cuMemPoolGetAttribute",
+    "cuMemPoolTrimTo",
+    "cuMemAllocFromPoolAsync",
+    "cuMemFreeAsync",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+];
+
+fn code(r: sys::CUresult) -> CuResult {
+    CuResult(r as u32)
+}
+
+fn check(function: &'static str, c: CuResult) -> Result<(), TransferError> {
+    if c.is_success() {
+        Ok(())
+    } else {
+        Err(TransferError { function, code: c })
+    }
+}
+
+/// A byte count as the driver's `size_t` (`CUDA_ERROR_INVALID_VALUE` on a target
+/// whose `usize` cannot hold it).
+fn to_usize(function: &'static str, bytes: u64) -> Result<usize, TransferError> {
+    usize::try_from(bytes).map_err(|_| TransferError {
+        function,
+        code: CuResult::INVALID_VALUE,
+    })
+}
+
+/// Checks once per process that libcuda exports every function of
+/// [`BASELINE_SYMBOLS`], so that no later call hits cudarc's panic on a missing
+/// symbol. Only called with a [`CudaDriver`] alive, which proves libcuda is loaded.
+fn require_symbols(_proof: &CudaDriver) -> Result<(), TransferError> {
+    static FOUND: OnceLock<Result<(), TransferError>> = OnceLock::new();
+    *FOUND.get_or_init(|| {
+        // SAFETY: a `CudaDriver` exists, so `culib` already loaded the library in
+        // `CudaDriver::new` and returns it without loading again.
+        let lib = unsafe { sys::culib() };
+        for name in BASELINE_SYMBOLS {
+            // SAFETY: the symbol is only looked up, never called through this
+            // pointer type.
+            let found = unsafe { lib.get::<*const c_void>(name.as_bytes()) };
+            if found.is_err() {
+                return Err(TransferError {
+                    function: name,
+                    code: NOT_FOUND,
+                });
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The device's primary context, current on this thread until the guard is dropped
+/// (pushed by [`make_current`], popped on drop). Not `Send`: it is popped on the
+/// thread that pushed it. Its methods call the driver directly, with no push or pop
+/// of their own: what an engine's host thread pays, its context being current.
+#[derive(Debug)]
+pub struct CurrentContext<'a> {
+    driver: &'a CudaDriver,
+    _not_send: PhantomData<*const ()>,
+}
+
+/// Makes `driver`'s primary context current on the calling thread until the
+/// returned guard is dropped.
+///
+/// # Errors
+///
+/// `cuCtxPushCurrent_v2` with its code; a function of this module missing from
+/// libcuda (`CUDA_ERROR_NOT_FOUND`, naming it).
+pub fn make_current(driver: &CudaDriver) -> Result<CurrentContext<'_>, TransferError> {
+    require_symbols(driver)?;
+    // SAFETY: `raw_context` is the primary context retained by `driver`, valid while
+    // `driver` lives, and the guard borrows `driver`.
+    let pushed = code(unsafe { sys::cuCtxPushCurrent_v2(driver.raw_context()) });
+    check("cuCtxPushCurrent_v2", pushed)?;
+    Ok(CurrentContext {
+        driver,
+        _not_send: PhantomData,
+    })
+}
+
+impl Drop for CurrentContext<'_> {
+    fn drop(&mut self) {
+        let mut popped: sys::CUcontext = ptr::null_mut();
+        // SAFETY: balances the successful push in `make_current` on this thread (the
+        // guard is not `Send`); `popped` is a valid out-pointer.
+        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+    }
+}
+
+impl CurrentContext<'_> {
+    /// The driver whose context this is.
+    pub fn driver(&self) -> &CudaDriver {
+        self.driver
+    }
+
+    /// `cuMemAlloc_v2(bytes)`.
+    ///
+    /// # Errors
+    ///
+    /// `cuMemAlloc_v2` with its code (`CUDA_ERROR_OUT_OF_MEMORY` when the device is
+    /// full).
+    pub fn plain_alloc(&self, bytes: u64) -> Result<DevicePtr, TransferError> {
+        let n = to_usize("cuMemAlloc_v2", bytes)?;
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: `dptr` is a valid out-pointer; the context is current (this guard).
+        check(
+            "cuMemAlloc_v2",
+            code(unsafe { sys::cuMemAlloc_v2(&mut dptr, n) }),
+        )?;
+        Ok(dptr)
+    }
+
+    /// `cuMemFree_v2(ptr)`.
+    ///
+    /// # Errors
+    ///
+    /// `cuMemFree_v2` with its code (`CUDA_ERROR_INVALID_VALUE` for a pointer
+    /// `cuMemAlloc_v2` did not return).
+    pub fn plain_free(&self, ptr: DevicePtr) -> Result<(), TransferError> {
+        // SAFETY: the driver validates the pointer; no host memory is involved.
+        check("cuMemFree_v2", code(unsafe { sys::cuMemFree_v2(ptr) }))
+    }
+
+    /// `cuMemAllocFromPoolAsync(bytes, pool, stream)` on `pool`'s stream.
+    ///
+    /// # Errors
+    ///
+    /// `cuMemAllocFromPoolAsync` with its code.
+    pub fn pool_alloc(
+        &self,
+        pool: &StreamOrderedPool,
+        bytes: u64,
+    ) -> Result<DevicePtr, TransferError> {
+        pool.alloc_raw(bytes)
+    }
+
+    /// `cuMemFreeAsync(ptr, stream)` on `pool`'s stream.
+    ///
+    /// # Errors
+    ///
+    /// `cuMemFreeAsync` with its code.
+    pub fn pool_free(&self, pool: &StreamOrderedPool, ptr: DevicePtr) -> Result<(), TransferError> {
+        pool.free_raw(ptr)
+    }
+}
+
+/// `cuMemAlloc_v2(bytes)` with `driver`'s context pushed around the call.
+///
+/// # Errors
+///
+/// As [`CurrentContext::plain_alloc`], or the context push / pop.
+pub fn plain_alloc(driver: &CudaDriver, bytes: u64) -> Result<DevicePtr, TransferError> {
+    make_current(driver)?.plain_alloc(bytes)
+}
+
+/// `cuMemFree_v2(ptr)` with `driver`'s context pushed around the call.
+///
+/// # Errors
+///
+/// As [`CurrentContext::plain_free`], or the context push.
+pub fn plain_free(driver: &CudaDriver, ptr: DevicePtr) -> Result<(), TransferError> {
+    make_current(driver)?.plain_free(ptr)
+}
+
+/// A stream-ordered memory pool of its own on one device (`cuMemPoolCreate`, pinned
+/// device memory, release threshold `u64::MAX`: memory freed to it stays reserved and
+/// is reused warm) and one non-blocking stream that every allocation and free is
+/// ordered on. Dropping it synchronizes the stream, destroys it and destroys the
+/// pool.
+pub struct StreamOrderedPool {
+    driver: CudaDriver,
+    pool: sys::CUmemoryPool,
+    stream: sys::CUstream,
+}
+
+impl std::fmt::Debug for StreamOrderedPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamOrderedPool")
+            .field("device", &self.driver.device())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StreamOrderedPool {
+    /// Creates the pool and its stream on device ordinal `device`.
+    ///
+    /// # Errors
+    ///
+    /// `cuInit` (and the rest of [`CudaDriver::new`]) when the driver cannot be loaded
+    /// or the device does not exist; `cuMemPoolCreate`, `cuMemPoolSetAttribute` or
+    /// `cuStreamCreate` with its code; a missing driver function
+    /// (`CUDA_ERROR_NOT_FOUND`, naming it). What was created is destroyed again.
+    pub fn new(device: i32) -> Result<StreamOrderedPool, TransferError> {
+        let driver = CudaDriver::new(device).map_err(|e| TransferError {
+            function: e.call.cuda_name(),
+            code: e.code,
+        })?;
+        require_symbols(&driver)?;
+        let props = sys::CUmemPoolProps {
+            allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            handleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: device,
+            },
+            win32SecurityAttributes: ptr::null_mut(),
+            maxSize: 0,
+            usage: 0,
+            reserved: [0; 54],
+        };
+        let mut pool: sys::CUmemoryPool = ptr::null_mut();
+        driver.transfer("cuMemPoolCreate", || {
+            // SAFETY: `pool` is a valid out-pointer and `props` a fully initialised
+            // property (reserved bytes zero) that outlives the call.
+            code(unsafe { sys::cuMemPoolCreate(&mut pool, &props) })
+        })?;
+        // From here on, dropping `this` (on the error path too) destroys what exists.
+        let mut this = StreamOrderedPool {
+            driver,
+            pool,
+            stream: ptr::null_mut(),
+        };
+        let mut threshold: u64 = u64::MAX;
+        let pool = this.pool;
+        this.driver.transfer("cuMemPoolSetAttribute", || {
+            // SAFETY: `pool` was created above; RELEASE_THRESHOLD takes a
+            // `cuuint64_t`, and `threshold` is one, alive for the call.
+            code(unsafe {
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    ptr::from_mut(&mut threshold).cast::<c_void>(),
+                )
+            })
+        })?;
+        let mut stream: sys::CUstream = ptr::null_mut();
+        this.driver.transfer("cuStreamCreate", || {
+            // SAFETY: `stream` is a valid out-pointer; the context is current.
+            code(unsafe {
+                sys::cuStreamCreate(
+                    &mut stream,
+                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                )
+            })
+        })?;
+        this.stream = stream;
+        Ok(this)
+    }
+
+    /// The driver (and primary context) this pool was created with.
+    pub fn driver(&self) -> &CudaDriver {
+        &self.driver
+    }
+
+    /// Makes this pool's context current until the guard is dropped: see
+    /// [`make_current`].
+    ///
+    /// # Errors
+    ///
+    /// As [`make_current`].
+    pub fn make_current(&self) -> Result<CurrentContext<'_>, TransferError> {
+        make_current(&self.driver)
+    }
+
+    fn alloc_raw(&self, bytes: u64) -> Result<DevicePtr, TransferError> {
+        let n = to_usize("cuMemAllocFromPoolAsync", bytes)?;
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: `dptr` is a valid out-pointer; `self.pool` and `self.stream` were
+        // created in `new` and are destroyed only in `Drop`.
+        let c = code(unsafe { sys::cuMemAllocFromPoolAsync(&mut dptr, n, self.pool, self.stream) });
+        check("cuMemAllocFromPoolAsync", c)?;
+        Ok(dptr)
+    }
+
+    fn free_raw(&self, ptr: DevicePtr) -> Result<(), TransferError> {
+        // SAFETY: the driver validates the pointer; `self.stream` lives until `Drop`.
+        check(
+            "cuMemFreeAsync",
+            code(unsafe { sys::cuMemFreeAsync(ptr, self.stream) }),
+        )
+    }
+
+    /// `cuMemAllocFromPoolAsync(bytes)` on this pool's stream, the context pushed
+    /// around the call.
+    ///
+    /// # Errors
+    ///
+    /// `cuMemAllocFromPoolAsync` with its code, or the context push / pop.
+    pub fn alloc(&self, bytes: u64) -> Result<DevicePtr, TransferError> {
+        self.make_current()?.pool_alloc(self, bytes)
+    }
+
+    /// `cuMemFreeAsync(ptr)` on this pool's stream, the context pushed around the call.
+    ///
+    /// # Errors
+    ///
+    /// `cuMemFreeAsync` with its code, or the context push.
+    pub fn free(&self, ptr: DevicePtr) -> Result<(), TransferError> {
+        self.make_current()?.pool_free(self, ptr)
+    }
+
+    /// Waits for every allocation and free queued on the stream (`cuStreamSynchronize`).
+    ///
+    /// # Errors
+    ///
+    /// `cuStreamSynchronize` with its code.
+    pub fn synchronize(&self) -> Result<(), TransferError> {
+        let stream = self.stream;
+        self.driver.transfer("cuStreamSynchronize", || {
+            // SAFETY: `stream` lives until `Drop`.
+            code(unsafe { sys::cuStreamSynchronize(stream) })
+        })
+    }
+
+    /// Releases reserved memory the pool does not use, down to `keep` bytes
+    /// (`cuMemPoolTrimTo`).
+    ///
+    /// # Errors
+    ///
+    /// `cuMemPoolTrimTo` with its code.
+    pub fn trim_to(&self, keep: u64) -> Result<(), TransferError> {
+        let n = to_usize("cuMemPoolTrimTo", keep)?;
+        let pool = self.pool;
+        self.driver.transfer("cuMemPoolTrimTo", || {
+            // SAFETY: `pool` lives until `Drop`.
+            code(unsafe { sys::cuMemPoolTrimTo(pool, n) })
+        })
+    }
+
+    fn attribute(
+        &self,
+        attr: sys::CUmemPool_attribute,
+        function: &'static str,
+    ) -> Result<u64, TransferError> {
+        let mut value: u64 = 0;
+        let pool = self.pool;
+        self.driver.transfer(function, || {
+            // SAFETY: `pool` lives until `Drop`; the RESERVED/USED memory attributes
+            // are `cuuint64_t`, and `value` is one, alive for the call.
+            code(unsafe {
+                sys::cuMemPoolGetAttribute(pool, attr, ptr::from_mut(&mut value).cast::<c_void>())
+            })
+        })?;
+        Ok(value)
+    }
+
+    /// The high watermark of memory the pool reserved from the device, bytes
+    /// (`CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`): its peak physical footprint.
+    ///
+    /// # Errors
+    ///
+    /// `cuMemPoolGetAttribute` with its code.
+    pub fn reserved_high_bytes(&self) -> Result<u64, TransferError> {
+        self.attribute(
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+            "cuMemPoolGetAttribute",
+        )
+    }
+
+    /// Memory the pool holds reserved now, bytes (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+    ///
+    /// # Errors
+    ///
+    /// `cuMemPoolGetAttribute` with its code.
+    pub fn reserved_current_bytes(&self) -> Result<u64, TransferError> {
+        self.attribute(
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+            "cuMemPoolGetAttribute",
+        )
+    }
+
+    /// The high watermark of memory handed out by the pool, bytes
+    /// (`CU_MEMPOOL_ATTR_USED_MEM_HIGH`).
+    ///
+    /// # Errors
+    ///
+    /// `cuMemPoolGetAttribute` with its code.
+    pub fn used_high_bytes(&self) -> Result<u64, TransferError> {
+        self.attribute(
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+            "cuMemPoolGetAttribute",
+        )
+    }
+}
+
+impl Drop for StreamOrderedPool {
+    fn drop(&mut self) {
+        let (pool, stream) = (self.pool, self.stream);
+        // Failures are ignored: nothing can be done about them here, and the
+        // driver frees what is left with the context at process exit.
+        let _ = self.driver.transfer("cuStreamDestroy_v2", || {
+            if stream.is_null() {
+                return CuResult::SUCCESS;
+            }
+            // SAFETY: `stream` was created in `new` and is destroyed only here; the
+            // synchronize lets every queued free complete first.
+            unsafe {
+                let _ = sys::cuStreamSynchronize(stream);
+                code(sys::cuStreamDestroy_v2(stream))
+            }
+        });
+        let _ = self.driver.transfer("cuMemPoolDestroy", || {
+            // SAFETY: `pool` was created in `new` (a `StreamOrderedPool` exists only
+            // after that succeeded) and is destroyed only here.
+            code(unsafe { sys::cuMemPoolDestroy(pool) })
+        });
+    }
+}
+
+/// The driver sequence behind one fresh mapping of the pool, done and undone on
+/// `driver` with no pool around it: create a handle of `size` bytes, reserve `size`
+/// bytes of addresses, map the handle, grant access to `devices`, then synchronize,
+/// unmap, release the handle and free the reservation (the pool's release order).
+/// A failed step undoes the steps already done, in reverse.
+///
+/// # Errors
+///
+/// The first failed call with its code.
+pub fn raw_mapping_cycle(
+    driver: &dyn Driver,
+    size: u64,
+    devices: &[i32],
+) -> Result<(), DriverError> {
+    let handle: PhysicalHandle = driver.create(size)?;
+    let reservation: Reservation = match driver.reserve(size) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = driver.release(handle);
+            return Err(e);
+        }
+    };
+    let undo = |mapped: bool| {
+        if mapped {
+            let _ = driver.unmap(reservation.ptr, size);
+        }
+        let _ = driver.free_reservation(reservation);
+        let _ = driver.release(handle);
+    };
+    if let Err(e) = driver.map(reservation.ptr, handle) {
+        undo(false);
+        return Err(e);
+    }
+    if let Err(e) = driver.set_access(reservation.ptr, size, devices) {
+        undo(true);
+        return Err(e);
+    }
+    if let Err(e) = driver.synchronize() {
+        undo(true);
+        return Err(e);
+    }
+    driver.unmap(reservation.ptr, size)?;
+    let released = driver.release(handle);
+    let freed = driver.free_reservation(reservation);
+    released.and(freed)
+}

@@ -446,26 +446,7 @@ impl Trace {
     /// peak over the trace of live bytes, each allocation rounded up to
     /// `granularity` (bytes; 0 is taken as 1). Saturates at `u64::MAX`.
     pub fn lower_bound_bytes(&self, granularity: u64) -> u64 {
-        let mut sizes = vec![0u64; self.id_count()];
-        let (mut live, mut peak) = (0u64, 0u64);
-        for e in &self.events {
-            match *e {
-                Event::Alloc { id, bytes } => {
-                    let r = round_up(bytes, granularity);
-                    if let Some(s) = sizes.get_mut(id as usize) {
-                        *s = r;
-                    }
-                    live = live.saturating_add(r);
-                    peak = peak.max(live);
-                }
-                Event::Free { id } => {
-                    let r = sizes.get(id as usize).copied().unwrap_or(0);
-                    live = live.saturating_sub(r);
-                }
-                Event::Begin | Event::Finish | Event::Abort | Event::Trim => {}
-            }
-        }
-        peak
+        self.figures(granularity).0
     }
 
     /// Physical memory of a pool that never reuses on this trace, bytes: every freed
@@ -475,9 +456,16 @@ impl Trace {
     /// live bytes at its start plus every allocation since; outside a scope it is the
     /// live bytes; the result is the peak over the trace. Saturates at `u64::MAX`.
     pub fn no_reuse_bytes(&self, granularity: u64) -> u64 {
+        self.figures(granularity).1
+    }
+
+    /// One pass over the trace: (peak of live rounded bytes, peak of live plus
+    /// retained rounded bytes).
+    fn figures(&self, granularity: u64) -> (u64, u64) {
         let mut sizes = vec![0u64; self.id_count()];
         let mut in_scope = !self.has_scope_events;
-        let (mut live, mut retained, mut peak) = (0u64, 0u64, 0u64);
+        let (mut live, mut retained) = (0u64, 0u64);
+        let (mut live_peak, mut no_reuse_peak) = (0u64, 0u64);
         for e in &self.events {
             match *e {
                 Event::Alloc { id, bytes } => {
@@ -486,7 +474,8 @@ impl Trace {
                         *s = r;
                     }
                     live = live.saturating_add(r);
-                    peak = peak.max(live.saturating_add(retained));
+                    live_peak = live_peak.max(live);
+                    no_reuse_peak = no_reuse_peak.max(live.saturating_add(retained));
                 }
                 Event::Free { id } => {
                     let r = sizes.get(id as usize).copied().unwrap_or(0);
@@ -503,7 +492,7 @@ impl Trace {
                 Event::Trim => {}
             }
         }
-        peak
+        (live_peak, no_reuse_peak)
     }
 }
 

@@ -23,7 +23,7 @@ use std::ffi::c_void;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
-use std::sync::OnceLock;
+use once_cell::sync::OnceCell;
 
 use cudarc::driver::sys;
 
@@ -31,10 +31,6 @@ use super::{
     check, CuResult, DevicePtr, Driver, DriverCall, DriverError, MemInfo, PhysicalHandle,
     Reservation,
 };
-
-/// `CUDA_ERROR_NOT_FOUND` (500): what [`CudaDriver::new`] reports when the loaded
-/// libcuda lacks a function this backend calls (a driver too old for it).
-const NOT_FOUND: CuResult = CuResult(500);
 
 /// Every driver function this backend calls. [`CudaDriver::new`] checks that libcuda
 /// exports each of them, so that no later call can hit cudarc's panic on a missing
@@ -182,7 +178,7 @@ impl CudaDriver {
     /// the driver; the answer is computed once per process. `true` does not promise a
     /// usable device: [`CudaDriver::new`] says that.
     pub fn is_available() -> bool {
-        static PRESENT: OnceLock<bool> = OnceLock::new();
+        static PRESENT: OnceCell<bool> = OnceCell::new();
         *PRESENT.get_or_init(|| {
             // SAFETY: `is_culib_present` only tries to open the library with
             // `dlopen`; it calls no driver function.
@@ -224,7 +220,7 @@ impl CudaDriver {
             // pointer type.
             let found = unsafe { lib.get::<*const c_void>(name.as_bytes()) };
             if found.is_err() {
-                return Err(init_err(NOT_FOUND));
+                return Err(init_err(CuResult::NOT_FOUND));
             }
         }
         // SAFETY: libcuda is loaded and exports `cuInit`; flags must be 0.

@@ -30,10 +30,6 @@ use cudarc::driver::sys;
 use super::cuda::{CudaDriver, TransferError};
 use super::{CuResult, DevicePtr, Driver, DriverError, PhysicalHandle, Reservation};
 
-/// `CUDA_ERROR_NOT_FOUND` (500): a driver function this module needs is missing
-/// from the loaded libcuda.
-const NOT_FOUND: CuResult = CuResult(500);
-
 /// Every driver function this module calls beyond those [`CudaDriver::new`] checks.
 const BASELINE_SYMBOLS: [&str; 12] = [
     "cuStreamCreate",
@@ -87,7 +83,7 @@ fn require_symbols(_proof: &CudaDriver) -> Result<(), TransferError> {
             if found.is_err() {
                 return Err(TransferError {
                     function: name,
-                    code: NOT_FOUND,
+                    code: CuResult::NOT_FOUND,
                 });
             }
         }

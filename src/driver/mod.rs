@@ -48,6 +48,9 @@ impl CuResult {
     pub const INVALID_DEVICE: CuResult = CuResult(101);
     /// `CUDA_ERROR_INVALID_CONTEXT` (201).
     pub const INVALID_CONTEXT: CuResult = CuResult(201);
+    /// `CUDA_ERROR_NOT_FOUND` (500): a named symbol (a driver function, a kernel) is
+    /// missing.
+    pub const NOT_FOUND: CuResult = CuResult(500);
     /// `CUDA_ERROR_ILLEGAL_ADDRESS` (700): sticky, the context is lost.
     pub const ILLEGAL_ADDRESS: CuResult = CuResult(700);
     /// `CUDA_ERROR_LAUNCH_FAILED` (719).

@@ -19,11 +19,11 @@
 //! the addresses). The push/pop of the context around each call adds well under a
 //! microsecond.
 
+use once_cell::sync::OnceCell;
 use std::ffi::c_void;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
-use once_cell::sync::OnceCell;
 
 use cudarc::driver::sys;
 

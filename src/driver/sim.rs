@@ -20,7 +20,7 @@
 //! and every call is atomic with respect to the others. Nothing is random and no
 //! address or handle value is ever reused, so a run is reproducible.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 
 use super::{
@@ -51,7 +51,8 @@ pub struct SimConfig {
     /// MINIMUM and RECOMMENDED report it. A value of 0 is taken as 2 MiB.
     pub granularity_bytes: u64,
     /// Number of simulated devices (ordinals 0..device_count), default 1. Access can
-    /// be granted to these ordinals only.
+    /// be granted to these ordinals only. At most [`SIM_MAX_DEVICES`]; a larger
+    /// value is taken as that.
     pub device_count: u32,
 }
 
@@ -100,6 +101,29 @@ pub enum SimFault {
     },
 }
 
+/// The most devices a simulated machine has (128: a set of device ordinals is one
+/// 128-bit word, so that granting access allocates nothing).
+pub const SIM_MAX_DEVICES: u32 = 128;
+
+/// A set of device ordinals below [`SIM_MAX_DEVICES`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct DeviceSet(u128);
+
+impl DeviceSet {
+    fn insert(&mut self, device: i32) {
+        self.0 |= 1u128 << (device as u32 % SIM_MAX_DEVICES);
+    }
+    fn contains(&self, device: i32) -> bool {
+        (0..SIM_MAX_DEVICES as i32).contains(&device) && self.0 & (1u128 << device) != 0
+    }
+    fn len(&self) -> u64 {
+        u64::from(self.0.count_ones())
+    }
+    fn iter(self) -> impl Iterator<Item = i32> {
+        (0..SIM_MAX_DEVICES as i32).filter(move |&d| self.0 & (1u128 << d) != 0)
+    }
+}
+
 /// A physical allocation the simulated driver holds.
 #[derive(Clone, Copy, Debug)]
 struct HandleRec {
@@ -120,7 +144,7 @@ struct MappingRec {
     /// Raw handle mapped there.
     handle: u64,
     /// Device ordinals granted read/write access.
-    access: BTreeSet<i32>,
+    access: DeviceSet,
 }
 
 /// An open stream capture.
@@ -202,22 +226,24 @@ impl Inner {
         }
     }
 
-    /// Start addresses of the whole mappings that exactly tile `[ptr, ptr + size)`,
-    /// or `None` when some byte is unmapped or a mapping sticks out at either end.
-    fn exact_tiling(&self, ptr: DevicePtr, size: u64) -> Option<Vec<DevicePtr>> {
-        let end = ptr.checked_add(size)?;
-        let mut starts = Vec::new();
+    /// Whether the whole mappings exactly tile `[ptr, ptr + size)`: no byte unmapped,
+    /// no mapping sticking out at either end.
+    fn exactly_tiled(&self, ptr: DevicePtr, size: u64) -> bool {
+        let Some(end) = ptr.checked_add(size) else {
+            return false;
+        };
         let mut cursor = ptr;
         while cursor < end {
-            let m = self.mappings.get(&cursor)?;
-            starts.push(cursor);
-            cursor = cursor.checked_add(m.size)?;
+            match self
+                .mappings
+                .get(&cursor)
+                .and_then(|m| cursor.checked_add(m.size))
+            {
+                Some(next) => cursor = next,
+                None => return false,
+            }
         }
-        if cursor == end {
-            Some(starts)
-        } else {
-            None
-        }
+        cursor == end
     }
 
     /// Drops a mapping, and its handle when that was released and this was its last
@@ -277,6 +303,7 @@ impl SimDriver {
         if config.granularity_bytes == 0 {
             config.granularity_bytes = DEFAULT_GRANULARITY;
         }
+        config.device_count = config.device_count.min(SIM_MAX_DEVICES);
         let next_va =
             align_up(SIM_VA_BASE, config.granularity_bytes).unwrap_or(config.granularity_bytes);
         SimDriver {
@@ -362,7 +389,7 @@ impl SimDriver {
             reserved_bytes: st.reservations.values().sum(),
             mappings: st.mappings.len() as u64,
             mapped_bytes: st.mappings.values().map(|m| m.size).sum(),
-            access_grants: st.mappings.values().map(|m| m.access.len() as u64).sum(),
+            access_grants: st.mappings.values().map(|m| m.access.len()).sum(),
         }
     }
 
@@ -600,7 +627,7 @@ impl SimDriver {
             MappingRec {
                 size,
                 handle: raw,
-                access: BTreeSet::new(),
+                access: DeviceSet::default(),
             },
         );
         if let Some(h) = st.handles.get_mut(&raw) {
@@ -631,12 +658,12 @@ impl SimDriver {
         if devices.iter().any(|&d| d < 0 || i64::from(d) >= count) {
             return CuResult::INVALID_VALUE;
         }
-        let Some(starts) = st.exact_tiling(ptr, size) else {
+        if !st.exactly_tiled(ptr, size) {
             return CuResult::INVALID_VALUE;
-        };
-        for s in starts {
-            if let Some(m) = st.mappings.get_mut(&s) {
-                m.access.extend(devices.iter().copied());
+        }
+        for (_, m) in st.mappings.range_mut(ptr..ptr + size) {
+            for &d in devices {
+                m.access.insert(d);
             }
         }
         CuResult::SUCCESS
@@ -671,17 +698,17 @@ impl SimDriver {
                 return CuResult::INVALID_VALUE;
             }
         }
-        let mut starts = Vec::new();
-        for (&s, m) in st.mappings.range(ptr..end) {
-            if s.saturating_add(m.size) > end {
-                return CuResult::INVALID_VALUE;
-            }
-            starts.push(s);
+        if st
+            .mappings
+            .range(ptr..end)
+            .any(|(&s, m)| s.saturating_add(m.size) > end)
+        {
+            return CuResult::INVALID_VALUE;
         }
         if st.busy.iter().any(|&(b, bs)| overlaps(b, bs, ptr, size)) {
             st.faults.push(SimFault::UnmapWhileBusy { ptr, size });
         }
-        for s in starts {
+        while let Some((&s, _)) = st.mappings.range(ptr..end).next() {
             st.remove_mapping(s);
         }
         CuResult::SUCCESS
@@ -737,7 +764,7 @@ impl SimDriver {
         let mut cursor = ptr;
         while cursor < end {
             match st.mapping_at(cursor) {
-                Some((s, m)) if m.access.contains(&device) => {
+                Some((s, m)) if m.access.contains(device) => {
                     cursor = s.saturating_add(m.size);
                 }
                 _ => return CuResult::INVALID_VALUE,
@@ -784,7 +811,7 @@ impl SimDriver {
     pub fn access_of(&self, ptr: DevicePtr) -> Vec<i32> {
         let st = lock(&self.inner);
         match st.mapping_at(ptr) {
-            Some((_, m)) => m.access.iter().copied().collect(),
+            Some((_, m)) => m.access.iter().collect(),
             None => Vec::new(),
         }
     }

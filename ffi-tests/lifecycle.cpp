@@ -9,8 +9,8 @@
 #include <vector>
 
 static_assert(std::is_standard_layout<FlareSnapshot>::value, "FlareSnapshot is plain C");
-static_assert(sizeof(FlarePoolConfig) == 56, "FlarePoolConfig layout");
-static_assert(sizeof(FlareSnapshot) == 224, "FlareSnapshot layout");
+static_assert(sizeof(FlarePoolConfig) == 64, "FlarePoolConfig layout");
+static_assert(sizeof(FlareSnapshot) == 240, "FlareSnapshot layout");
 
 static void run_parallel(void *(*fn)(void *), void *args[], int n) {
     std::vector<std::thread> threads;

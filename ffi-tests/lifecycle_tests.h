@@ -141,7 +141,8 @@ static void test_config(void) {
     CHECK(cfg.struct_size == sizeof cfg && cfg.backend == FLARE_BACKEND_SIMULATED && cfg.device == 0 &&
           cfg.reuse_policy == FLARE_REUSE_BEST_FIT && cfg.release_threshold_bytes == 0 &&
           cfg.peer_devices == NULL && cfg.peer_device_count == 0 &&
-          cfg.sim_capacity_bytes == 0 && cfg.sim_granularity_bytes == 0);
+          cfg.sim_capacity_bytes == 0 && cfg.sim_granularity_bytes == 0 &&
+          cfg.sim_device_count == 0);
     cfg.backend = FLARE_BACKEND_SIMULATED;
 
     CHECK_STATUS(flare_pool_create(NULL, &pool), FLARE_STATUS_INVALID_ARGUMENT);
@@ -179,11 +180,20 @@ static void test_config(void) {
         CHECK(pool == sentinel && last_error_contains("peer_devices"));
     }
     {
-        /* Peers: every mapping gets access for device 0, 1 and 2. */
+        /* Peers: every mapping gets access for device 0, 1 and 2, on a simulated
+         * machine of 3 devices; on the default machine (1 device) the peers do not
+         * exist, as on a real one-GPU host. */
         FlarePoolConfig c = cfg;
         void *p = NULL;
         c.peer_devices = peers;
         c.peer_device_count = 2;
+        pool = sentinel;
+        CHECK_STATUS(flare_pool_create(&c, &pool), FLARE_STATUS_INVALID_ARGUMENT);
+        CHECK(pool == sentinel && last_error_contains("peer device 1"));
+        c.sim_device_count = 2;
+        CHECK_STATUS(flare_pool_create(&c, &pool), FLARE_STATUS_INVALID_ARGUMENT);
+        CHECK(pool == sentinel && last_error_contains("peer device 2"));
+        c.sim_device_count = 3;
         pool = NULL;
         OK(flare_pool_create(&c, &pool));
         OK(flare_package_allocate(pool, 1, &p));
@@ -197,6 +207,7 @@ static void test_config(void) {
         c.struct_size = (uint32_t)offsetof(FlarePoolConfig, sim_capacity_bytes);
         c.sim_capacity_bytes = 12345;
         c.sim_granularity_bytes = 3;
+        c.sim_device_count = 7;
         pool = NULL;
         OK(flare_pool_create(&c, &pool));
         s = snap(pool);

@@ -208,9 +208,17 @@ typedef struct FlarePoolConfig {
     uint64_t sim_capacity_bytes;
     /**
      * Simulated backend: allocation granularity, bytes (0: the default, 2 MiB, as
-     * measured on an H200).
+     * measured on an H200). Must be a power of two.
      */
     uint64_t sim_granularity_bytes;
+    /**
+     * Simulated backend: number of devices of the simulated machine (ordinals
+     * `0..sim_device_count`; 0: the default, 1). `device` and every peer must be
+     * below it, as on a real machine, else `FLARE_STATUS_INVALID_ARGUMENT`. Added in
+     * 0.1.0 after the fields above; an older caller's `struct_size` leaves it at
+     * its default.
+     */
+    uint32_t sim_device_count;
 } FlarePoolConfig;
 
 /**
@@ -343,6 +351,14 @@ typedef struct FlareSnapshot {
      * Retention scopes closed with abort.
      */
     uint64_t scopes_aborted;
+    /**
+     * Failed `cuMemCreate` calls (out of memory included).
+     */
+    uint64_t create_failures;
+    /**
+     * Failed `cuMemAddressReserve` calls.
+     */
+    uint64_t reserve_failures;
 } FlareSnapshot;
 
 #ifdef __cplusplus
@@ -353,7 +369,7 @@ extern "C" {
  * Fills `*config` with the defaults: `struct_size = sizeof(FlarePoolConfig)`,
  * `FLARE_BACKEND_SIMULATED` (set `FLARE_BACKEND_CUDA` for real memory), device 0,
  * `FLARE_REUSE_BEST_FIT`, release threshold 0, no peers, simulated capacity and
- * granularity 0 (their defaults, 140 GiB and 2 MiB).
+ * granularity and device count 0 (their defaults: 140 GiB, 2 MiB, 1 device).
  *
  * Writes `sizeof(FlarePoolConfig)` bytes of this header's version. NULL: nothing
  * happens. Thread-safe.

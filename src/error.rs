@@ -6,6 +6,7 @@ use crate::fmt_bytes;
 /// Everything a pool operation can fail with. Each variant keeps what a caller needs
 /// to act: byte counts, the driver call and its raw `CUresult`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// An argument is out of range: a size of 0 bytes, a size whose rounding to the
     /// granularity overflows, or a bad configuration. The string says which.

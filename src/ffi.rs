@@ -180,8 +180,14 @@ pub struct FlarePoolConfig {
     /// Simulated backend: device capacity, bytes (0: the default, 140 GiB, an H200).
     pub sim_capacity_bytes: u64,
     /// Simulated backend: allocation granularity, bytes (0: the default, 2 MiB, as
-    /// measured on an H200).
+    /// measured on an H200). Must be a power of two.
     pub sim_granularity_bytes: u64,
+    /// Simulated backend: number of devices of the simulated machine (ordinals
+    /// `0..sim_device_count`; 0: the default, 1). `device` and every peer must be
+    /// below it, as on a real machine, else `FLARE_STATUS_INVALID_ARGUMENT`. Added in
+    /// 0.1.0 after the fields above; an older caller's `struct_size` leaves it at
+    /// its default.
+    pub sim_device_count: u32,
 }
 
 /// A consistent copy of a pool's counters (taken under the pool's lock).
@@ -256,12 +262,16 @@ pub struct FlareSnapshot {
     pub scopes_finished: u64,
     /// Retention scopes closed with abort.
     pub scopes_aborted: u64,
+    /// Failed `cuMemCreate` calls (out of memory included).
+    pub create_failures: u64,
+    /// Failed `cuMemAddressReserve` calls.
+    pub reserve_failures: u64,
 }
 
-// The layouts the C tests assert too (`sizeof` 56 and 224 on 64-bit targets).
+// The layouts the C tests assert too (`sizeof` 64 and 240 on 64-bit targets).
 const _: () = assert!(size_of::<FlareStatus>() == 4 && size_of::<FlareBackend>() == 4);
 const _: () = assert!(size_of::<FlareReusePolicy>() == 4 && size_of::<FlareDriverCall>() == 4);
-const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 27 * 8);
+const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 29 * 8);
 
 /// The largest `struct_size` accepted from a caller.
 const MAX_STRUCT_SIZE: u32 = 4096;
@@ -288,13 +298,14 @@ impl FlarePoolConfig {
             peer_device_count: 0,
             sim_capacity_bytes: 0,
             sim_granularity_bytes: 0,
+            sim_device_count: 0,
         }
     }
 
-    fn field_ends() -> [usize; 9] {
+    fn field_ends() -> [usize; 10] {
         field_ends!(FlarePoolConfig; struct_size, backend, device, reuse_policy,
             release_threshold_bytes, peer_devices, peer_device_count, sim_capacity_bytes,
-            sim_granularity_bytes)
+            sim_granularity_bytes, sim_device_count)
     }
 }
 
@@ -303,14 +314,14 @@ impl FlareSnapshot {
         FlareSnapshot::default()
     }
 
-    fn field_ends() -> [usize; 29] {
+    fn field_ends() -> [usize; 31] {
         field_ends!(FlareSnapshot; struct_size, scope_open, granularity_bytes, live_count,
             live_requested_bytes, live_mapped_bytes, idle_count, idle_bytes, pending_count,
             pending_bytes, physical_bytes, reserved_bytes, peak_physical_bytes,
             peak_live_mapped_bytes, allocations, frees, reuse_hits, reuse_exact_hits,
             mappings_created, mappings_released, oom_retries, map_failures, access_failures,
             unmap_failures, release_failures, reservation_free_failures, sync_failures,
-            scopes_finished, scopes_aborted)
+            scopes_finished, scopes_aborted, create_failures, reserve_failures)
     }
 
     fn from_snapshot(s: &Snapshot) -> Self {
@@ -344,6 +355,8 @@ impl FlareSnapshot {
             sync_failures: s.sync_failures,
             scopes_finished: s.scopes_finished,
             scopes_aborted: s.scopes_aborted,
+            create_failures: s.create_failures,
+            reserve_failures: s.reserve_failures,
         }
     }
 }
@@ -351,12 +364,12 @@ impl FlareSnapshot {
 /// Checks a caller's `struct_size` and returns how many leading bytes of the struct
 /// to read or write: the end of the last field lying wholly inside it (at most the
 /// library's own size). `field_ends` is in layout order.
-fn struct_prefix(what: &str, struct_size: u32, field_ends: &[usize]) -> Result<usize, Error> {
+fn struct_prefix<T>(what: &str, struct_size: u32, field_ends: &[usize]) -> Result<usize, Error> {
     let min = field_ends[1];
     if (struct_size as usize) < min || struct_size > MAX_STRUCT_SIZE {
         return Err(Error::InvalidArgument(format!(
             "{what}.struct_size is {struct_size}: must be between {min} and {MAX_STRUCT_SIZE} (sizeof is {})",
-            field_ends[field_ends.len() - 1]
+            size_of::<T>()
         )));
     }
     Ok(field_ends
@@ -461,7 +474,8 @@ unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolConfig, Erro
     // SAFETY: `config` is non-NULL and aligned, and every caller's struct has at least
     // its first field (the header's struct starts with it).
     let struct_size = unsafe { ptr::addr_of!((*config).struct_size).read() };
-    let prefix = struct_prefix("config", struct_size, &FlarePoolConfig::field_ends())?;
+    let prefix =
+        struct_prefix::<FlarePoolConfig>("config", struct_size, &FlarePoolConfig::field_ends())?;
     let mut c = FlarePoolConfig::default_for_layout();
     // SAFETY: the caller's struct has `struct_size >= prefix` readable bytes; `c` is a
     // local of the same layout with `size_of::<FlarePoolConfig>() >= prefix` bytes; every
@@ -505,7 +519,10 @@ unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolConfig, Erro
                     0 => defaults.granularity_bytes,
                     n => n,
                 },
-                ..defaults
+                device_count: match c.sim_device_count {
+                    0 => defaults.device_count,
+                    n => n,
+                },
             })
         }
         x => {
@@ -527,7 +544,7 @@ unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolConfig, Erro
 /// Fills `*config` with the defaults: `struct_size = sizeof(FlarePoolConfig)`,
 /// `FLARE_BACKEND_SIMULATED` (set `FLARE_BACKEND_CUDA` for real memory), device 0,
 /// `FLARE_REUSE_BEST_FIT`, release threshold 0, no peers, simulated capacity and
-/// granularity 0 (their defaults, 140 GiB and 2 MiB).
+/// granularity and device count 0 (their defaults: 140 GiB, 2 MiB, 1 device).
 ///
 /// Writes `sizeof(FlarePoolConfig)` bytes of this header's version. NULL: nothing
 /// happens. Thread-safe.
@@ -780,7 +797,8 @@ pub unsafe extern "C" fn flare_pool_snapshot(
         // SAFETY: non-NULL and aligned; every caller's struct has at least its first
         // field.
         let struct_size = unsafe { ptr::addr_of!((*out).struct_size).read() };
-        let prefix = struct_prefix("snapshot", struct_size, &FlareSnapshot::field_ends())?;
+        let prefix =
+            struct_prefix::<FlareSnapshot>("snapshot", struct_size, &FlareSnapshot::field_ends())?;
         let snap = FlareSnapshot::from_snapshot(&pool.pool.snapshot());
         let skip = size_of::<u32>(); // `struct_size` stays the caller's.
                                      // SAFETY: the caller's struct has `struct_size >= prefix` writable bytes; the
@@ -912,16 +930,31 @@ mod tests {
     fn struct_prefix_rounds_down_to_field_boundaries() {
         let ends = FlareSnapshot::field_ends();
         assert_eq!(*ends.last().unwrap_or(&0), size_of::<FlareSnapshot>());
-        assert!(struct_prefix("s", 0, &ends).is_err());
-        assert!(struct_prefix("s", 7, &ends).is_err());
-        assert!(struct_prefix("s", 4097, &ends).is_err());
-        assert_eq!(struct_prefix("s", 8, &ends).ok(), Some(8));
-        assert_eq!(struct_prefix("s", 23, &ends).ok(), Some(16));
-        assert_eq!(struct_prefix("s", 4096, &ends).ok(), Some(224));
+        assert!(struct_prefix::<FlareSnapshot>("s", 0, &ends).is_err());
+        assert!(struct_prefix::<FlareSnapshot>("s", 7, &ends).is_err());
+        assert!(struct_prefix::<FlareSnapshot>("s", 4097, &ends).is_err());
+        assert_eq!(struct_prefix::<FlareSnapshot>("s", 8, &ends).ok(), Some(8));
+        assert_eq!(
+            struct_prefix::<FlareSnapshot>("s", 23, &ends).ok(),
+            Some(16)
+        );
+        assert_eq!(
+            struct_prefix::<FlareSnapshot>("s", 4096, &ends).ok(),
+            Some(240)
+        );
         let ends = FlarePoolConfig::field_ends();
-        assert_eq!(*ends.last().unwrap_or(&0), size_of::<FlarePoolConfig>());
+        // sim_device_count ends at 60; 4 bytes of tail padding make sizeof 64.
+        assert_eq!(*ends.last().unwrap_or(&0), 60);
+        assert_eq!(size_of::<FlarePoolConfig>(), 64);
+        assert_eq!(
+            struct_prefix::<FlarePoolConfig>("c", 64, &ends).ok(),
+            Some(60)
+        );
         // peer_device_count ends at 36; 40 has padding, then sim_capacity_bytes.
-        assert_eq!(struct_prefix("c", 40, &ends).ok(), Some(36));
+        assert_eq!(
+            struct_prefix::<FlarePoolConfig>("c", 40, &ends).ok(),
+            Some(36)
+        );
     }
 
     #[test]

@@ -635,12 +635,13 @@ fn every_error_message_says_call_code_sizes_and_what_to_do() {
     );
     match Pool::new(PoolConfig::cuda(0)) {
         Err(e @ Error::NoDriver(_)) => {
-            let msg = e.to_string();
-            assert!(
-                msg.starts_with("no CUDA driver: cuInit failed with CUDA_ERROR_"),
-                "{msg}"
+            // No libcuda on a CI machine: the message says so rather than naming a
+            // driver call that never ran.
+            assert_eq!(
+                e.to_string(),
+                "no CUDA driver: libcuda.so.1 could not be loaded: no NVIDIA driver on \
+                 this machine (the simulated backend needs none)"
             );
-            assert!(msg.contains("for device 0"), "{msg}");
         }
         Err(e) => panic!("unexpected {e:?}"),
         Ok(_) => {} // a machine with a GPU

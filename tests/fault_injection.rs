@@ -239,6 +239,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
         peer_devices: if setup.peer { vec![1] } else { vec![] },
         ..PoolConfig::simulated(SimConfig {
             capacity_bytes: capacity,
+            device_count: 2,
             ..SimConfig::default()
         })
     })

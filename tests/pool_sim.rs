@@ -329,9 +329,22 @@ fn release_threshold_keeps_small_frees_cached() {
 
 #[test]
 fn peers_get_access_to_every_mapping() {
-    let pool = Pool::new(PoolConfig {
+    // A real one-GPU host has no device 1: neither has the default simulated one.
+    let err = Pool::new(PoolConfig {
         peer_devices: vec![1, 2],
         ..PoolConfig::default()
+    })
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("peer device 1 does not exist"),
+        "{err}"
+    );
+    let pool = Pool::new(PoolConfig {
+        peer_devices: vec![1, 2],
+        ..PoolConfig::simulated(SimConfig {
+            device_count: 3,
+            ..SimConfig::default()
+        })
     })
     .unwrap();
     let sim = pool.sim_driver().unwrap().clone();
@@ -431,4 +444,97 @@ fn destroy_reports_success_when_everything_is_released() {
 fn pool_is_send_and_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Pool>();
+}
+
+#[test]
+fn the_simulated_machine_must_be_a_real_one() {
+    let sim = |c: SimConfig| Pool::new(PoolConfig::simulated(c));
+    let msg = |r: flare_package::Result<Pool>| match r {
+        Err(Error::InvalidArgument(m)) => m,
+        other => panic!("expected an invalid argument, got {other:?}"),
+    };
+    assert!(msg(sim(SimConfig {
+        capacity_bytes: 0,
+        ..SimConfig::default()
+    }))
+    .contains("capacity is 0"));
+    assert!(msg(sim(SimConfig {
+        granularity_bytes: 3 << 20,
+        ..SimConfig::default()
+    }))
+    .contains("not a power of two"));
+    assert!(msg(Pool::new(PoolConfig {
+        device: 1,
+        ..PoolConfig::default()
+    }))
+    .contains("device 1 does not exist: the simulated machine has 1 device(s)"));
+    let pool = Pool::new(PoolConfig {
+        device: 3,
+        ..PoolConfig::simulated(SimConfig {
+            device_count: 4,
+            ..SimConfig::default()
+        })
+    })
+    .unwrap();
+    let p = pool.allocate_raw(1).unwrap();
+    assert_eq!(pool.sim_driver().unwrap().access_of(p), vec![3]);
+    pool.free_raw(p).unwrap();
+    // A granularity of 64 KiB (a power of two) is fine; pointers are aligned to it.
+    let pool = sim(SimConfig {
+        granularity_bytes: 64 << 10,
+        ..SimConfig::default()
+    })
+    .unwrap();
+    let p = pool.allocate_raw(1).unwrap();
+    assert_eq!(
+        (p % (64 << 10), pool.snapshot().live_mapped_bytes),
+        (0, 64 << 10)
+    );
+}
+
+#[test]
+fn a_guard_never_frees_an_allocation_that_is_not_its_own() {
+    let pool = pool(On::Sim, ReusePolicy::Exact);
+    pool.retention_begin().unwrap();
+    let guard = pool.allocate(2 * MIB).unwrap();
+    // Misuse: the guard's pointer freed by hand, and the address reused.
+    pool.free_raw(guard.ptr()).unwrap();
+    let other = pool.allocate_raw(2 * MIB).unwrap();
+    assert_eq!(
+        other,
+        guard.ptr(),
+        "exact reuse hands the same mapping out again"
+    );
+    drop(guard);
+    let s = check(&pool);
+    assert_eq!(
+        (s.live_count, s.frees),
+        (1, 1),
+        "the other allocation is still live"
+    );
+    pool.free_raw(other).unwrap();
+    pool.retention_finish().unwrap();
+}
+
+#[test]
+fn a_scope_guard_never_closes_a_scope_it_did_not_open() {
+    let pool = pool(On::Sim, ReusePolicy::BestFit);
+    let guard = pool.retention_scope().unwrap();
+    pool.retention_finish().unwrap();
+    pool.retention_begin().unwrap();
+    drop(guard);
+    let s = check(&pool);
+    assert!(s.scope_open, "the later scope is still open");
+    assert_eq!((s.scopes_finished, s.scopes_aborted), (1, 0));
+    let guard = pool.retention_scope();
+    assert!(matches!(guard, Err(Error::ScopeState(_))));
+    pool.retention_finish().unwrap();
+    let guard = pool.retention_scope().unwrap();
+    pool.retention_abort().unwrap();
+    assert!(matches!(guard.finish(), Err(Error::ScopeState(_))));
+    let s = check(&pool);
+    assert_eq!(
+        (s.scopes_finished, s.scopes_aborted, s.scope_open),
+        (2, 1, false)
+    );
 }

@@ -54,6 +54,9 @@ struct Mapping {
     /// Idle after a failed synchronize or unmap: release again at the next release
     /// point.
     retry: bool,
+    /// While live: which allocation this is (the value of `allocations` when it was
+    /// handed out), so that a guard frees only its own allocation.
+    alloc_id: u64,
     /// Counted in `mappings_created` (false for what a failed creation left
     /// behind), so that its final release counts in `mappings_released`.
     created: bool,
@@ -103,6 +106,9 @@ struct State {
     /// Pending slots.
     pending: Vec<u32>,
     counters: Snapshot,
+    /// Incremented by every `retention_begin`: names the open scope, so that a
+    /// [`RetentionScope`] guard closes only the scope it opened.
+    scope_epoch: u64,
 }
 
 /// What one release step left behind, applied to the books under the lock.
@@ -159,6 +165,7 @@ impl State {
                 granularity_bytes: granularity,
                 ..Snapshot::default()
             },
+            scope_epoch: 0,
         }
     }
 
@@ -215,6 +222,8 @@ impl State {
         c.live_mapped_bytes += size;
         c.peak_live_mapped_bytes = c.peak_live_mapped_bytes.max(c.live_mapped_bytes);
         c.allocations += 1;
+        let id = c.allocations;
+        self.mapping_mut(slot).alloc_id = id;
         ptr
     }
 
@@ -396,6 +405,13 @@ impl Pool {
     pub fn new(config: PoolConfig) -> Result<Pool> {
         match config.backend {
             Backend::Cuda => {
+                if !CudaDriver::is_available() {
+                    return Err(Error::NoDriver(
+                        "libcuda.so.1 could not be loaded: no NVIDIA driver on this machine \
+                         (the simulated backend needs none)"
+                            .into(),
+                    ));
+                }
                 let driver = CudaDriver::new(config.device).map_err(|e| {
                     if e.call == DriverCall::Init {
                         Error::NoDriver(format!(
@@ -416,18 +432,7 @@ impl Pool {
             }
             Backend::Simulated(sim) => {
                 validate_devices(&config)?;
-                // The simulated machine has as many devices as the config names.
-                let highest = config
-                    .peer_devices
-                    .iter()
-                    .copied()
-                    .chain([config.device])
-                    .max()
-                    .unwrap_or(0);
-                let sim = SimConfig {
-                    device_count: sim.device_count.max(highest as u32 + 1),
-                    ..sim
-                };
+                validate_sim(&config, &sim)?;
                 let driver = Arc::new(SimDriver::new(sim));
                 let mut pool = Pool::with_driver(config, driver.clone())?;
                 pool.sim = Some(driver);
@@ -439,16 +444,16 @@ impl Pool {
     /// Creates a pool on `driver` (any [`Driver`]; `config.backend` is ignored).
     ///
     /// Errors: [`Error::InvalidArgument`] for a negative device or peer ordinal or a
-    /// granularity of 0; [`Error::Driver`] when the granularity query fails.
+    /// granularity that is not a power of two; [`Error::Driver`] when the granularity query fails.
     pub fn with_driver(config: PoolConfig, driver: Arc<dyn Driver>) -> Result<Pool> {
         validate_devices(&config)?;
         let granularity = driver
             .granularity()
             .map_err(|source| Error::Driver { source, bytes: 0 })?;
-        if granularity == 0 {
-            return Err(Error::InvalidArgument(
-                "the driver reports a granularity of 0 bytes".into(),
-            ));
+        if !granularity.is_power_of_two() {
+            return Err(Error::InvalidArgument(format!(
+                "the driver reports a granularity of {granularity} bytes, not a power of two"
+            )));
         }
         let mut access_devices = vec![config.device];
         for &p in &config.peer_devices {
@@ -508,10 +513,16 @@ impl Pool {
     /// See [`Pool::allocate_raw`] for the rules and errors.
     pub fn allocate(&self, bytes: u64) -> Result<Allocation<'_>> {
         let ptr = self.allocate_raw(bytes)?;
+        let st = lock(&self.state);
+        let id = st
+            .live
+            .get(&ptr)
+            .map_or(0, |&slot| st.mapping(slot).alloc_id);
         Ok(Allocation {
             pool: self,
             ptr,
             bytes,
+            id,
         })
     }
 
@@ -633,6 +644,7 @@ impl Pool {
                     requested,
                     state: MappingState::Live,
                     retry: false,
+                    alloc_id: 0,
                     created: true,
                     mapped: true,
                     handle_live: true,
@@ -693,6 +705,7 @@ impl Pool {
                         requested: 0,
                         state: MappingState::Pending,
                         retry: false,
+                        alloc_id: 0,
                         created: false,
                         mapped: still_mapped,
                         handle_live,
@@ -717,10 +730,19 @@ impl Pool {
     /// Errors: [`Error::UnknownPointer`] for a pointer this pool did not hand out, an
     /// interior pointer, or a second free; nothing changes then.
     pub fn free_raw(&self, ptr: DevicePtr) -> Result<()> {
+        self.free_inner(ptr, None)
+    }
+
+    /// Frees `ptr` if it is live, and, with `id`, only if it is that allocation.
+    fn free_inner(&self, ptr: DevicePtr, id: Option<u64>) -> Result<()> {
         let mut batch = Batch::default();
         {
             let mut st = lock(&self.state);
-            let slot = st.live.remove(&ptr).ok_or(Error::UnknownPointer { ptr })?;
+            let slot = *st.live.get(&ptr).ok_or(Error::UnknownPointer { ptr })?;
+            if id.is_some_and(|id| st.mapping(slot).alloc_id != id) {
+                return Err(Error::UnknownPointer { ptr });
+            }
+            st.live.remove(&ptr);
             let m = st.mapping_mut(slot);
             m.state = MappingState::Idle;
             let (size, requested) = (m.size(), m.requested);
@@ -751,12 +773,18 @@ impl Pool {
     ///
     /// Errors: [`Error::ScopeState`] when a scope is already open (scopes do not nest).
     pub fn retention_begin(&self) -> Result<()> {
+        self.begin_scope().map(|_| ())
+    }
+
+    /// Opens the scope; returns its epoch.
+    fn begin_scope(&self) -> Result<u64> {
         let mut st = lock(&self.state);
         if st.counters.scope_open {
             return Err(Error::ScopeState("a retention scope is already open"));
         }
         st.counters.scope_open = true;
-        Ok(())
+        st.scope_epoch += 1;
+        Ok(st.scope_epoch)
     }
 
     /// Opens a retention scope and returns a guard: [`RetentionScope::finish`]
@@ -764,9 +792,10 @@ impl Pool {
     ///
     /// Errors: as [`Pool::retention_begin`].
     pub fn retention_scope(&self) -> Result<RetentionScope<'_>> {
-        self.retention_begin()?;
+        let epoch = self.begin_scope()?;
         Ok(RetentionScope {
             pool: self,
+            epoch,
             open: true,
         })
     }
@@ -778,7 +807,7 @@ impl Pool {
     /// first release step the driver refused (the scope is closed all the same, and
     /// what was refused is kept and retried at the next release point).
     pub fn retention_finish(&self) -> Result<()> {
-        self.close_scope(false)
+        self.close_scope(false, None)
     }
 
     /// Closes the scope as failed: the same release as [`Pool::retention_finish`],
@@ -786,15 +815,21 @@ impl Pool {
     ///
     /// Errors: as [`Pool::retention_finish`].
     pub fn retention_abort(&self) -> Result<()> {
-        self.close_scope(true)
+        self.close_scope(true, None)
     }
 
-    fn close_scope(&self, aborted: bool) -> Result<()> {
+    /// Closes the open scope; with `epoch`, only if it is that scope.
+    fn close_scope(&self, aborted: bool, epoch: Option<u64>) -> Result<()> {
         let mut batch = Batch::default();
         {
             let mut st = lock(&self.state);
             if !st.counters.scope_open {
                 return Err(Error::ScopeState("no retention scope is open"));
+            }
+            if epoch.is_some_and(|e| e != st.scope_epoch) {
+                return Err(Error::ScopeState(
+                    "this guard's retention scope was already closed; another one is open",
+                ));
             }
             st.counters.scope_open = false;
             if aborted {
@@ -994,6 +1029,34 @@ impl Pool {
     }
 }
 
+/// The simulated machine must be one a real engine could run on: a capacity, a
+/// power-of-two granularity (as every CUDA granularity is), and the device and every
+/// peer among its devices.
+fn validate_sim(config: &PoolConfig, sim: &SimConfig) -> Result<()> {
+    if sim.capacity_bytes == 0 {
+        return Err(Error::InvalidArgument(
+            "the simulated device's capacity is 0 bytes".into(),
+        ));
+    }
+    if sim.granularity_bytes != 0 && !sim.granularity_bytes.is_power_of_two() {
+        return Err(Error::InvalidArgument(format!(
+            "the simulated granularity {} bytes is not a power of two",
+            sim.granularity_bytes
+        )));
+    }
+    let count = sim.device_count.min(crate::driver::sim::SIM_MAX_DEVICES);
+    let missing = std::iter::once(("device", config.device))
+        .chain(config.peer_devices.iter().map(|&p| ("peer device", p)))
+        .find(|&(_, d)| d as u32 >= count);
+    if let Some((what, d)) = missing {
+        return Err(Error::InvalidArgument(format!(
+            "{what} {d} does not exist: the simulated machine has {count} device(s) \
+             (SimConfig::device_count)"
+        )));
+    }
+    Ok(())
+}
+
 fn validate_devices(config: &PoolConfig) -> Result<()> {
     if config.device < 0 {
         return Err(Error::InvalidArgument(format!(
@@ -1021,6 +1084,10 @@ pub struct Allocation<'a> {
     pool: &'a Pool,
     ptr: DevicePtr,
     bytes: u64,
+    /// Which allocation of the pool this is: dropping the guard frees the pointer
+    /// only while it is still this allocation (not after a `free_raw` of it and a
+    /// later allocation that reused the address).
+    id: u64,
 }
 
 impl Allocation<'_> {
@@ -1045,9 +1112,9 @@ impl Allocation<'_> {
 
 impl Drop for Allocation<'_> {
     fn drop(&mut self) {
-        // The pointer came from this pool and the guard frees it once: the free
-        // cannot be refused.
-        let _ = self.pool.free_raw(self.ptr);
+        // Refused only when the caller already freed this allocation with
+        // `free_raw`: then there is nothing left to free.
+        let _ = self.pool.free_inner(self.ptr, Some(self.id));
     }
 }
 
@@ -1057,27 +1124,35 @@ impl Drop for Allocation<'_> {
 #[derive(Debug)]
 pub struct RetentionScope<'a> {
     pool: &'a Pool,
+    /// The scope this guard opened: it never closes another one.
+    epoch: u64,
     open: bool,
 }
 
 impl RetentionScope<'_> {
     /// Finishes the scope: see [`Pool::retention_finish`].
+    ///
+    /// Errors: as [`Pool::retention_finish`]; [`Error::ScopeState`] also when this
+    /// guard's scope was already closed by a direct `retention_finish` or
+    /// `retention_abort` call (a later scope, if one is open, is left alone).
     pub fn finish(mut self) -> Result<()> {
         self.open = false;
-        self.pool.retention_finish()
+        self.pool.close_scope(false, Some(self.epoch))
     }
 
-    /// Aborts the scope: see [`Pool::retention_abort`].
+    /// Aborts the scope: see [`Pool::retention_abort`]. Errors: as
+    /// [`RetentionScope::finish`].
     pub fn abort(mut self) -> Result<()> {
         self.open = false;
-        self.pool.retention_abort()
+        self.pool.close_scope(true, Some(self.epoch))
     }
 }
 
 impl Drop for RetentionScope<'_> {
     fn drop(&mut self) {
         if self.open {
-            let _ = self.pool.retention_abort();
+            // Refused only when this scope was already closed directly.
+            let _ = self.pool.close_scope(true, Some(self.epoch));
         }
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! The format is described in `docs/trace-format.md`: one event per line
 //! (`a ID BYTES`, `f ID`, `begin`, `finish`, `abort`, `trim`), `#` comment lines,
-//! blank lines, fields separated by spaces or tabs.
+//! blank lines, fields separated by spaces or tabs; a UTF-8 byte-order mark at the
+//! start of the file is ignored.
 //!
 //! - [`parse`] / [`parse_str`] read a trace into a [`Trace`]: every event with its
 //!   line number, allocation ids interned to dense `u32` indices (so a replay keeps
@@ -210,7 +211,11 @@ struct Parser {
     open_scope: usize,
 }
 
+/// The UTF-8 byte-order mark, ignored at the start of a trace.
+const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
 fn parse_bytes(name: String, bytes: &[u8]) -> Result<Trace, TraceError> {
+    let bytes = bytes.strip_prefix(UTF8_BOM).unwrap_or(bytes);
     let mut p = Parser {
         trace: Trace {
             name,

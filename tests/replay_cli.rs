@@ -187,3 +187,132 @@ fn cuda_backend_without_cuda_is_a_clear_error() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(stdout(&o).is_empty());
 }
+
+/// The cells of the table's rows (comfy-table's ASCII borders), the header row
+/// first: each row split on `|`, cells trimmed; border and separator lines skipped.
+fn table_rows(out: &str) -> Vec<Vec<String>> {
+    out.lines()
+        .filter(|l| l.starts_with('|') && !l.chars().all(|c| "|-+=".contains(c)))
+        .map(|l| {
+            let inner = l.trim().trim_start_matches('|').trim_end_matches('|');
+            inner.split('|').map(|c| c.trim().to_string()).collect()
+        })
+        .collect()
+}
+
+/// The "live at end" column of every data row, by policy.
+fn live_at_end_by_policy(out: &str) -> Vec<(String, String)> {
+    let rows = table_rows(out);
+    let header = &rows[0];
+    let col = header
+        .iter()
+        .position(|h| h == "live at end")
+        .unwrap_or_else(|| panic!("no \"live at end\" column: {out}"));
+    let policy = header.iter().position(|h| h == "policy").unwrap();
+    rows[1..]
+        .iter()
+        .map(|r| (r[policy].clone(), r[col].clone()))
+        .collect()
+}
+
+#[test]
+fn table_reports_allocations_live_at_the_end() {
+    // The segment trace's 21 segments are never freed (tests/data/README.md): all 21
+    // are live when the trace ends, under every policy, and all are released.
+    let t = data("eager-prefill-20shapes.segment.trace");
+    let text = std::fs::read_to_string(&t).unwrap();
+    let allocs = text.lines().filter(|l| l.starts_with("a ")).count();
+    let frees = text.lines().filter(|l| l.starts_with("f ")).count();
+    assert_eq!((allocs, frees), (21, 0));
+    let o = flare_replay(&[s(&t)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(
+        live_at_end_by_policy(&out),
+        [
+            ("none".to_string(), "21".to_string()),
+            ("exact".to_string(), "21".to_string()),
+            ("best-fit".to_string(), "21".to_string()),
+        ],
+        "{out}"
+    );
+    // released: the final physical memory is zero (the JSON keys are unchanged)
+    let o = flare_replay(&["--json", "--policy", "exact", s(&t)]);
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["final_physical_bytes"], 0);
+    assert!(v.get("live_at_end").is_none());
+}
+
+#[test]
+fn live_at_end_of_a_small_trace() {
+    // x, y, z freed; w and v still live: 2 at the end. A trace that frees everything: 0.
+    let two = scratch(
+        "two-live.trace",
+        "a x 4096\na y 4096\nf x\na z 4096\nf y\nf z\na w 1\na v 1\n",
+    );
+    let o = flare_replay(&["--policy", "exact", s(&two)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        live_at_end_by_policy(&stdout(&o)),
+        [("exact".to_string(), "2".to_string())]
+    );
+    let none = scratch("none-live.trace", "a x 4096\nf x\n");
+    let o = flare_replay(&["--policy", "none", s(&none)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        live_at_end_by_policy(&stdout(&o)),
+        [("none".to_string(), "0".to_string())]
+    );
+}
+
+#[test]
+fn version_and_help_name_the_tool() {
+    let o = flare_replay(&["--version"]);
+    assert!(o.status.success());
+    assert_eq!(
+        stdout(&o).trim(),
+        format!("flare-replay {}", env!("CARGO_PKG_VERSION"))
+    );
+    let o = flare_replay(&["--help"]);
+    assert!(o.status.success());
+    let help = stdout(&o);
+    assert!(help.starts_with("Replay flare-trace v1"), "{help}");
+    assert!(!help.contains(env!("CARGO_PKG_DESCRIPTION")), "{help}");
+    assert!(help.contains("Usage: flare-replay"), "{help}");
+    assert!(help.contains("Exit status:"), "{help}");
+    for line in [
+        "0  every replay ran",
+        "1  a pool could not be created or a replay failed",
+        "2  bad input",
+    ] {
+        assert!(help.contains(line), "{line:?} in {help}");
+    }
+}
+
+#[test]
+fn policy_names_are_exact() {
+    let t = scratch("one.trace", "a 1 4096\nf 1\n");
+    for name in [
+        "best_fit",
+        "bestfit",
+        "Best-Fit",
+        "EXACT",
+        "All",
+        " none",
+        "best-fit,exact",
+    ] {
+        let o = flare_replay(&["--policy", name, s(&t)]);
+        assert_eq!(o.status.code(), Some(2), "{name:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("none, exact, best-fit or all"),
+            "{name:?}: {}",
+            stderr(&o)
+        );
+        assert!(stdout(&o).is_empty(), "{name:?}");
+    }
+    for (name, rows) in [("none", 1), ("exact", 1), ("best-fit", 1), ("all", 3)] {
+        let o = flare_replay(&["--json", "--policy", name, s(&t)]);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        assert_eq!(stdout(&o).lines().count(), rows, "{name}");
+    }
+}

@@ -246,6 +246,37 @@ fn scope_lines_must_be_well_nested() {
 }
 
 #[test]
+fn a_leading_byte_order_mark_is_ignored() {
+    // Events, ids and line numbers are as without the mark.
+    let t = trace::parse_str("bom.trace", "\u{feff}a 1 5\nf 1\n").unwrap();
+    assert_eq!(
+        t.events(),
+        &[Event::Alloc { id: 0, bytes: 5 }, Event::Free { id: 0 }]
+    );
+    assert_eq!(t.lines(), &[1, 2]);
+    assert_eq!(t.id_name(0), Some("1"));
+    // before a comment line, and in a file read from disk (with CRLF)
+    let t = trace::parse_str("bom.trace", "\u{feff}# flare-trace v1\nbegin\nfinish\n").unwrap();
+    assert_eq!(t.events(), &[Event::Begin, Event::Finish]);
+    assert_eq!(t.lines(), &[2, 3]);
+    let dir = std::env::temp_dir().join(format!("flare-trace-bom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bom.trace");
+    std::fs::write(&path, b"\xEF\xBB\xBFa 7 4096\r\na 8 1\r\n").unwrap();
+    let t = trace::parse(&path).unwrap();
+    assert_eq!(t.allocations(), 2);
+    assert_eq!(t.id_name(0), Some("7"));
+    std::fs::remove_dir_all(&dir).unwrap();
+    // only one mark, and only at the start of the file
+    let (line, problem) = error_of("a 1 5\n\u{feff}f 1\n");
+    assert_eq!(line, 2);
+    assert_eq!(problem, Problem::UnknownKeyword("\u{feff}f".into()));
+    let (line, problem) = error_of("\u{feff}\u{feff}a 1 5\n");
+    assert_eq!(line, 1);
+    assert_eq!(problem, Problem::UnknownKeyword("\u{feff}a".into()));
+}
+
+#[test]
 fn not_utf8() {
     let dir = std::env::temp_dir().join(format!("flare-trace-parse-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

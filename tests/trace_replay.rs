@@ -81,6 +81,33 @@ fn trim_inside_the_implicit_scope_is_a_no_op() {
 }
 
 #[test]
+fn an_empty_or_comments_only_trace_replays_nothing_and_reports_zeros() {
+    for text in [
+        "",
+        "# flare-trace v1\n\n   \n# nothing else\n",
+        "\u{feff}\n",
+    ] {
+        let t = parse(text);
+        assert!(t.is_empty());
+        for policy in ReusePolicy::ALL {
+            let (pool, driver) = sim_pool(policy, CAPACITY);
+            let r = trace::replay(&pool, &t, None).unwrap();
+            assert_eq!(r.allocations, 0, "{text:?} {policy:?}");
+            assert_eq!(r.peak_physical_bytes, 0);
+            assert_eq!(r.final_physical_bytes, 0);
+            assert_eq!(r.mappings_created, 0);
+            assert_eq!(r.reuse_hits, 0);
+            assert_eq!(r.out_of_memory_at_line, None);
+            assert_eq!(r.live_at_end, 0);
+            let s = pool.snapshot();
+            assert!(!s.scope_open);
+            assert_eq!(s.live_count, 0);
+            assert_eq!(driver.state().physical_bytes, 0);
+        }
+    }
+}
+
+#[test]
 fn out_of_memory_stops_at_its_line_and_frees_everything() {
     // capacity 6 MiB: the third 2 MiB mapping under `none` is the fourth line's
     let t = parse("a 1 2097152\nf 1\n# comment\na 2 2097152\na 3 2097152\na 4 2097152\na 5 1\n");

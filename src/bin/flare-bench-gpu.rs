@@ -21,7 +21,8 @@
 //! Prints tables and writes every figure, with the ratios ours / alternative, to
 //! `--json PATH`. `--backend sim` runs flare-package's side only, on the simulated
 //! driver (a dry run for machines without a GPU). Exit status: 0 on success, 1 when a
-//! measurement failed, 2 when CUDA is not available or the arguments are wrong.
+//! measurement failed, 2 when CUDA is not available or the arguments are wrong
+//! (`--traces` not a readable directory with `*.trace` files, checked first).
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -47,9 +48,12 @@ const GIB: u64 = 1 << 30;
 const SIZES: [u64; 3] = [2 * MIB, 64 * MIB, GIB];
 const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
 
-/// Compare flare-package with the stream-ordered pool and cuMemAlloc on one GPU.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(
+    name = "flare-bench-gpu",
+    version,
+    about = "Compare flare-package with the stream-ordered pool and cuMemAlloc on one GPU"
+)]
 struct Args {
     /// Where to write the JSON report.
     #[arg(long, default_value = "flare-bench-gpu.json")]
@@ -63,8 +67,11 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     device: i32,
 
-    /// Directory of the traces to replay (every `*.trace` in it).
-    #[arg(long, default_value = "tests/data")]
+    /// Directory of the traces to replay (every `*.trace` in it). A relative path,
+    /// the default included, is taken from the current directory: the default names
+    /// the shipped traces when run from the repository root. Checked before anything
+    /// is measured.
+    #[arg(long, value_name = "DIR", default_value = "tests/data")]
     traces: PathBuf,
 
     /// `cuda`: the real comparison. `sim`: flare-package's side only, on the
@@ -219,6 +226,8 @@ struct Report {
 
 struct Bench {
     args: Args,
+    /// The `*.trace` files of `--traces`, sorted (checked before any measurement).
+    trace_files: Vec<PathBuf>,
     /// The real driver for the alternatives (`None` on the simulated backend).
     cuda: Option<CudaDriver>,
 }
@@ -351,18 +360,9 @@ impl Bench {
     }
 
     fn replays(&self) -> BoxResult<Vec<Replay>> {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&self.args.traces)
-            .map_err(|e| format!("{}: {e}", self.args.traces.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "trace"))
-            .collect();
-        files.sort();
-        if files.is_empty() {
-            return Err(format!("no *.trace file in {}", self.args.traces.display()).into());
-        }
         let mut out = Vec::new();
-        for file in files {
-            let t = trace::parse(&file)?;
+        for file in &self.trace_files {
+            let t = trace::parse(file)?;
             eprintln!("replay {} ({} events)", t.name(), t.len());
             let pool = Pool::new(self.config())?;
             let before = self.mem_info(Some(&pool));
@@ -703,8 +703,47 @@ fn write_json(path: &Path, report: &Report) -> BoxResult<()> {
     Ok(())
 }
 
+/// The `*.trace` files in `dir`, sorted. Errors: `dir` cannot be read (missing, not
+/// a directory) or holds no `*.trace` file; the message names the directory as given
+/// and, when it is relative, the current directory it was looked up from.
+fn trace_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let shown = || {
+        if dir.is_relative() {
+            match std::env::current_dir() {
+                Ok(cwd) => format!(
+                    "{} (relative to the current directory {})",
+                    dir.display(),
+                    cwd.display()
+                ),
+                Err(_) => dir.display().to_string(),
+            }
+        } else {
+            dir.display().to_string()
+        }
+    };
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("--traces {}: {e}", shown()))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "trace"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(format!("--traces {}: no *.trace file in it", shown()));
+    }
+    Ok(files)
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
+    // The traces are checked before anything else: a wrong directory fails at once,
+    // not after minutes of measurements.
+    let trace_files = match trace_files(&args.traces) {
+        Ok(files) => files,
+        Err(e) => {
+            eprintln!("flare-bench-gpu: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let cuda = match args.backend {
         BackendArg::Sim => None,
         BackendArg::Cuda => match CudaDriver::new(args.device) {
@@ -723,7 +762,11 @@ fn main() -> ExitCode {
             }
         },
     };
-    let bench = Bench { args, cuda };
+    let bench = Bench {
+        args,
+        trace_files,
+        cuda,
+    };
     let report = match run(&bench) {
         Ok(r) => r,
         Err(e) => {

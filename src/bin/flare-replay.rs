@@ -1,6 +1,7 @@
 //! `flare-replay`: replays flare-trace v1 files on a fresh pool per reuse policy and
-//! prints peak and final physical memory, mappings created and reuse hits, next to
-//! the trace's lower bound and no-reuse figures.
+//! prints peak and final physical memory, mappings created, reuse hits and the
+//! allocations still live at the end of the trace (which the replay releases), next
+//! to the trace's lower bound and no-reuse figures.
 //!
 //! Exit status: 0 when every replay ran (running out of memory is a result, shown in
 //! the table), 1 when a pool could not be created or a replay failed, 2 for bad
@@ -20,9 +21,20 @@ use serde::Serialize;
 use flare_package::trace::{self, ReplayReport, Trace};
 use flare_package::{fmt_bytes, Pool, PoolConfig, ReusePolicy, SimConfig};
 
-/// Replay flare-trace v1 allocation traces on flare-package pools.
+/// What `--help` says after the options.
+const AFTER_HELP: &str = "\
+Exit status:
+  0  every replay ran (running out of memory is a result, shown in the table)
+  1  a pool could not be created or a replay failed
+  2  bad input: arguments, a missing or malformed trace";
+
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(
+    name = "flare-replay",
+    version,
+    about = "Replay flare-trace v1 allocation traces on flare-package pools, one fresh pool per reuse policy",
+    after_help = AFTER_HELP
+)]
 struct Args {
     /// Driver to replay on: the simulated device, or the real CUDA driver.
     #[arg(long, value_enum, default_value_t = BackendArg::Sim)]
@@ -74,14 +86,21 @@ impl BackendArg {
 #[derive(Clone, Debug)]
 struct Policies(Vec<ReusePolicy>);
 
+/// `--policy`: exactly `none`, `exact`, `best-fit` or `all` (no aliases, no other
+/// spelling).
 fn parse_policies(s: &str) -> Result<Policies, String> {
-    if s == "all" {
-        Ok(Policies(ReusePolicy::ALL.to_vec()))
-    } else {
-        s.parse::<ReusePolicy>()
-            .map(|p| Policies(vec![p]))
-            .map_err(|e| format!("{e}, or all"))
-    }
+    let policies = match s {
+        "none" => vec![ReusePolicy::None],
+        "exact" => vec![ReusePolicy::Exact],
+        "best-fit" => vec![ReusePolicy::BestFit],
+        "all" => ReusePolicy::ALL.to_vec(),
+        _ => {
+            return Err(format!(
+                "unknown reuse policy {s:?} (expected none, exact, best-fit or all)"
+            ))
+        }
+    };
+    Ok(Policies(policies))
 }
 
 /// Default capacity of the simulated device, bytes.
@@ -288,6 +307,7 @@ fn print_table(t: &Trace, granularity: u64, rows: &[(ReusePolicy, ReplayReport)]
         "mappings created",
         "reuse hits",
         "out of memory",
+        "live at end",
         "wall time",
     ]);
     for (policy, r) in rows {
@@ -300,10 +320,11 @@ fn print_table(t: &Trace, granularity: u64, rows: &[(ReusePolicy, ReplayReport)]
             r.reuse_hits.to_string(),
             r.out_of_memory_at_line
                 .map_or_else(|| "-".to_string(), |l| format!("line {l}")),
+            r.live_at_end.to_string(),
             format!("{:.3} s", r.seconds),
         ]);
     }
-    for i in 2..8 {
+    for i in 2..9 {
         if let Some(col) = table.column_mut(i) {
             col.set_cell_alignment(CellAlignment::Right);
         }

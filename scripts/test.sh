@@ -27,6 +27,7 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --release --all-targets -- -D warnings
+cargo check --release --lib --features std-mutex
 echo "== cargo test (simulated driver; GPU tests are ignored)"
 cargo test --release
 echo "== loom models"

@@ -1,7 +1,8 @@
 //! The synchronisation types of the pool and the simulated driver: parking_lot's
 //! mutex (it spins briefly before parking, which suits the pool's critical sections
 //! of tens of nanoseconds), or loom's under `--cfg loom` so that loom models can
-//! explore every interleaving.
+//! explore every interleaving. The `std-mutex` feature switches to std's mutex, for
+//! comparing the two in the benchmarks.
 //!
 //! Only what loom runs goes through here; nothing in the pool core or the simulated
 //! driver uses `std::sync::OnceLock` or `thread_local!` directly.
@@ -9,18 +10,21 @@
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
 
-#[cfg(not(loom))]
+#[cfg(all(not(loom), not(feature = "std-mutex")))]
 pub(crate) use parking_lot::{Mutex, MutexGuard};
+
+#[cfg(all(not(loom), feature = "std-mutex"))]
+pub(crate) use std::sync::{Mutex, MutexGuard};
 
 /// Locks `m`. parking_lot's mutex has no poisoning; loom's is recovered from a
 /// panicking thread, as the books are updated so that every step leaves them
 /// consistent.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    #[cfg(loom)]
+    #[cfg(any(loom, feature = "std-mutex"))]
     {
         m.lock().unwrap_or_else(|e| e.into_inner())
     }
-    #[cfg(not(loom))]
+    #[cfg(all(not(loom), not(feature = "std-mutex")))]
     {
         m.lock()
     }

@@ -892,8 +892,8 @@ pub unsafe extern "C" fn flare_sim_inject_failure(
     boundary("flare_sim_inject_failure", || {
         // SAFETY: by the caller's contract.
         let pool = unsafe { pool_ref(pool) }?;
-        let kind = match DriverCall::from_index(call.0) {
-            Some(kind) if call.0 <= FlareDriverCall::FLARE_CALL_SYNCHRONIZE as u32 => kind,
+        let kind = match DriverCall::MEMORY_CALLS.get(call.0 as usize) {
+            Some(&kind) => kind,
             _ => {
                 return Err(Error::InvalidArgument(format!(
                     "call {} is not a FlareDriverCall (0..7)",

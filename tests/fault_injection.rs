@@ -107,16 +107,7 @@ fn setup() -> impl Strategy<Value = Setup> {
 }
 
 /// The calls the pool counts in its snapshot.
-const COUNTED: [DriverCall; 8] = [
-    DriverCall::Create,
-    DriverCall::Reserve,
-    DriverCall::Map,
-    DriverCall::SetAccess,
-    DriverCall::Unmap,
-    DriverCall::Release,
-    DriverCall::FreeReservation,
-    DriverCall::Synchronize,
-];
+const COUNTED: [DriverCall; 8] = DriverCall::MEMORY_CALLS;
 
 fn counted(s: &flare_package::Snapshot, call: DriverCall) -> u64 {
     match call {

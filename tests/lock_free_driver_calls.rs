@@ -150,16 +150,7 @@ fn no_driver_call_runs_under_the_pool_lock() {
     );
     let probed = driver.probed.lock().unwrap().clone();
     println!("driver calls probed with the pool's lock free: {probed:?}");
-    for call in [
-        DriverCall::Create,
-        DriverCall::Reserve,
-        DriverCall::Map,
-        DriverCall::SetAccess,
-        DriverCall::Unmap,
-        DriverCall::Release,
-        DriverCall::FreeReservation,
-        DriverCall::Synchronize,
-    ] {
+    for call in DriverCall::MEMORY_CALLS {
         assert!(
             probed.get(&call).copied().unwrap_or(0) > 0,
             "{call} never probed"

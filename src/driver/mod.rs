@@ -161,6 +161,20 @@ impl DriverCall {
         DriverCall::Init,
     ];
 
+    /// The eight calls that create, map, grant, unmap, release or free memory and
+    /// synchronize: those the pool counts failures of in its snapshot, and those the
+    /// C ABI's `FlareDriverCall` names (same numbers, 0..7).
+    pub const MEMORY_CALLS: [DriverCall; 8] = [
+        DriverCall::Create,
+        DriverCall::Release,
+        DriverCall::Reserve,
+        DriverCall::FreeReservation,
+        DriverCall::Map,
+        DriverCall::SetAccess,
+        DriverCall::Unmap,
+        DriverCall::Synchronize,
+    ];
+
     /// The CUDA driver function this call stands for (`"cuMemMap"`).
     pub fn cuda_name(self) -> &'static str {
         match self {

@@ -164,16 +164,16 @@ impl DriverCall {
     /// The eight calls that create, map, grant, unmap, release or free memory and
     /// synchronize: those the pool counts failures of in its snapshot, and those the
     /// C ABI's `FlareDriverCall` names (same numbers, 0..7).
-    pub const MEMORY_CALLS: [DriverCall; 8] = [
-        DriverCall::Create,
-        DriverCall::Release,
-        DriverCall::Reserve,
-        DriverCall::FreeReservation,
-        DriverCall::Map,
-        DriverCall::SetAccess,
-        DriverCall::Unmap,
-        DriverCall::Synchronize,
-    ];
+    pub const MEMORY_CALLS: [DriverCall; 8] = {
+        // The first eight of `ALL`, which is in number order.
+        let mut calls = [DriverCall::Create; 8];
+        let mut i = 0;
+        while i < calls.len() {
+            calls[i] = DriverCall::ALL[i];
+            i += 1;
+        }
+        calls
+    };
 
     /// The CUDA driver function this call stands for (`"cuMemMap"`).
     pub fn cuda_name(self) -> &'static str {

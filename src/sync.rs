@@ -8,13 +8,13 @@
 //! driver uses `std::sync::OnceLock` or `thread_local!` directly.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::{Mutex, MutexGuard};
+pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 
 #[cfg(all(not(loom), not(feature = "std-mutex")))]
-pub(crate) use parking_lot::{Mutex, MutexGuard};
+pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard};
 
 #[cfg(all(not(loom), feature = "std-mutex"))]
-pub(crate) use std::sync::{Mutex, MutexGuard};
+pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// Locks `m`. parking_lot's mutex has no poisoning; loom's is recovered from a
 /// panicking thread, as the books are updated so that every step leaves them
@@ -27,5 +27,20 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     #[cfg(all(not(loom), not(feature = "std-mutex")))]
     {
         m.lock()
+    }
+}
+
+/// Waits on `cv`, releasing `guard` while waiting and taking the lock again before
+/// returning (spurious wake-ups are possible: callers wait in a loop).
+pub(crate) fn wait<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+    #[cfg(any(loom, feature = "std-mutex"))]
+    {
+        cv.wait(guard).unwrap_or_else(|e| e.into_inner())
+    }
+    #[cfg(all(not(loom), not(feature = "std-mutex")))]
+    {
+        let mut guard = guard;
+        cv.wait(&mut guard);
+        guard
     }
 }

@@ -77,7 +77,7 @@ fn full_lifecycle_write_and_read_back() {
     d.copy_dtoh(res.ptr + g, &mut back2).unwrap();
     assert_eq!(back2, pattern);
 
-    d.synchronize().unwrap();
+    d.synchronize(0).unwrap();
     d.unmap(res.ptr, size).unwrap();
     d.release(handle).unwrap();
     d.free_reservation(res).unwrap();
@@ -134,7 +134,7 @@ fn works_from_a_thread_without_context_and_leaves_none() {
             let mut back = vec![0u8; 64];
             d.copy_dtoh(res.ptr, &mut back).unwrap();
             assert!(back.iter().all(|&b| b == 7));
-            d.synchronize().unwrap();
+            d.synchronize(0).unwrap();
             let _ = d.mem_info().unwrap();
             d.unmap(res.ptr, g).unwrap();
             d.release(handle).unwrap();
@@ -160,7 +160,7 @@ fn works_from_a_thread_without_context_and_leaves_none() {
 fn mem_info_tracks_create_and_release() {
     let d = gpu();
     let size = 512 * d.granularity().unwrap(); // 1 GiB on an H200: well above noise
-    d.synchronize().unwrap();
+    d.synchronize(0).unwrap();
     let before = d.mem_info().unwrap();
     assert!(before.total > 0 && before.free <= before.total);
 

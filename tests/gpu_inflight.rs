@@ -94,11 +94,11 @@ fn gpu_free_outside_a_scope_waits_for_the_kernel_reading_it() {
 
     // Calibrate: one pass over the range, then enough passes for about 0.7 s.
     d.memset_d8(out, 0, 4).unwrap();
-    d.synchronize().unwrap();
+    d.synchronize(0).unwrap();
     let t = Instant::now();
     d.launch_test_kernel(&kernel, 1, THREADS, &[data, n, 1, out])
         .unwrap();
-    d.synchronize().unwrap();
+    d.synchronize(0).unwrap();
     let one = t.elapsed().max(Duration::from_micros(50));
     assert_eq!(read_out(), expected(1), "one pass sums right");
     let iters = (Duration::from_millis(700).as_secs_f64() / one.as_secs_f64()).ceil() as u64;
@@ -107,7 +107,7 @@ fn gpu_free_outside_a_scope_waits_for_the_kernel_reading_it() {
     // The kernel reads `data` for ~0.7 s; free it now, outside a scope (release
     // threshold 0: released at once: synchronize, unmap, release, free the VA).
     d.memset_d8(out, 0, 4).unwrap();
-    d.synchronize().unwrap();
+    d.synchronize(0).unwrap();
     let t = Instant::now();
     d.launch_test_kernel(&kernel, 1, THREADS, &[data, n, iters, out])
         .unwrap();
@@ -119,7 +119,7 @@ fn gpu_free_outside_a_scope_waits_for_the_kernel_reading_it() {
         (1, 0, 0)
     );
     // The context is healthy and the kernel read the right data to the end.
-    d.synchronize()
+    d.synchronize(0)
         .unwrap_or_else(|e| panic!("the kernel faulted: the range was unmapped under it: {e}"));
     assert_eq!(read_out(), expected(iters), "kernel result after the free");
     assert!(

@@ -82,9 +82,9 @@ impl Driver for Probe {
         self.probe(DriverCall::Unmap);
         self.inner.unmap(ptr, size)
     }
-    fn synchronize(&self) -> Result<(), DriverError> {
+    fn synchronize(&self, device: i32) -> Result<(), DriverError> {
         self.probe(DriverCall::Synchronize);
-        self.inner.synchronize()
+        self.inner.synchronize(device)
     }
     fn mem_info(&self) -> Result<MemInfo, DriverError> {
         self.inner.mem_info()

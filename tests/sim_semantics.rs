@@ -425,9 +425,9 @@ fn row_capture_vmm_calls_all_succeed_and_capture_ends_fine() {
 fn row_capture_synchronize_is_unsupported_and_invalidates() {
     let d = sim();
     assert_eq!(d.begin_capture(), OK);
-    assert_eq!(d.ctx_synchronize(), CuResult::STREAM_CAPTURE_UNSUPPORTED);
+    assert_eq!(d.ctx_synchronize(0), CuResult::STREAM_CAPTURE_UNSUPPORTED);
     assert_eq!(
-        Driver::synchronize(&d).unwrap_err(),
+        Driver::synchronize(&d, 0).unwrap_err(),
         DriverError::new(
             DriverCall::Synchronize,
             CuResult::STREAM_CAPTURE_UNSUPPORTED
@@ -435,7 +435,7 @@ fn row_capture_synchronize_is_unsupported_and_invalidates() {
     );
     assert_eq!(d.end_capture(), CuResult::STREAM_CAPTURE_INVALIDATED);
     // Outside a capture it works again.
-    assert_eq!(d.ctx_synchronize(), OK);
+    assert_eq!(d.ctx_synchronize(0), OK);
 }
 
 #[test]
@@ -443,10 +443,10 @@ fn synchronize_during_capture_keeps_busy_marks() {
     let d = sim();
     d.mark_busy(0x1000, G);
     assert_eq!(d.begin_capture(), OK);
-    assert_eq!(d.ctx_synchronize(), CuResult::STREAM_CAPTURE_UNSUPPORTED);
+    assert_eq!(d.ctx_synchronize(0), CuResult::STREAM_CAPTURE_UNSUPPORTED);
     assert_eq!(d.busy_ranges(), vec![(0x1000, G)]);
     let _ = d.end_capture();
-    assert_eq!(d.ctx_synchronize(), OK);
+    assert_eq!(d.ctx_synchronize(0), OK);
     assert!(d.busy_ranges().is_empty());
 }
 
@@ -573,7 +573,7 @@ fn call_count_counts_every_call_including_failures() {
     assert_eq!(d.mem_release(h), OK);
     let _ = d.mem_release(h);
     assert_eq!(d.mem_address_free(va, G), OK);
-    assert_eq!(d.ctx_synchronize(), OK);
+    assert_eq!(d.ctx_synchronize(0), OK);
     let _ = d.mem_retain_allocation_handle(va);
     let _ = d.touch(va, G, 0);
     assert_eq!(d.call_count(DriverCall::Create), 2);
@@ -603,7 +603,7 @@ fn trait_round_trip_maps_whole_handles() {
     d.map(r.ptr + 2 * g, h).unwrap();
     d.set_access(r.ptr, 4 * g, &[0]).unwrap();
     assert_eq!(d.touch(r.ptr, 4 * g, 0), OK);
-    d.synchronize().unwrap();
+    d.synchronize(0).unwrap();
     d.unmap(r.ptr, 4 * g).unwrap();
     d.release(h).unwrap();
     d.free_reservation(r).unwrap();
@@ -755,14 +755,14 @@ fn injected_synchronize_failure_keeps_busy_marks_and_capture() {
     let d = sim();
     d.mark_busy(0x10_0000, G);
     d.inject_failure(DriverCall::Synchronize, 1, CuResult::LAUNCH_FAILED);
-    assert_eq!(d.ctx_synchronize(), CuResult::LAUNCH_FAILED);
+    assert_eq!(d.ctx_synchronize(0), CuResult::LAUNCH_FAILED);
     assert_eq!(d.busy_ranges().len(), 1);
     assert_eq!(d.begin_capture(), OK);
     d.inject_failure(DriverCall::Synchronize, 1, CuResult::UNKNOWN);
-    assert_eq!(d.ctx_synchronize(), CuResult::UNKNOWN);
+    assert_eq!(d.ctx_synchronize(0), CuResult::UNKNOWN);
     // The injected failure did not invalidate the capture.
     assert_eq!(d.end_capture(), OK);
-    assert_eq!(d.ctx_synchronize(), OK);
+    assert_eq!(d.ctx_synchronize(0), OK);
     assert!(d.busy_ranges().is_empty());
 }
 
@@ -861,7 +861,7 @@ fn synchronize_clears_busy_marks_so_unmap_is_clean() {
     let d = sim();
     let (va, h) = mapped(&d, 2 * G, 4 * G);
     d.mark_busy(va, 2 * G);
-    assert_eq!(d.ctx_synchronize(), OK);
+    assert_eq!(d.ctx_synchronize(0), OK);
     assert!(d.busy_ranges().is_empty());
     assert_eq!(d.mem_unmap(va, 2 * G), OK);
     assert_eq!(d.mem_release(h), OK);
@@ -891,7 +891,7 @@ fn release_of_busy_mapped_handle_is_not_a_fault_until_unmap() {
     assert_eq!(d.mem_release(h), OK);
     assert!(d.faults().is_empty());
     assert_eq!(d.touch(va, 2 * G, 0), OK);
-    assert_eq!(d.ctx_synchronize(), OK);
+    assert_eq!(d.ctx_synchronize(0), OK);
     assert_eq!(d.mem_unmap(va, 2 * G), OK);
     assert!(d.faults().is_empty());
     assert_eq!(

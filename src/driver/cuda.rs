@@ -111,9 +111,13 @@ pub struct CudaDriver {
     prop: sys::CUmemAllocationProp,
     /// Allocation granularity (RECOMMENDED, for `prop`), bytes; queried once.
     granularity: u64,
+    /// Peer devices given to [`CudaDriver::with_peers`]: (ordinal, device handle,
+    /// primary context retained in `with_peers` and released in `Drop`), so that a
+    /// release can synchronize every device with access.
+    peers: Vec<(i32, sys::CUdevice, sys::CUcontext)>,
 }
 
-// SAFETY: `context` is a primary context. The driver API allows a context to be made
+// SAFETY: `context` (and each peer's context) is a primary context. The driver API allows a context to be made
 // current on any thread (and on several threads at once), and every use of it here
 // pushes it onto the calling thread's context stack and pops it before returning, so
 // no thread-affine state is ever left behind. `prop` holds only a null
@@ -201,13 +205,39 @@ impl CudaDriver {
     ///   `CUDA_ERROR_NO_DEVICE` with no GPU) or the context retain fails;
     /// - [`DriverCall::Granularity`] when the granularity query fails.
     pub fn new(device: i32) -> Result<CudaDriver, DriverError> {
+        Self::with_peers(device, &[])
+    }
+
+    /// [`CudaDriver::new`], and retains the primary context of each device in
+    /// `peers` too (ordinals other than `device`; repeats are ignored), so that
+    /// [`Driver::synchronize`] can wait for the work of every device a pool grants
+    /// access to: a kernel on a peer may be reading memory the pool is about to
+    /// unmap, and `cuCtxSynchronize` waits only for its own context's work.
+    ///
+    /// # Errors
+    ///
+    /// As [`CudaDriver::new`]; a peer's `cuDeviceGet` or context retain failing is
+    /// [`DriverCall::Init`] with the driver's code (`CUDA_ERROR_INVALID_DEVICE` for an
+    /// ordinal that does not exist).
+    pub fn with_peers(device: i32, peers: &[i32]) -> Result<CudaDriver, DriverError> {
         let not_loaded = DriverError::new(DriverCall::Init, CuResult::NOT_INITIALIZED);
         if !Self::is_available() {
             return Err(not_loaded);
         }
         // The library was found a moment ago; should loading it or a symbol still
         // fail, cudarc panics: that becomes the same typed error.
-        catch_unwind(AssertUnwindSafe(|| Self::init(device))).unwrap_or(Err(not_loaded))
+        catch_unwind(AssertUnwindSafe(|| {
+            let mut driver = Self::init(device)?;
+            for &peer in peers {
+                if peer == device || driver.peers.iter().any(|&(p, _, _)| p == peer) {
+                    continue;
+                }
+                let (cu_device, context) = retain_primary(peer)?;
+                driver.peers.push((peer, cu_device, context));
+            }
+            Ok(driver)
+        }))
+        .unwrap_or(Err(not_loaded))
     }
 
     fn init(device: i32) -> Result<CudaDriver, DriverError> {
@@ -225,19 +255,7 @@ impl CudaDriver {
         }
         // SAFETY: libcuda is loaded and exports `cuInit`; flags must be 0.
         check(DriverCall::Init, code(unsafe { sys::cuInit(0) }))?;
-        let mut cu_device: sys::CUdevice = 0;
-        // SAFETY: `cu_device` is a valid out-pointer; the driver is initialised.
-        check(
-            DriverCall::Init,
-            code(unsafe { sys::cuDeviceGet(&mut cu_device, device) }),
-        )?;
-        let mut context: sys::CUcontext = ptr::null_mut();
-        // SAFETY: `context` is a valid out-pointer and `cu_device` a device handle the
-        // driver just returned. The retain is balanced by the release in `Drop`.
-        check(
-            DriverCall::Init,
-            code(unsafe { sys::cuDevicePrimaryCtxRetain(&mut context, cu_device) }),
-        )?;
+        let (cu_device, context) = retain_primary(device)?;
 
         let prop = sys::CUmemAllocationProp {
             type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -261,6 +279,7 @@ impl CudaDriver {
             context,
             prop,
             granularity: 0,
+            peers: Vec::new(),
         };
         let mut granularity: usize = 0;
         driver.in_context(DriverCall::Granularity, || {
@@ -295,9 +314,19 @@ impl CudaDriver {
     /// failure of push, call and pop, with the stage that failed; on a failed push
     /// `f` is not run.
     fn with_context(&self, f: impl FnOnce() -> CuResult) -> Result<(), (Stage, CuResult)> {
-        // SAFETY: `self.context` is the primary context retained in `new`, released
-        // only in `Drop`, so it is valid for as long as `self` is.
-        let pushed = code(unsafe { sys::cuCtxPushCurrent_v2(self.context) });
+        self.with_context_of(self.context, f)
+    }
+
+    /// [`CudaDriver::with_context`] with `context` (this driver's or a peer's
+    /// retained primary context) pushed instead.
+    fn with_context_of(
+        &self,
+        context: sys::CUcontext,
+        f: impl FnOnce() -> CuResult,
+    ) -> Result<(), (Stage, CuResult)> {
+        // SAFETY: `context` is a primary context retained in `new` or `with_peers`,
+        // released only in `Drop`, so it is valid for as long as `self` is.
+        let pushed = code(unsafe { sys::cuCtxPushCurrent_v2(context) });
         if !pushed.is_success() {
             return Err((Stage::Push, pushed));
         }
@@ -548,7 +577,31 @@ impl Drop for CudaDriver {
         // exists only after it succeeded). The result is ignored: at process exit the
         // driver may already be deinitialised, and nothing can be done either way.
         let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.cu_device) };
+        for &(_, cu_device, _) in &self.peers {
+            // SAFETY: balances the peer's `cuDevicePrimaryCtxRetain` in `with_peers`.
+            let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(cu_device) };
+        }
     }
+}
+
+/// `cuDeviceGet` of ordinal `device` and `cuDevicePrimaryCtxRetain` of its primary
+/// context (the caller releases it with `cuDevicePrimaryCtxRelease_v2`). The driver
+/// must be initialised (`cuInit`).
+fn retain_primary(device: i32) -> Result<(sys::CUdevice, sys::CUcontext), DriverError> {
+    let mut cu_device: sys::CUdevice = 0;
+    // SAFETY: `cu_device` is a valid out-pointer; the caller initialised the driver.
+    check(
+        DriverCall::Init,
+        code(unsafe { sys::cuDeviceGet(&mut cu_device, device) }),
+    )?;
+    let mut context: sys::CUcontext = ptr::null_mut();
+    // SAFETY: `context` is a valid out-pointer and `cu_device` a device handle the
+    // driver just returned. The caller balances the retain with a release.
+    check(
+        DriverCall::Init,
+        code(unsafe { sys::cuDevicePrimaryCtxRetain(&mut context, cu_device) }),
+    )?;
+    Ok((cu_device, context))
 }
 
 impl Driver for CudaDriver {
@@ -687,18 +740,36 @@ impl Driver for CudaDriver {
         })
     }
 
-    /// `cuCtxSynchronize` on the pool's context: waits for all its work.
+    /// `cuCtxSynchronize` with `device`'s primary context current (this driver's
+    /// device, or a peer given to [`CudaDriver::with_peers`]): waits for all that
+    /// device's work.
     ///
     /// # Errors
     ///
-    /// [`DriverCall::Synchronize`]: `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` while any
-    /// stream is being captured (and the capture is invalidated); a sticky fault of
-    /// earlier work (`CUDA_ERROR_ILLEGAL_ADDRESS`, ...).
-    fn synchronize(&self) -> Result<(), DriverError> {
-        self.in_context(DriverCall::Synchronize, || {
-            // SAFETY: no arguments; the pool's context is current.
+    /// [`DriverCall::Synchronize`]: `CUDA_ERROR_INVALID_DEVICE` for a device that is
+    /// neither this driver's nor one of its peers (no call is made);
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` while any stream is being captured
+    /// (and the capture is invalidated); a sticky fault of earlier work
+    /// (`CUDA_ERROR_ILLEGAL_ADDRESS`, ...).
+    fn synchronize(&self, device: i32) -> Result<(), DriverError> {
+        let context = if device == self.device {
+            self.context
+        } else {
+            match self.peers.iter().find(|&&(p, _, _)| p == device) {
+                Some(&(_, _, c)) => c,
+                None => {
+                    return Err(DriverError::new(
+                        DriverCall::Synchronize,
+                        CuResult::INVALID_DEVICE,
+                    ))
+                }
+            }
+        };
+        self.with_context_of(context, || {
+            // SAFETY: no arguments; the device's context is current.
             code(unsafe { sys::cuCtxSynchronize() })
         })
+        .map_err(|(_, c)| DriverError::new(DriverCall::Synchronize, c))
     }
 
     /// `cuMemGetInfo_v2`: free and total bytes of this device.

@@ -486,7 +486,8 @@ pub fn raw_mapping_cycle(
         undo(true);
         return Err(e);
     }
-    if let Err(e) = driver.synchronize() {
+    // As the pool does: wait for every device with access.
+    if let Err(e) = devices.iter().try_for_each(|&d| driver.synchronize(d)) {
         undo(true);
         return Err(e);
     }

@@ -135,7 +135,7 @@ pub enum DriverCall {
     SetAccess = 5,
     /// `cuMemUnmap`: unmap a range.
     Unmap = 6,
-    /// `cuCtxSynchronize`: wait for all work on the pool's context.
+    /// `cuCtxSynchronize`: wait for all work on one device's context.
     Synchronize = 7,
     /// `cuMemGetAllocationGranularity`.
     Granularity = 8,
@@ -309,9 +309,13 @@ pub trait Driver: Send + Sync {
     /// kernel then faults): callers synchronize first.
     fn unmap(&self, ptr: DevicePtr, size: u64) -> Result<(), DriverError>;
 
-    /// Waits for all work on the pool's context (`cuCtxSynchronize`). Fails with
-    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` while any stream is being captured.
-    fn synchronize(&self) -> Result<(), DriverError>;
+    /// Waits for all work on device `device` (`cuCtxSynchronize` with that device's
+    /// primary context current). The pool calls it for every device with access to
+    /// the memory it is about to unmap: a peer's kernel may be reading it, and a
+    /// synchronize waits only for its own context's work. Fails with
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` while any stream is being captured,
+    /// and `CUDA_ERROR_INVALID_DEVICE` for a device the driver was not set up for.
+    fn synchronize(&self, device: i32) -> Result<(), DriverError>;
 
     /// Free and total device memory, bytes (`cuMemGetInfo`).
     fn mem_info(&self) -> Result<MemInfo, DriverError>;

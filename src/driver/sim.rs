@@ -6,7 +6,8 @@
 //! planning against it. It enforces a capacity, tracks every handle, reservation,
 //! mapping and access grant, counts every call per kind, can be told to fail the
 //! n-th future call of any kind with any code, models work in flight (a range marked
-//! busy until the next synchronize) and a global-mode stream capture.
+//! busy on one device until the next synchronize of that device) and a global-mode
+//! stream capture.
 //!
 //! Two layers:
 //!
@@ -167,7 +168,8 @@ struct Inner {
     calls: [u64; DriverCall::ALL.len()],
     /// Pending injections: (call, absolute call number that fails, code).
     injections: Vec<(DriverCall, u64, CuResult)>,
-    busy: Vec<(DevicePtr, u64)>,
+    /// Work in flight: (device, ptr, size).
+    busy: Vec<(i32, DevicePtr, u64)>,
     faults: Vec<SimFault>,
     capture: Option<Capture>,
 }
@@ -356,20 +358,34 @@ impl SimDriver {
         lock(&self.inner).injections.len()
     }
 
-    /// Marks `[ptr, ptr + size)` busy: work in flight reads it until the next
-    /// successful [`SimDriver::ctx_synchronize`]. An unmap overlapping a busy range
-    /// still succeeds, as the real driver's does, but is recorded as
-    /// [`SimFault::UnmapWhileBusy`]. A `size` of 0 marks nothing.
+    /// Marks `[ptr, ptr + size)` busy on device 0: [`SimDriver::mark_busy_on`] with
+    /// device 0.
     pub fn mark_busy(&self, ptr: DevicePtr, size: u64) {
+        self.mark_busy_on(0, ptr, size);
+    }
+
+    /// Marks `[ptr, ptr + size)` busy on `device`: work queued on that device (a
+    /// kernel of a peer reading this memory, say) touches it until the next
+    /// successful [`SimDriver::ctx_synchronize`] of that same device; a synchronize of
+    /// another device does not clear it, as `cuCtxSynchronize` waits only for its own
+    /// context's work. An unmap overlapping a busy range still succeeds, as the real
+    /// driver's does, but is recorded as [`SimFault::UnmapWhileBusy`]. A `size` of 0
+    /// marks nothing.
+    pub fn mark_busy_on(&self, device: i32, ptr: DevicePtr, size: u64) {
         if size == 0 {
             return;
         }
-        lock(&self.inner).busy.push((ptr, size));
+        lock(&self.inner).busy.push((device, ptr, size));
     }
 
-    /// The ranges currently marked busy, `(ptr, size)` in bytes, in marking order.
+    /// The ranges currently marked busy, `(ptr, size)` in bytes, in marking order,
+    /// every device together.
     pub fn busy_ranges(&self) -> Vec<(DevicePtr, u64)> {
-        lock(&self.inner).busy.clone()
+        lock(&self.inner)
+            .busy
+            .iter()
+            .map(|&(_, p, s)| (p, s))
+            .collect()
     }
 
     /// Every fault recorded so far, oldest first. Tests of a correct pool assert this
@@ -705,7 +721,7 @@ impl SimDriver {
         {
             return CuResult::INVALID_VALUE;
         }
-        if st.busy.iter().any(|&(b, bs)| overlaps(b, bs, ptr, size)) {
+        if st.busy.iter().any(|&(_, b, bs)| overlaps(b, bs, ptr, size)) {
             st.faults.push(SimFault::UnmapWhileBusy { ptr, size });
         }
         while let Some((&s, _)) = st.mappings.range(ptr..end).next() {
@@ -714,22 +730,27 @@ impl SimDriver {
         CuResult::SUCCESS
     }
 
-    /// `cuCtxSynchronize`: waits for all work, which clears every busy mark. Counts as
-    /// [`DriverCall::Synchronize`].
+    /// `cuCtxSynchronize` with `device`'s primary context current: waits for all the
+    /// work of that device, which clears its busy marks and no other device's.
+    /// Counts as [`DriverCall::Synchronize`].
     ///
-    /// Errors: `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` while a capture is open; the
-    /// capture is then invalidated and busy marks stay (row "cuCtxSynchronize during a
-    /// global-mode stream capture").
-    pub fn ctx_synchronize(&self) -> CuResult {
+    /// Errors: `CUDA_ERROR_INVALID_DEVICE` for an ordinal that is not one of the
+    /// simulated devices; `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` while a capture is
+    /// open: the capture is then invalidated and busy marks stay (row
+    /// "cuCtxSynchronize during a global-mode stream capture").
+    pub fn ctx_synchronize(&self, device: i32) -> CuResult {
         let mut st = lock(&self.inner);
         if let Some(code) = st.begin(DriverCall::Synchronize) {
             return code;
+        }
+        if device < 0 || i64::from(device) >= i64::from(st.config.device_count) {
+            return CuResult::INVALID_DEVICE;
         }
         if let Some(c) = st.capture.as_mut() {
             c.invalidated = true;
             return CuResult::STREAM_CAPTURE_UNSUPPORTED;
         }
-        st.busy.clear();
+        st.busy.retain(|&(d, _, _)| d != device);
         CuResult::SUCCESS
     }
 
@@ -876,9 +897,9 @@ impl Driver for SimDriver {
         wrap(DriverCall::Unmap, self.mem_unmap(ptr, size))
     }
 
-    /// [`SimDriver::ctx_synchronize`].
-    fn synchronize(&self) -> Result<(), DriverError> {
-        wrap(DriverCall::Synchronize, self.ctx_synchronize())
+    /// [`SimDriver::ctx_synchronize`] of `device`.
+    fn synchronize(&self, device: i32) -> Result<(), DriverError> {
+        wrap(DriverCall::Synchronize, self.ctx_synchronize(device))
     }
 
     /// [`SimDriver::mem_get_info`].

@@ -25,7 +25,7 @@ use crate::driver::cuda::CudaDriver;
 use crate::driver::sim::{SimConfig, SimDriver};
 use crate::driver::{DevicePtr, Driver, DriverCall, DriverError, PhysicalHandle, Reservation};
 use crate::error::{Error, Result};
-use crate::sync::{lock, Mutex};
+use crate::sync::{lock, wait, Condvar, Mutex};
 use index::ReuseIndex;
 use std::sync::Arc;
 
@@ -109,6 +109,10 @@ struct State {
     /// Incremented by every `retention_begin`: names the open scope, so that a
     /// [`RetentionScope`] guard closes only the scope it opened.
     scope_epoch: u64,
+    /// Release batches collected and not yet booked: their driver calls (a
+    /// synchronize, unmaps, releases) may be running outside the lock. A retention
+    /// scope's `begin` waits for this to reach 0 (the scope barrier).
+    releases_running: u32,
 }
 
 /// What one release step left behind, applied to the books under the lock.
@@ -166,6 +170,15 @@ impl State {
                 ..Snapshot::default()
             },
             scope_epoch: 0,
+            releases_running: 0,
+        }
+    }
+
+    /// Registers `batch` as a release about to run outside the lock (when it has
+    /// anything to release): [`Pool::release_batch`] books it and unregisters it.
+    fn start_release(&mut self, batch: &Batch) {
+        if !batch.is_empty() {
+            self.releases_running += 1;
         }
     }
 
@@ -244,6 +257,23 @@ impl State {
         c.idle_count -= 1;
         c.idle_bytes -= size;
         c.reuse_hits += 1;
+        if size == rounded {
+            c.reuse_exact_hits += 1;
+        }
+        Some(self.make_live(slot, requested))
+    }
+
+    /// Takes the smallest idle mapping of at least `rounded` bytes, whatever its
+    /// size, and makes it live: what the pool does before failing with (or releasing
+    /// memory because of) an out-of-memory, because the policy's bound chooses
+    /// between idle mappings and is no reason to fail while one would serve.
+    fn take_forced(&mut self, rounded: u64, requested: u64) -> Option<DevicePtr> {
+        let (slot, size) = self.idle.take_best_fit(rounded, u64::MAX)?;
+        let c = &mut self.counters;
+        c.idle_count -= 1;
+        c.idle_bytes -= size;
+        c.reuse_hits += 1;
+        c.reuse_forced_hits += 1;
         if size == rounded {
             c.reuse_exact_hits += 1;
         }
@@ -384,6 +414,8 @@ pub struct Pool {
     /// released, so it fails at once.
     device_total: u64,
     state: Mutex<State>,
+    /// Signalled when `State::releases_running` falls to 0 (the scope barrier).
+    releases_done: Condvar,
 }
 
 impl std::fmt::Debug for Pool {
@@ -412,22 +444,23 @@ impl Pool {
                             .into(),
                     ));
                 }
-                let driver = CudaDriver::new(config.device).map_err(|e| {
-                    if e.call == DriverCall::Init {
-                        Error::NoDriver(format!(
-                            "{} failed with {} ({}) for device {}",
-                            e.call,
-                            e.code.name(),
-                            e.code.0,
-                            config.device
-                        ))
-                    } else {
-                        Error::Driver {
-                            source: e,
-                            bytes: 0,
+                let driver =
+                    CudaDriver::with_peers(config.device, &config.peer_devices).map_err(|e| {
+                        if e.call == DriverCall::Init {
+                            Error::NoDriver(format!(
+                                "{} failed with {} ({}) for device {}",
+                                e.call,
+                                e.code.name(),
+                                e.code.0,
+                                config.device
+                            ))
+                        } else {
+                            Error::Driver {
+                                source: e,
+                                bytes: 0,
+                            }
                         }
-                    }
-                })?;
+                    })?;
                 Pool::with_driver(config, Arc::new(driver))
             }
             Backend::Simulated(sim) => {
@@ -472,6 +505,7 @@ impl Pool {
             access_devices,
             device_total,
             state: Mutex::new(State::new(granularity)),
+            releases_done: Condvar::new(),
         })
     }
 
@@ -505,8 +539,7 @@ impl Pool {
     }
 
     fn max_fit(&self, rounded: u64) -> u64 {
-        let waste = (u128::from(rounded) * u128::from(self.max_waste_percent) / 100) as u64;
-        rounded.saturating_add(waste)
+        max_fit(rounded, self.max_waste_percent)
     }
 
     /// Allocates `bytes` of device memory; returns a guard that frees it on drop.
@@ -574,6 +607,13 @@ impl Pool {
         }
         {
             let mut st = lock(&self.state);
+            // An idle mapping larger than the policy's bound still serves: take it
+            // before failing, and before releasing anything.
+            if self.policy != ReusePolicy::None {
+                if let Some(ptr) = st.take_forced(rounded, bytes) {
+                    return Ok(ptr);
+                }
+            }
             if st.counters.scope_open {
                 return Err(self.oom_error(&st, rounded, Some(err)));
             }
@@ -762,6 +802,7 @@ impl Pool {
             m.state = MappingState::Releasing;
             batch.mappings.push((slot, *m));
             st.collect_retries(&mut batch);
+            st.start_release(&batch);
         }
         let _ = self.release_batch(batch);
         Ok(())
@@ -770,6 +811,12 @@ impl Pool {
     /// Opens the pool's retention scope: until it closes, freed mappings are retained
     /// idle (reusable by later allocations) and nothing is released, so no unmap can
     /// race work that is queued or captured. Open it around warmup and graph capture.
+    ///
+    /// The scope is a barrier: when this returns, no release step that began before
+    /// it (a free outside a scope, `finish`, `trim`, the out-of-memory release) is
+    /// still running (this call waits for them; their synchronize would break a
+    /// capture begun after it, `docs/vmm-semantics.md`), and none starts while the
+    /// scope is open.
     ///
     /// Errors: [`Error::ScopeState`] when a scope is already open (scopes do not nest).
     pub fn retention_begin(&self) -> Result<()> {
@@ -784,7 +831,13 @@ impl Pool {
         }
         st.counters.scope_open = true;
         st.scope_epoch += 1;
-        Ok(st.scope_epoch)
+        let epoch = st.scope_epoch;
+        // Barrier: no release starts from now on (every release point checks
+        // `scope_open` under the lock); wait for those already running.
+        while st.releases_running > 0 {
+            st = wait(&self.releases_done, st);
+        }
+        Ok(epoch)
     }
 
     /// Opens a retention scope and returns a guard: [`RetentionScope::finish`]
@@ -838,6 +891,7 @@ impl Pool {
                 st.counters.scopes_finished += 1;
             }
             st.collect_all(&mut batch);
+            st.start_release(&batch);
         }
         self.release_batch(batch)
     }
@@ -864,6 +918,7 @@ impl Pool {
                 };
             }
             st.collect_all(&mut batch);
+            st.start_release(&batch);
         }
         self.release_batch(batch)
     }
@@ -885,7 +940,13 @@ impl Pool {
         };
         let mut outcomes: Vec<(u32, Outcome)> = Vec::with_capacity(batch.mappings.len());
         if !batch.mappings.is_empty() {
-            match d.synchronize() {
+            // Every device with access may have work queued on the memory: wait for
+            // each (a peer's kernel can be reading it).
+            let synced = self
+                .access_devices
+                .iter()
+                .try_for_each(|&device| d.synchronize(device));
+            match synced {
                 Err(e) => {
                     note(e, 0, &mut failed);
                     outcomes.extend(
@@ -914,6 +975,10 @@ impl Pool {
             pending_outcomes.push((*slot, outcome));
         }
         let mut st = lock(&self.state);
+        st.releases_running -= 1;
+        if st.releases_running == 0 {
+            self.releases_done.notify_all();
+        }
         for call in failed {
             count_failure(&mut st.counters, call);
         }
@@ -1013,6 +1078,7 @@ impl Pool {
                 }
                 // A pending leftover that is still mapped is retried with the rest.
                 st.collect_all(&mut batch);
+                st.start_release(&batch);
             }
             if batch.is_empty() {
                 return last;
@@ -1027,6 +1093,14 @@ impl Pool {
         }
         last
     }
+}
+
+/// The largest mapping size best-fit takes for a request of `rounded` bytes with a
+/// waste bound of `percent` (of `rounded`): saturates at `u64::MAX`, so a larger
+/// percent never gives a smaller bound.
+fn max_fit(rounded: u64, percent: u64) -> u64 {
+    let waste = u128::from(rounded) * u128::from(percent) / 100;
+    rounded.saturating_add(u64::try_from(waste).unwrap_or(u64::MAX))
 }
 
 /// The simulated machine must be one a real engine could run on: a capacity, a
@@ -1154,5 +1228,51 @@ impl Drop for RetentionScope<'_> {
             // Refused only when this scope was already closed directly.
             let _ = self.pool.close_scope(true, Some(self.epoch));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::max_fit;
+
+    /// The bound grows with the percent and never wraps: a larger percent never gives
+    /// a smaller bound (issue 9: a waste percent near `u32::MAX` wrapped the
+    /// product), and it is never below the request.
+    #[test]
+    fn best_fit_bound_saturates() {
+        let percents = [
+            0u64,
+            1,
+            30,
+            100,
+            1000,
+            1 << 20,
+            u64::from(u32::MAX) / 2,
+            u64::from(u32::MAX),
+        ];
+        for rounded in [
+            2u64 << 20,
+            1 << 40,
+            1 << 57,
+            1 << 62,
+            u64::MAX - (2 << 20) + 1,
+        ] {
+            let mut last = rounded;
+            for p in percents {
+                let b = max_fit(rounded, p);
+                assert!(
+                    b >= last,
+                    "rounded {rounded}: percent {p} gives {b} < {last}"
+                );
+                last = b;
+            }
+            assert_eq!(max_fit(rounded, 0), rounded);
+            // 100 % of 2^62 is 2^63; u32::MAX % of it exceeds u64::MAX.
+            if rounded == 1 << 62 {
+                assert_eq!(max_fit(rounded, 100), 1 << 63);
+                assert_eq!(max_fit(rounded, u64::from(u32::MAX)), u64::MAX);
+            }
+        }
+        assert_eq!(max_fit(2 << 20, 30), (2 << 20) + (2 << 20) * 30 / 100);
     }
 }

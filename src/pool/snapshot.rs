@@ -44,6 +44,11 @@ pub struct Snapshot {
     pub reuse_hits: u64,
     /// Of `reuse_hits`, those whose mapping had exactly the rounded size.
     pub reuse_exact_hits: u64,
+    /// Of `reuse_hits`, those forced by an out-of-memory: no idle mapping fitted
+    /// under the policy (exact size, or the best-fit waste bound), the device was
+    /// full, and the smallest idle mapping that fits was taken whatever its size
+    /// rather than failing or releasing memory.
+    pub reuse_forced_hits: u64,
     /// Mappings created (create, reserve, map, set access all succeeded).
     pub mappings_created: u64,
     /// Mappings fully released (unmapped, handle released, reservation freed).
@@ -94,6 +99,9 @@ impl Snapshot {
         }
         if self.reuse_exact_hits > self.reuse_hits {
             return Err("more exact reuse hits than reuse hits".into());
+        }
+        if self.reuse_forced_hits > self.reuse_hits {
+            return Err("more forced reuse hits than reuse hits".into());
         }
         if self.allocations != self.frees + self.live_count {
             return Err(format!(

@@ -27,6 +27,7 @@ fn eight_threads_on_the_real_driver() {
             max_live: 4,
             max_bytes: 256 * MIB,
             limit: Duration::from_secs(60),
+            captures: false,
         },
     );
     println!("real driver: {r:?}");

@@ -332,3 +332,82 @@ fn failed_releases_retried_concurrently() {
         drop_and_check_empty(pool, sim);
     });
 }
+
+/// The scope is a barrier (issue 9): a free outside a scope (threshold 0, so it
+/// releases: synchronize, unmap, ...) races a `retention_begin` whose thread then
+/// begins a capture. Whatever the interleaving, the release's synchronize never runs
+/// while the capture is open (it would invalidate it): either the release ran first
+/// (begin waited for it), or the free came after begin and was retained.
+#[test]
+fn begin_races_a_releasing_free() {
+    model("begin_races_a_releasing_free", Some(4), || {
+        let (pool, sim) = new_pool();
+        let a = pool.allocate_raw(2 * MIB).unwrap();
+        let tf = {
+            let pool = pool.clone();
+            thread::spawn(move || pool.free_raw(a).unwrap())
+        };
+        let tb = {
+            let pool = pool.clone();
+            let sim = sim.clone();
+            thread::spawn(move || {
+                pool.retention_begin().unwrap();
+                assert_eq!(sim.begin_capture(), CuResult::SUCCESS);
+                let valid = sim.end_capture();
+                assert_eq!(valid, CuResult::SUCCESS, "a release ran inside the scope");
+            })
+        };
+        tf.join().unwrap();
+        tb.join().unwrap();
+        let s = pool.snapshot();
+        invariants(&s);
+        no_failures(&s);
+        assert!(s.scope_open);
+        // Released before the scope, or retained in it: exactly one of the two.
+        assert_eq!(s.mappings_released + s.idle_count, 1, "{s:#?}");
+        pool.retention_finish().unwrap();
+        drop_and_check_empty(pool, sim);
+    });
+}
+
+/// The scope is a barrier against `finish` too: one thread finishes a scope that
+/// retains an idle mapping while another begins the next scope and captures. A
+/// begin that finds the old scope still open fails (scopes do not nest); one that
+/// succeeds returns only after the finish's release is done, so the capture stays
+/// valid.
+#[test]
+fn begin_races_finish() {
+    model("begin_races_finish", Some(4), || {
+        let (pool, sim) = new_pool();
+        pool.retention_begin().unwrap();
+        let a = pool.allocate_raw(2 * MIB).unwrap();
+        pool.free_raw(a).unwrap();
+        let tf = {
+            let pool = pool.clone();
+            thread::spawn(move || pool.retention_finish().unwrap())
+        };
+        let tb = {
+            let pool = pool.clone();
+            let sim = sim.clone();
+            thread::spawn(move || match pool.retention_begin() {
+                Ok(()) => {
+                    let s = pool.snapshot();
+                    assert_eq!(s.mappings_released, 1, "begin returned before the release");
+                    assert_eq!(sim.begin_capture(), CuResult::SUCCESS);
+                    assert_eq!(sim.end_capture(), CuResult::SUCCESS);
+                    pool.retention_finish().unwrap();
+                }
+                Err(Error::ScopeState(_)) => {}
+                Err(e) => panic!("begin failed: {e}"),
+            })
+        };
+        tf.join().unwrap();
+        tb.join().unwrap();
+        let s = pool.snapshot();
+        invariants(&s);
+        no_failures(&s);
+        assert!(!s.scope_open);
+        assert_eq!((s.mappings_created, s.mappings_released), (1, 1));
+        drop_and_check_empty(pool, sim);
+    });
+}

@@ -23,6 +23,7 @@ fn params(ops: u64, scope_threads: u64) -> Params {
         max_live: 8,
         max_bytes: GIB,
         limit: Duration::from_secs(60),
+        captures: false,
     }
 }
 
@@ -60,6 +61,28 @@ fn sixteen_threads_with_a_release_threshold_and_exact_reuse() {
     let pool = Arc::new(Pool::new(config).unwrap());
     let ops = ops_per_thread(100_000) / 2;
     hammer(pool.clone(), params(ops, 2));
+    check(&pool);
+    assert_driver_empty(&pool);
+}
+
+/// Scopes opened and captures begun from one thread while 16 workers free outside
+/// any scope (threshold 0: every free releases, with a synchronize): the scope is a
+/// barrier, so no capture is ever invalidated (the capture thread asserts it) and no
+/// synchronize fails.
+#[test]
+fn sixteen_threads_releasing_while_another_captures_in_scopes() {
+    let sim = SimConfig {
+        capacity_bytes: 16 << 40,
+        ..SimConfig::default()
+    };
+    let pool = Arc::new(Pool::new(PoolConfig::simulated(sim)).unwrap());
+    let ops = ops_per_thread(100_000);
+    let p = Params {
+        captures: true,
+        ..params(ops, 0)
+    };
+    hammer(pool.clone(), p);
+    assert_eq!(pool.snapshot().sync_failures, 0);
     check(&pool);
     assert_driver_empty(&pool);
 }

@@ -26,6 +26,13 @@ pub struct Params {
     pub max_bytes: u64,
     /// The workers must all finish within this, else the test fails (deadlock).
     pub limit: Duration,
+    /// Simulated driver only: one more thread that, all along, opens a retention
+    /// scope, begins a capture right after `begin` returns, allocates and frees
+    /// inside it, ends the capture (which must still be valid: no release may run
+    /// inside the scope, and none that began before it may still be running, issue
+    /// 9) and finishes the scope. Use with `scope_threads: 0`, so that no worker
+    /// closes its scope or trims.
+    pub captures: bool,
 }
 
 /// What the run did, reconciled with the pool's snapshot.
@@ -198,6 +205,10 @@ pub fn hammer(pool: Arc<Pool>, p: Params) -> Report {
             checks
         })
     };
+    let capturer = p.captures.then(|| {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        thread::spawn(move || capture_loop(&pool, &stop))
+    });
     let (tx, rx) = mpsc::channel();
     for i in 0..threads {
         let (pool, tx) = (pool.clone(), tx.clone());
@@ -227,6 +238,17 @@ pub fn hammer(pool: Arc<Pool>, p: Params) -> Report {
         Ok(c) => c,
         Err(p) => panic!("checker: {}", panic_message(&*p)),
     };
+    let mut captures = 0;
+    if let Some(c) = capturer {
+        match c.join() {
+            Ok((n, t)) => {
+                captures = n;
+                total += t;
+            }
+            Err(p) => panic!("capture thread: {}", panic_message(&*p)),
+        }
+        assert!(captures > 0, "the capture thread never captured");
+    }
     let s = pool.snapshot();
     assert_eq!(
         s.allocations, total.allocations,
@@ -253,7 +275,8 @@ pub fn hammer(pool: Arc<Pool>, p: Params) -> Report {
     println!(
         "{threads} threads x {ops} ops in {:.2} s: {} allocations ({} reuse hits, {} \
          mappings created and released), {} frees, scopes {} begun / {} finished / {} \
-         aborted / {} refused, {} trims, peak physical {}, {checks} snapshots checked",
+         aborted / {} refused, {} trims, {captures} captures, peak physical {}, {checks} \
+         snapshots checked",
         start.elapsed().as_secs_f64(),
         s.allocations,
         s.reuse_hits,
@@ -274,6 +297,45 @@ pub fn hammer(pool: Arc<Pool>, p: Params) -> Report {
         snapshots_checked: checks,
         seconds: start.elapsed().as_secs_f64(),
     }
+}
+
+/// The capture thread of [`Params::captures`]: scopes with a capture inside, until
+/// `stop`; returns how many captures it made and what it did.
+fn capture_loop(pool: &Pool, stop: &AtomicBool) -> (u64, Totals) {
+    let sim = pool
+        .sim_driver()
+        .expect("captures need the simulated driver")
+        .clone();
+    let mut t = Totals::default();
+    let mut captures = 0;
+    let mut rng = Rng::new(0xCA97);
+    while !stop.load(Ordering::Relaxed) {
+        pool.retention_begin()
+            .expect("only the capture thread opens scopes");
+        t.scope_begins += 1;
+        assert_eq!(sim.begin_capture(), flare_package::CuResult::SUCCESS);
+        // Keep the capture open a while, so that a release still running from
+        // before `begin` would reach its synchronize inside it.
+        for _ in 0..64 {
+            let bytes = rng.size(256 * MIB);
+            let ptr = pool.allocate_raw(bytes).unwrap();
+            pool.free_raw(ptr).unwrap();
+            t.allocations += 1;
+            t.frees += 1;
+        }
+        let end = sim.end_capture();
+        assert_eq!(
+            end,
+            flare_package::CuResult::SUCCESS,
+            "a release ran during a capture begun inside a retention scope"
+        );
+        captures += 1;
+        pool.retention_finish().unwrap();
+        t.scope_finishes += 1;
+        // Out of the scope a while, so that the workers' frees release again.
+        thread::sleep(Duration::from_micros(200));
+    }
+    (captures, t)
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod hammer;
+pub mod kernels;
 
 use flare_package::driver::sim::SimState;
 use flare_package::{Backend, Pool, PoolConfig, ReusePolicy, SimConfig, Snapshot};

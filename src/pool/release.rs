@@ -1,0 +1,342 @@
+//! The release engine: batches of idle and pending mappings collected under the lock
+//! ([`Batch`]), their driver calls run outside it (a synchronize of every device
+//! with access, then unmap, release the handle, free the reservation, in that
+//! order), and the outcomes booked back ([`Outcome`]): what a refused step leaves is
+//! kept idle-for-retry or pending and retried at the next release point.
+
+use super::books::{Mapping, MappingState, State};
+use super::{Pool, Snapshot};
+use crate::driver::{DriverCall, DriverError};
+use crate::error::{Error, Result};
+use crate::sync::lock;
+
+/// What one release step left behind, applied to the books under the lock.
+#[derive(Clone, Copy)]
+pub(super) enum Outcome {
+    /// The synchronize or the unmap failed: the mapping is whole, back to idle.
+    StillMapped,
+    /// Unmapped; these parts are still held by the driver.
+    Unmapped {
+        handle_live: bool,
+        reservation_live: bool,
+    },
+}
+
+/// A batch of work for [`Pool::release_batch`], collected under the lock.
+#[derive(Default)]
+pub(super) struct Batch {
+    /// Idle mappings marked Releasing: synchronize, then unmap, release, free.
+    pub(super) mappings: Vec<(u32, Mapping)>,
+    /// Pending mappings: the steps left.
+    pub(super) pending: Vec<(u32, Mapping)>,
+}
+
+impl Batch {
+    pub(super) fn is_empty(&self) -> bool {
+        self.mappings.is_empty() && self.pending.is_empty()
+    }
+}
+
+pub(super) fn count_failure(c: &mut Snapshot, call: DriverCall) {
+    match call {
+        DriverCall::Create => c.create_failures += 1,
+        DriverCall::Reserve => c.reserve_failures += 1,
+        DriverCall::Map => c.map_failures += 1,
+        DriverCall::SetAccess => c.access_failures += 1,
+        DriverCall::Unmap => c.unmap_failures += 1,
+        DriverCall::Release => c.release_failures += 1,
+        DriverCall::FreeReservation => c.reservation_free_failures += 1,
+        DriverCall::Synchronize => c.sync_failures += 1,
+        DriverCall::Granularity | DriverCall::MemGetInfo | DriverCall::Init => {}
+    }
+}
+
+impl State {
+    /// Registers `batch` as a release about to run outside the lock (when it has
+    /// anything to release): [`Pool::release_batch`] books it and unregisters it.
+    pub(super) fn start_release(&mut self, batch: &Batch) {
+        if !batch.is_empty() {
+            self.releases_running += 1;
+        }
+    }
+
+    /// Takes `slot` (idle, indexed) out of the reuse index for release.
+    pub(super) fn mark_releasing(&mut self, slot: u32, batch: &mut Batch) {
+        self.idle.remove(slot);
+        let m = self.mapping_mut(slot);
+        m.state = MappingState::Releasing;
+        batch.mappings.push((slot, *m));
+    }
+
+    /// Every idle mapping and every pending one, for a release point.
+    pub(super) fn collect_all(&mut self, batch: &mut Batch) {
+        for slot in self.idle.drain() {
+            let m = self.mapping_mut(slot);
+            m.state = MappingState::Releasing;
+            batch.mappings.push((slot, *m));
+        }
+        self.retry.clear();
+        self.collect_pending(batch);
+    }
+
+    pub(super) fn collect_pending(&mut self, batch: &mut Batch) {
+        for slot in std::mem::take(&mut self.pending) {
+            batch.pending.push((slot, self.mapping(slot)));
+        }
+    }
+
+    /// Idle mappings marked for retry, and the pending ones.
+    pub(super) fn collect_retries(&mut self, batch: &mut Batch) {
+        for slot in std::mem::take(&mut self.retry) {
+            let ok = matches!(
+                self.slots.get(slot as usize),
+                Some(Some(m)) if m.state == MappingState::Idle && m.retry
+            );
+            if ok {
+                self.mark_releasing(slot, batch);
+            }
+        }
+        self.collect_pending(batch);
+    }
+
+    /// Applies what releasing an idle mapping did.
+    pub(super) fn apply_release(&mut self, slot: u32, outcome: Outcome) {
+        let mut m = self.mapping(slot);
+        let size = m.size();
+        match outcome {
+            Outcome::StillMapped => {
+                m.state = MappingState::Idle;
+                m.retry = true;
+                *self.mapping_mut(slot) = m;
+                self.idle.insert(slot, size);
+                self.retry.push(slot);
+            }
+            Outcome::Unmapped {
+                handle_live,
+                reservation_live,
+            } => {
+                let c = &mut self.counters;
+                c.idle_count -= 1;
+                c.idle_bytes -= size;
+                self.settle(slot, m, handle_live, reservation_live, false);
+            }
+        }
+    }
+
+    /// Books an unmapped mapping that was `was_pending` (or idle): released parts
+    /// leave the counters; what is left stays pending.
+    pub(super) fn settle(
+        &mut self,
+        slot: u32,
+        mut m: Mapping,
+        handle_live: bool,
+        reservation_live: bool,
+        was_pending: bool,
+    ) {
+        let size = m.size();
+        let c = &mut self.counters;
+        let handle_was_live = !was_pending || m.handle_live;
+        let reservation_was_live = !was_pending || m.reservation_live;
+        if handle_was_live && !handle_live {
+            c.physical_bytes -= size;
+            if was_pending {
+                c.pending_bytes -= size;
+            }
+        } else if handle_live && !was_pending {
+            c.pending_bytes += size;
+        }
+        if reservation_was_live && !reservation_live {
+            c.reserved_bytes -= m.reservation.size;
+        }
+        if !handle_live && !reservation_live {
+            if was_pending {
+                c.pending_count -= 1;
+            }
+            if m.created {
+                c.mappings_released += 1;
+            }
+            self.remove_slot(slot);
+        } else {
+            if !was_pending {
+                c.pending_count += 1;
+            }
+            m.state = MappingState::Pending;
+            m.mapped = false;
+            m.handle_live = handle_live;
+            m.reservation_live = reservation_live;
+            *self.mapping_mut(slot) = m;
+            self.pending.push(slot);
+        }
+    }
+}
+
+impl Pool {
+    pub(super) fn release_idle(&self, scope_is_error: bool) -> Result<()> {
+        let mut batch = Batch::default();
+        {
+            let mut st = lock(&self.state);
+            if st.counters.scope_open {
+                return if scope_is_error {
+                    Err(Error::ScopeState(
+                        "trim inside a retention scope: finish the scope instead",
+                    ))
+                } else {
+                    Ok(())
+                };
+            }
+            st.collect_all(&mut batch);
+            st.start_release(&batch);
+        }
+        self.release_batch(batch)
+    }
+
+    /// Runs a batch's driver calls outside the lock, then books the outcomes.
+    /// Returns the first failure.
+    pub(super) fn release_batch(&self, batch: Batch) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let d = &*self.driver;
+        let mut first: Option<Error> = None;
+        let mut failed: Vec<DriverCall> = Vec::new();
+        let mut note = |e: DriverError, bytes: u64, failed: &mut Vec<DriverCall>| {
+            failed.push(e.call);
+            if first.is_none() {
+                first = Some(Error::Driver { source: e, bytes });
+            }
+        };
+        let mut outcomes: Vec<(u32, Outcome)> = Vec::with_capacity(batch.mappings.len());
+        if !batch.mappings.is_empty() {
+            // Every device with access may have work queued on the memory: wait for
+            // each (a peer's kernel can be reading it).
+            let synced = self
+                .access_devices
+                .iter()
+                .try_for_each(|&device| d.synchronize(device));
+            match synced {
+                Err(e) => {
+                    note(e, 0, &mut failed);
+                    outcomes.extend(
+                        batch
+                            .mappings
+                            .iter()
+                            .map(|(s, _)| (*s, Outcome::StillMapped)),
+                    );
+                }
+                Ok(()) => {
+                    for (slot, m) in &batch.mappings {
+                        let outcome = self.release_steps(m, true, true, true, &mut |e| {
+                            note(e, m.size(), &mut failed)
+                        });
+                        outcomes.push((*slot, outcome));
+                    }
+                }
+            }
+        }
+        let mut pending_outcomes: Vec<(u32, Outcome)> = Vec::with_capacity(batch.pending.len());
+        for (slot, m) in &batch.pending {
+            let outcome =
+                self.release_steps(m, m.mapped, m.handle_live, m.reservation_live, &mut |e| {
+                    note(e, m.size(), &mut failed)
+                });
+            pending_outcomes.push((*slot, outcome));
+        }
+        let mut st = lock(&self.state);
+        st.releases_running -= 1;
+        if st.releases_running == 0 {
+            self.releases_done.notify_all();
+        }
+        for call in failed {
+            count_failure(&mut st.counters, call);
+        }
+        for (slot, outcome) in outcomes {
+            st.apply_release(slot, outcome);
+        }
+        for (slot, outcome) in pending_outcomes {
+            let m = st.mapping(slot);
+            match outcome {
+                Outcome::StillMapped => st.pending.push(slot),
+                Outcome::Unmapped {
+                    handle_live,
+                    reservation_live,
+                } => {
+                    st.settle(slot, m, handle_live, reservation_live, true);
+                    // settle() re-pushed it when something is left.
+                }
+            }
+        }
+        drop(st);
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Unmap (if `mapped`), release the handle (if live), free the reservation (if
+    /// live), in that order. A failed unmap stops there (the mapping stays whole and
+    /// its reservation must not be freed).
+    pub(super) fn release_steps(
+        &self,
+        m: &Mapping,
+        mapped: bool,
+        handle_live: bool,
+        reservation_live: bool,
+        note: &mut dyn FnMut(DriverError),
+    ) -> Outcome {
+        let d = &*self.driver;
+        if mapped {
+            if let Err(e) = d.unmap(m.reservation.ptr, m.size()) {
+                note(e);
+                return Outcome::StillMapped;
+            }
+        }
+        let mut failed = |r: Result<(), DriverError>| match r {
+            Ok(()) => false,
+            Err(e) => {
+                note(e);
+                true
+            }
+        };
+        let handle_live = handle_live && failed(d.release(m.handle));
+        let reservation_live = reservation_live && failed(d.free_reservation(m.reservation));
+        Outcome::Unmapped {
+            handle_live,
+            reservation_live,
+        }
+    }
+
+    pub(super) fn release_everything(&mut self) -> Result<()> {
+        let mut last = Ok(());
+        for _attempt in 0..2 {
+            let mut batch = Batch::default();
+            {
+                let mut st = lock(&self.state);
+                st.counters.scope_open = false;
+                let live: Vec<u32> = st.live.drain().map(|(_, s)| s).collect();
+                for slot in live {
+                    let m = st.mapping_mut(slot);
+                    m.state = MappingState::Idle;
+                    let (size, requested) = (m.size(), m.requested);
+                    let c = &mut st.counters;
+                    c.live_count -= 1;
+                    c.live_requested_bytes -= requested;
+                    c.live_mapped_bytes -= size;
+                    c.idle_count += 1;
+                    c.idle_bytes += size;
+                    st.idle.insert(slot, size);
+                }
+                // A pending leftover that is still mapped is retried with the rest.
+                st.collect_all(&mut batch);
+                st.start_release(&batch);
+            }
+            if batch.is_empty() {
+                return last;
+            }
+            last = self.release_batch(batch);
+            if last.is_ok() {
+                let st = lock(&self.state);
+                if st.idle.len() == 0 && st.pending.is_empty() {
+                    return Ok(());
+                }
+            }
+        }
+        last
+    }
+}

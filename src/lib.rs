@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod backend;
 pub mod driver;
 mod error;
 pub mod ffi;

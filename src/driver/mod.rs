@@ -269,8 +269,9 @@ pub struct MemInfo {
 /// driver side except where the CUDA driver itself documents otherwise.
 ///
 /// Implementations must be `Send + Sync`: the pool calls them from any thread,
-/// outside its lock.
-pub trait Driver: Send + Sync {
+/// outside its lock; and `'static` (`Any`), so that a pool can hand its driver back
+/// as its concrete type ([`Pool::sim_driver`](crate::Pool::sim_driver)).
+pub trait Driver: std::any::Any + Send + Sync {
     /// Allocation granularity for device memory on the pool's device, bytes
     /// (`cuMemGetAllocationGranularity`, RECOMMENDED, with the same allocation
     /// property that [`Driver::create`] uses). 2 MiB on an H200.

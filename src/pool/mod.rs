@@ -23,9 +23,8 @@ pub use config::{Backend, PoolConfig, ReusePolicy, DEFAULT_BEST_FIT_MAX_WASTE_PE
 pub use guards::{Allocation, RetentionScope};
 pub use snapshot::Snapshot;
 
-use crate::driver::cuda::CudaDriver;
-use crate::driver::sim::{SimConfig, SimDriver};
-use crate::driver::{DevicePtr, Driver, DriverCall, DriverError};
+use crate::driver::sim::SimDriver;
+use crate::driver::{DevicePtr, Driver, DriverError};
 use crate::error::{Error, Result};
 use crate::sync::{lock, wait, Condvar, Mutex};
 use books::{MappingState, State};
@@ -38,7 +37,6 @@ use std::sync::Arc;
 /// map, set access; tens of microseconds on an H200) outside the lock.
 pub struct Pool {
     driver: Arc<dyn Driver>,
-    sim: Option<Arc<SimDriver>>,
     policy: ReusePolicy,
     granularity: u64,
     release_threshold: u64,
@@ -58,7 +56,7 @@ impl std::fmt::Debug for Pool {
         f.debug_struct("Pool")
             .field("policy", &self.policy)
             .field("granularity", &self.granularity)
-            .field("simulated", &self.sim.is_some())
+            .field("simulated", &self.sim_driver().is_some())
             .finish_non_exhaustive()
     }
 }
@@ -69,43 +67,11 @@ impl Pool {
     /// [`Error::NoDriver`] when the CUDA backend is asked for and libcuda cannot be
     /// loaded or initialised; [`Error::Driver`] when the granularity query fails.
     pub fn new(config: PoolConfig) -> Result<Pool> {
-        match config.backend {
-            Backend::Cuda => {
-                if !CudaDriver::is_available() {
-                    return Err(Error::NoDriver(
-                        "libcuda.so.1 could not be loaded: no NVIDIA driver on this machine \
-                         (the simulated backend needs none)"
-                            .into(),
-                    ));
-                }
-                let driver =
-                    CudaDriver::with_peers(config.device, &config.peer_devices).map_err(|e| {
-                        if e.call == DriverCall::Init {
-                            Error::NoDriver(format!(
-                                "{} failed with {} ({}) for device {}",
-                                e.call,
-                                e.code.name(),
-                                e.code.0,
-                                config.device
-                            ))
-                        } else {
-                            Error::Driver {
-                                source: e,
-                                bytes: 0,
-                            }
-                        }
-                    })?;
-                Pool::with_driver(config, Arc::new(driver))
-            }
-            Backend::Simulated(sim) => {
-                validate_devices(&config)?;
-                validate_sim(&config, &sim)?;
-                let driver = Arc::new(SimDriver::new(sim));
-                let mut pool = Pool::with_driver(config, driver.clone())?;
-                pool.sim = Some(driver);
-                Ok(pool)
-            }
-        }
+        // The configuration is checked before any driver is touched (a negative
+        // device is an invalid argument on every backend, not a missing driver).
+        validate_devices(&config)?;
+        let driver = crate::backend::open(&config)?;
+        Pool::with_driver(config, driver)
     }
 
     /// Creates a pool on `driver` (any [`Driver`]; `config.backend` is ignored).
@@ -131,7 +97,6 @@ impl Pool {
         let device_total = driver.mem_info().map_or(u64::MAX, |m| m.total);
         Ok(Pool {
             driver,
-            sim: None,
             policy: config.reuse_policy,
             granularity,
             release_threshold: config.release_threshold_bytes,
@@ -143,11 +108,14 @@ impl Pool {
         })
     }
 
-    /// The simulated driver under this pool, when it was created with
-    /// [`Backend::Simulated`]: for fault injection and for comparing the books with
-    /// what the driver holds.
-    pub fn sim_driver(&self) -> Option<&Arc<SimDriver>> {
-        self.sim.as_ref()
+    /// The simulated driver under this pool, when it runs on one (created with
+    /// [`Backend::Simulated`], or [`Pool::with_driver`] given a [`SimDriver`]): the
+    /// typed handle for fault injection, queued work and captures, and for comparing
+    /// the books with what the driver holds. The pool holds the driver once; this is
+    /// that same driver, seen as its concrete type.
+    pub fn sim_driver(&self) -> Option<Arc<SimDriver>> {
+        let any: Arc<dyn std::any::Any + Send + Sync> = self.driver.clone();
+        any.downcast::<SimDriver>().ok()
     }
 
     /// The driver under this pool.
@@ -457,34 +425,6 @@ impl Pool {
 fn max_fit(rounded: u64, percent: u64) -> u64 {
     let waste = u128::from(rounded) * u128::from(percent) / 100;
     rounded.saturating_add(u64::try_from(waste).unwrap_or(u64::MAX))
-}
-
-/// The simulated machine must be one a real engine could run on: a capacity, a
-/// power-of-two granularity (as every CUDA granularity is), and the device and every
-/// peer among its devices.
-fn validate_sim(config: &PoolConfig, sim: &SimConfig) -> Result<()> {
-    if sim.capacity_bytes == 0 {
-        return Err(Error::InvalidArgument(
-            "the simulated device's capacity is 0 bytes".into(),
-        ));
-    }
-    if sim.granularity_bytes != 0 && !sim.granularity_bytes.is_power_of_two() {
-        return Err(Error::InvalidArgument(format!(
-            "the simulated granularity {} bytes is not a power of two",
-            sim.granularity_bytes
-        )));
-    }
-    let count = sim.device_count.min(crate::driver::sim::SIM_MAX_DEVICES);
-    let missing = std::iter::once(("device", config.device))
-        .chain(config.peer_devices.iter().map(|&p| ("peer device", p)))
-        .find(|&(_, d)| d as u32 >= count);
-    if let Some((what, d)) = missing {
-        return Err(Error::InvalidArgument(format!(
-            "{what} {d} does not exist: the simulated machine has {count} device(s) \
-             (SimConfig::device_count)"
-        )));
-    }
-    Ok(())
 }
 
 fn validate_devices(config: &PoolConfig) -> Result<()> {

@@ -1,0 +1,85 @@
+//! Building a backend: the driver a [`Backend`] names, made outside the pool core so
+//! that [`Pool`](crate::Pool) works over any [`Driver`] and never names a backend.
+//! [`Pool::new`](crate::Pool::new) calls [`open`]; an engine with its own driver
+//! calls [`Pool::with_driver`](crate::Pool::with_driver).
+
+use std::sync::Arc;
+
+use crate::driver::cuda::CudaDriver;
+use crate::driver::sim::{SimConfig, SimDriver};
+use crate::driver::{Driver, DriverCall};
+use crate::error::{Error, Result};
+use crate::pool::{Backend, PoolConfig};
+
+/// The driver `config.backend` names, for `config.device` with the primary contexts
+/// of `config.peer_devices` retained too (so that a release can synchronize every
+/// device with access).
+///
+/// Errors: [`Error::InvalidArgument`] for a simulated machine that is not one a real
+/// engine could run on (capacity 0, a granularity that is not a power of two, a
+/// device or peer that is not among its devices); [`Error::NoDriver`] when the CUDA
+/// backend is asked for and libcuda cannot be loaded or initialised, or the device
+/// or a peer does not exist; [`Error::Driver`] when the granularity query fails.
+pub fn open(config: &PoolConfig) -> Result<Arc<dyn Driver>> {
+    match config.backend {
+        Backend::Cuda => {
+            if !CudaDriver::is_available() {
+                return Err(Error::NoDriver(
+                    "libcuda.so.1 could not be loaded: no NVIDIA driver on this machine \
+                     (the simulated backend needs none)"
+                        .into(),
+                ));
+            }
+            let driver =
+                CudaDriver::with_peers(config.device, &config.peer_devices).map_err(|e| {
+                    if e.call == DriverCall::Init {
+                        Error::NoDriver(format!(
+                            "{} failed with {} ({}) for device {}",
+                            e.call,
+                            e.code.name(),
+                            e.code.0,
+                            config.device
+                        ))
+                    } else {
+                        Error::Driver {
+                            source: e,
+                            bytes: 0,
+                        }
+                    }
+                })?;
+            Ok(Arc::new(driver))
+        }
+        Backend::Simulated(sim) => {
+            validate_sim(config, &sim)?;
+            Ok(Arc::new(SimDriver::new(sim)))
+        }
+    }
+}
+
+/// The simulated machine must be one a real engine could run on: a capacity, a
+/// power-of-two granularity (as every CUDA granularity is), and the device and every
+/// peer among its devices.
+fn validate_sim(config: &PoolConfig, sim: &SimConfig) -> Result<()> {
+    if sim.capacity_bytes == 0 {
+        return Err(Error::InvalidArgument(
+            "the simulated device's capacity is 0 bytes".into(),
+        ));
+    }
+    if sim.granularity_bytes != 0 && !sim.granularity_bytes.is_power_of_two() {
+        return Err(Error::InvalidArgument(format!(
+            "the simulated granularity {} bytes is not a power of two",
+            sim.granularity_bytes
+        )));
+    }
+    let count = sim.device_count.min(crate::driver::sim::SIM_MAX_DEVICES);
+    let missing = std::iter::once(("device", config.device))
+        .chain(config.peer_devices.iter().map(|&p| ("peer device", p)))
+        .find(|&(_, d)| d as u32 >= count);
+    if let Some((what, d)) = missing {
+        return Err(Error::InvalidArgument(format!(
+            "{what} {d} does not exist: the simulated machine has {count} device(s) \
+             (SimConfig::device_count)"
+        )));
+    }
+    Ok(())
+}

@@ -31,7 +31,7 @@ cargo check --release --lib --features std-mutex
 echo "== cargo test (simulated driver; GPU tests are ignored)"
 cargo test --release
 echo "== loom models"
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom -- --nocapture --test-threads=1
+RUSTFLAGS="--cfg flare_loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom -- --nocapture --test-threads=1
 echo "== C and C++ programs linking the static library"
 bash ffi-tests/run.sh
 echo "== flare-replay on every shipped trace"

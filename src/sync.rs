@@ -1,30 +1,30 @@
 //! The synchronisation types of the pool and the simulated driver: parking_lot's
 //! mutex (it spins briefly before parking, which suits the pool's critical sections
-//! of tens of nanoseconds), or loom's under `--cfg loom` so that loom models can
+//! of tens of nanoseconds), or loom's under `--cfg flare_loom` so that loom models can
 //! explore every interleaving. The `std-mutex` feature switches to std's mutex, for
 //! comparing the two in the benchmarks.
 //!
 //! Only what loom runs goes through here; nothing in the pool core or the simulated
 //! driver uses `std::sync::OnceLock` or `thread_local!` directly.
 
-#[cfg(loom)]
+#[cfg(flare_loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 
-#[cfg(all(not(loom), not(feature = "std-mutex")))]
+#[cfg(all(not(flare_loom), not(feature = "std-mutex")))]
 pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard};
 
-#[cfg(all(not(loom), feature = "std-mutex"))]
+#[cfg(all(not(flare_loom), feature = "std-mutex"))]
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// Locks `m`. parking_lot's mutex has no poisoning; loom's is recovered from a
 /// panicking thread, as the books are updated so that every step leaves them
 /// consistent.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    #[cfg(any(loom, feature = "std-mutex"))]
+    #[cfg(any(flare_loom, feature = "std-mutex"))]
     {
         m.lock().unwrap_or_else(|e| e.into_inner())
     }
-    #[cfg(all(not(loom), not(feature = "std-mutex")))]
+    #[cfg(all(not(flare_loom), not(feature = "std-mutex")))]
     {
         m.lock()
     }
@@ -33,11 +33,11 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Waits on `cv`, releasing `guard` while waiting and taking the lock again before
 /// returning (spurious wake-ups are possible: callers wait in a loop).
 pub(crate) fn wait<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
-    #[cfg(any(loom, feature = "std-mutex"))]
+    #[cfg(any(flare_loom, feature = "std-mutex"))]
     {
         cv.wait(guard).unwrap_or_else(|e| e.into_inner())
     }
-    #[cfg(all(not(loom), not(feature = "std-mutex")))]
+    #[cfg(all(not(flare_loom), not(feature = "std-mutex")))]
     {
         let mut guard = guard;
         cv.wait(&mut guard);

@@ -8,6 +8,7 @@
 //!
 //! Ignored by default; needs two CUDA GPUs (kind `nvidia-h200-x2`) and fails loudly
 //! with fewer.
+#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 mod common;
 

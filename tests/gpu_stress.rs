@@ -5,6 +5,7 @@
 //!
 //! Ignored by default; run on a GPU machine with `--include-ignored` (fails loudly
 //! without a GPU). `FLARE_STRESS_OPS` sets the operations per thread (default 2 000).
+#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 mod common;
 

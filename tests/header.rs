@@ -6,6 +6,7 @@
 //! ```sh
 //! FLARE_BLESS_HEADER=1 cargo test --test header
 //! ```
+#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 use std::path::PathBuf;
 

@@ -5,7 +5,7 @@
 //! Run (release: loom is slow in debug):
 //!
 //! ```text
-//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+//! RUSTFLAGS="--cfg flare_loom" CARGO_TARGET_DIR=target/loom \
 //!     cargo test --release --test loom -- --nocapture --test-threads=1
 //! ```
 //!
@@ -19,7 +19,7 @@
 //! twice: the simulated driver refuses a second release, which the snapshot would
 //! count as a failure); and after the pool is dropped, the simulated driver holds
 //! nothing.
-#![cfg(loom)]
+#![cfg(flare_loom)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;

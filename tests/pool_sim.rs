@@ -1,4 +1,5 @@
 //! The pool's contracts on the simulated driver (runs in CI).
+#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 mod common;
 

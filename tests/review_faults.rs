@@ -3,6 +3,7 @@
 //! before any out-of-memory, and releases that wait for every device with access.
 //! Each expected value follows from the driver's behaviour (`docs/vmm-semantics.md`)
 //! or the pool's contract, not from the code's output.
+#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 mod common;
 

@@ -1,0 +1,11 @@
+//! Passes the loom switch on to rustdoc. `RUSTFLAGS="--cfg flare_loom"` reaches
+//! rustc but not rustdoc, so without this the README's doctest would be collected in
+//! the loom build and run against loom's locks outside a loom model (which panics).
+//! Re-emitting the cfg from here gives it to both.
+
+fn main() {
+    println!("cargo::rustc-check-cfg=cfg(flare_loom)");
+    if std::env::var_os("CARGO_CFG_FLARE_LOOM").is_some() {
+        println!("cargo::rustc-cfg=flare_loom");
+    }
+}

@@ -547,6 +547,7 @@ fn a_huge_bad_token_gives_a_short_message() {
         "{err}"
     );
     assert!(err.contains(":2: unknown keyword"), "{err}");
+    std::fs::remove_file(&bad).unwrap();
     // a huge size and a huge id
     for (text, what) in [
         (
@@ -564,6 +565,7 @@ fn a_huge_bad_token_gives_a_short_message() {
             err.contains(what) && err.contains("(10000000 bytes)"),
             "{err}"
         );
+        std::fs::remove_file(&bad).unwrap();
     }
 }
 

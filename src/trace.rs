@@ -5,17 +5,21 @@
 //! blank lines, fields separated by spaces or tabs; a UTF-8 byte-order mark at the
 //! start of the file is ignored.
 //!
-//! - [`parse`] / [`parse_str`] read a trace into a [`Trace`]: every event with its
+//! - [`parse`] / [`parse_str`] / [`parse_reader`] read a trace into a [`Trace`]:
+//!   every event with its
 //!   line number, allocation ids interned to dense `u32` indices (so a replay keeps
 //!   its pointers in a `Vec`, not a map of strings). Every rule of the format is
 //!   checked at parse time; a broken one is a [`TraceError::Parse`] naming the file,
-//!   the line and the [`Problem`].
+//!   the line and the [`Problem`]. A problem quotes the offending token as an
+//!   [`Excerpt`] (at most [`EXCERPT_CHARS`] characters and the token's length), so a
+//!   huge line never makes a huge message.
 //! - [`Trace::lower_bound_bytes`] and [`Trace::no_reuse_bytes`] are the two reference
 //!   figures of a trace that any replay can be judged against.
 //! - [`replay`] runs a trace on a pool and returns a [`ReplayReport`].
 
 use std::collections::HashMap;
 use std::fmt;
+use std::io::Read;
 use std::path::Path;
 use std::time::Instant;
 
@@ -24,6 +28,96 @@ use crate::pool::Pool;
 
 /// Largest allocation size a trace may name, bytes (2^63).
 pub const MAX_ALLOCATION_BYTES: u64 = 1 << 63;
+
+/// The most characters of an input token that an error message quotes
+/// ([`Excerpt`]): enough to recognise the token, small enough that a 100 MB line
+/// gives a one-line message.
+pub const EXCERPT_CHARS: usize = 40;
+
+/// A token of the input as an error quotes it: the whole token when it has at most
+/// [`EXCERPT_CHARS`] characters, else its first [`EXCERPT_CHARS`] characters and the
+/// token's length in bytes. Only the quoted part is kept (copied from the input).
+///
+/// Displays as the quoted token (`"alloc"`), or the quoted start, `…` and the length
+/// (`"aaaa…" (104857600 bytes)`). Compares equal to a `&str` that is the quoted part
+/// of an uncut token.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Excerpt {
+    head: String,
+    token_bytes: usize,
+}
+
+impl Excerpt {
+    /// Quotes `token`: the whole of it, or its first [`EXCERPT_CHARS`] characters
+    /// (cut on a character boundary) and its length.
+    pub fn new(token: &str) -> Excerpt {
+        let cut = token
+            .char_indices()
+            .nth(EXCERPT_CHARS)
+            .map_or(token.len(), |(i, _)| i);
+        Excerpt {
+            head: token[..cut].to_string(),
+            token_bytes: token.len(),
+        }
+    }
+
+    /// The quoted part: the whole token, or its first [`EXCERPT_CHARS`] characters.
+    pub fn head(&self) -> &str {
+        &self.head
+    }
+
+    /// Length of the whole token, bytes (the input's, not the quoted part's).
+    pub fn token_bytes(&self) -> usize {
+        self.token_bytes
+    }
+
+    /// Whether the token was longer than [`EXCERPT_CHARS`] characters and only its
+    /// start is quoted.
+    pub fn is_cut(&self) -> bool {
+        self.head.len() < self.token_bytes
+    }
+}
+
+impl From<&str> for Excerpt {
+    fn from(token: &str) -> Excerpt {
+        Excerpt::new(token)
+    }
+}
+
+impl From<String> for Excerpt {
+    fn from(token: String) -> Excerpt {
+        Excerpt::new(&token)
+    }
+}
+
+impl PartialEq<str> for Excerpt {
+    /// Whether the token was not cut and is `other`.
+    fn eq(&self, other: &str) -> bool {
+        !self.is_cut() && self.head == other
+    }
+}
+
+impl PartialEq<&str> for Excerpt {
+    /// Whether the token was not cut and is `other`.
+    fn eq(&self, other: &&str) -> bool {
+        *self == **other
+    }
+}
+
+impl fmt::Display for Excerpt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_cut() {
+            write!(
+                f,
+                "\"{}…\" ({} bytes)",
+                self.head.escape_debug(),
+                self.token_bytes
+            )
+        } else {
+            write!(f, "{:?}", self.head)
+        }
+    }
+}
 
 /// One event of a trace. Allocation ids are dense indices `0..Trace::id_count()`,
 /// one per distinct id token of the file (an id reused after its free keeps its
@@ -59,7 +153,8 @@ pub enum Problem {
     #[error("the line is not valid UTF-8")]
     NotUtf8,
     /// A known keyword with the wrong number of fields. `expected` says what the
-    /// keyword takes; `found` is how many fields follow it.
+    /// keyword takes; `found` is how many fields follow it. (The keyword is one of
+    /// the format's, so it is short and quoted whole.)
     #[error(
         "malformed `{keyword}` line: expected {expected}, found {found} field(s) after the keyword"
     )]
@@ -71,33 +166,34 @@ pub enum Problem {
         /// Number of fields after the keyword.
         found: usize,
     },
-    /// The first field is not a keyword of the format.
-    #[error("unknown keyword {0:?} (expected a, f, begin, finish, abort, trim or a # comment)")]
-    UnknownKeyword(String),
+    /// The first field is not a keyword of the format (quoted as an [`Excerpt`]).
+    #[error("unknown keyword {0} (expected a, f, begin, finish, abort, trim or a # comment)")]
+    UnknownKeyword(Excerpt),
     /// An allocation of 0 bytes.
     #[error("allocation size is 0 bytes (sizes are greater than zero)")]
     ZeroSize,
-    /// An allocation size above 2^63 bytes (the token as written).
-    #[error("allocation size {0} bytes is larger than 2^63")]
-    SizeTooLarge(String),
-    /// An allocation size that is not a plain decimal number (the token as written).
-    #[error("allocation size {0:?} is not a decimal number of bytes")]
-    SizeNotDecimal(String),
+    /// An allocation size above 2^63 bytes (the token as written, as an [`Excerpt`]).
+    #[error("allocation size {0} is larger than 2^63 bytes")]
+    SizeTooLarge(Excerpt),
+    /// An allocation size that is not a plain decimal number (the token as written,
+    /// as an [`Excerpt`]).
+    #[error("allocation size {0} is not a decimal number of bytes")]
+    SizeNotDecimal(Excerpt),
     /// An `a` for an id that is still live.
     #[error(
-        "allocation id {id:?} is already live (allocated on line {allocated_line} and not freed)"
+        "allocation id {id} is already live (allocated on line {allocated_line} and not freed)"
     )]
     AllocLiveId {
-        /// The id token.
-        id: String,
+        /// The id token (as an [`Excerpt`]).
+        id: Excerpt,
         /// The line of the `a` that made it live.
         allocated_line: usize,
     },
     /// An `f` for an id that is not live (never allocated, or already freed).
-    #[error("free of allocation id {id:?}, which is not live (never allocated, or already freed)")]
+    #[error("free of allocation id {id}, which is not live (never allocated, or already freed)")]
     FreeNotLive {
-        /// The id token.
-        id: String,
+        /// The id token (as an [`Excerpt`]).
+        id: Excerpt,
     },
     /// A `begin` while a scope opened by an earlier `begin` is still open (retention
     /// scopes do not nest).
@@ -191,6 +287,24 @@ pub fn parse(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
         source,
     })?;
     parse_bytes(file, &bytes)
+}
+
+/// Reads a whole trace from `reader` (standard input, say) and parses it; `name`
+/// names the trace in errors and reports (`flare-replay` calls standard input
+/// `<stdin>`). The text is taken as bytes, as [`parse`] takes a file's: a line that
+/// is not UTF-8 is a [`Problem::NotUtf8`] on that line.
+///
+/// Errors: [`TraceError::Io`] when reading fails; [`TraceError::Parse`] for the first
+/// line that breaks a rule of the format.
+pub fn parse_reader(name: &str, mut reader: impl Read) -> Result<Trace, TraceError> {
+    let mut bytes = Vec::new();
+    reader
+        .read_to_end(&mut bytes)
+        .map_err(|source| TraceError::Io {
+            file: name.to_string(),
+            source,
+        })?;
+    parse_bytes(name.to_string(), &bytes)
 }
 
 /// Parses trace text; `name` names the trace in errors and reports (a file name,
@@ -287,7 +401,7 @@ impl Parser {
                 let since = self.live_since.get(slot).copied().unwrap_or(0);
                 if since != 0 {
                     return Err(Problem::AllocLiveId {
-                        id: args[0].to_string(),
+                        id: Excerpt::new(args[0]),
                         allocated_line: since,
                     });
                 }
@@ -311,7 +425,7 @@ impl Parser {
                     }
                     None => {
                         return Err(Problem::FreeNotLive {
-                            id: args[0].to_string(),
+                            id: Excerpt::new(args[0]),
                         })
                     }
                 }
@@ -348,7 +462,7 @@ impl Parser {
                 }
                 Event::Trim
             }
-            other => return Err(Problem::UnknownKeyword(other.to_string())),
+            other => return Err(Problem::UnknownKeyword(Excerpt::new(other))),
         };
         if matches!(event, Event::Begin | Event::Finish | Event::Abort) {
             self.trace.has_scope_events = true;
@@ -374,12 +488,12 @@ impl Parser {
 /// A size field: plain decimal digits, `1..=2^63`.
 fn parse_size(token: &str) -> Result<u64, Problem> {
     if token.is_empty() || !token.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(Problem::SizeNotDecimal(token.to_string()));
+        return Err(Problem::SizeNotDecimal(Excerpt::new(token)));
     }
     match token.parse::<u64>() {
         Ok(0) => Err(Problem::ZeroSize),
         Ok(n) if n <= MAX_ALLOCATION_BYTES => Ok(n),
-        _ => Err(Problem::SizeTooLarge(token.to_string())),
+        _ => Err(Problem::SizeTooLarge(Excerpt::new(token))),
     }
 }
 

@@ -4,8 +4,9 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 use common::data;
 
@@ -189,16 +190,43 @@ fn cuda_backend_without_cuda_is_a_clear_error() {
     assert!(stdout(&o).is_empty());
 }
 
-/// The cells of the table's rows (comfy-table's ASCII borders), the header row
-/// first: each row split on `|`, cells trimmed; border and separator lines skipped.
+/// The cells of the rows of the first table in `out` (comfy-table's ASCII borders,
+/// header lines above the `+===+` line, one line per data row): the header first,
+/// its lines joined per column ("live at" over "end" is "live at end"), then each
+/// data row; cells trimmed, border lines skipped.
 fn table_rows(out: &str) -> Vec<Vec<String>> {
-    out.lines()
-        .filter(|l| l.starts_with('|') && !l.chars().all(|c| "|-+=".contains(c)))
-        .map(|l| {
-            let inner = l.trim().trim_start_matches('|').trim_end_matches('|');
-            inner.split('|').map(|c| c.trim().to_string()).collect()
-        })
-        .collect()
+    let cells = |l: &str| -> Vec<String> {
+        let inner = l.trim().trim_start_matches('|').trim_end_matches('|');
+        inner.split('|').map(|c| c.trim().to_string()).collect()
+    };
+    let mut header: Vec<String> = Vec::new();
+    let mut rows = Vec::new();
+    let mut in_header = true;
+    for l in out.lines() {
+        if l.starts_with("+=") {
+            in_header = false;
+        } else if l.starts_with("+-") && !in_header {
+            break; // the bottom border
+        } else if l.starts_with('|') {
+            if in_header {
+                let c = cells(l);
+                header.resize(c.len(), String::new());
+                for (h, part) in header.iter_mut().zip(c) {
+                    if !part.is_empty() {
+                        *h = if h.is_empty() {
+                            part
+                        } else {
+                            format!("{h} {part}")
+                        };
+                    }
+                }
+            } else {
+                rows.push(cells(l));
+            }
+        }
+    }
+    assert!(!header.is_empty(), "no table header: {out}");
+    std::iter::once(header).chain(rows).collect()
 }
 
 /// The "live at end" column of every data row, by policy.
@@ -316,4 +344,323 @@ fn policy_names_are_exact() {
         assert!(o.status.success(), "{name}: {}", stderr(&o));
         assert_eq!(stdout(&o).lines().count(), rows, "{name}");
     }
+}
+
+/// Runs flare-replay with stdout a pipe that is closed after its first line has been
+/// read (as `flare-replay ... | head -1` does); returns that line and the output
+/// (status, stderr).
+fn closed_after_first_line(args: &[&str]) -> (String, Output) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flare-replay"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run flare-replay");
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    reader.read_line(&mut first).unwrap();
+    drop(reader);
+    (first, child.wait_with_output().unwrap())
+}
+
+#[test]
+fn closed_stdout_stops_quietly_with_status_0() {
+    // 1000 traces: about 800 KB of tables and 750 KB of JSON, far more than a pipe
+    // holds (64 KiB), so the tool is still writing when the reader goes away.
+    let t = scratch("pipe.trace", "a 1 4096\nf 1\n");
+    let many: Vec<&str> = std::iter::repeat(s(&t)).take(1000).collect();
+    for json in [false, true] {
+        let mut args = many.clone();
+        if json {
+            args.insert(0, "--json");
+        }
+        let (first, o) = closed_after_first_line(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(0), "--json {json}: {err}");
+        assert!(err.is_empty(), "--json {json}: {err}");
+        if json {
+            assert!(first.starts_with("{\"trace\":"), "{first}");
+        } else {
+            assert_eq!(first.trim_end(), s(&t));
+        }
+    }
+}
+
+#[test]
+fn capacity_below_one_granule_is_rejected_with_the_granularity() {
+    // The simulated device's granularity is 2 MiB (an H200's, SimConfig): a smaller
+    // device could not map anything, so every policy would run out of memory at once.
+    let t = scratch("granule.trace", "a 1 4096\nf 1\n");
+    for capacity in ["1", "1M", "0", "2097151", "1.9999M", "0.001G"] {
+        let o = flare_replay(&["--capacity", capacity, s(&t)]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{capacity}: {err}");
+        assert!(err.contains("granularity"), "{capacity}: {err}");
+        assert!(err.contains("2097152 B (2.0 MiB)"), "{capacity}: {err}");
+        assert!(stdout(&o).is_empty(), "{capacity}");
+    }
+    // one granule is enough for this trace (4 KiB rounds up to one 2 MiB mapping)
+    for capacity in ["2097152", "2M", "2MiB"] {
+        let o = flare_replay(&["--json", "--policy", "exact", "--capacity", capacity, s(&t)]);
+        assert!(o.status.success(), "{capacity}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        assert!(v["out_of_memory_at_line"].is_null(), "{capacity}: {v}");
+        assert_eq!(v["peak_physical_bytes"], 2 << 20, "{capacity}");
+    }
+}
+
+/// The out-of-memory line of a one-policy JSON replay of `trace` on a device of
+/// `capacity`.
+fn oom_line(capacity: &str, trace: &Path) -> Option<u64> {
+    let o = flare_replay(&[
+        "--json",
+        "--policy",
+        "exact",
+        "--capacity",
+        capacity,
+        s(trace),
+    ]);
+    assert!(o.status.success(), "{capacity}: {}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    v["out_of_memory_at_line"].as_u64()
+}
+
+#[test]
+fn decimal_capacity_is_that_many_bytes() {
+    // 1.5G is 1.5 * 2^30 = 1610612736 bytes = 768 granules of 2 MiB: a 1.5 GiB
+    // allocation fits, one more granule does not.
+    let t = scratch("one-and-a-half.trace", "a 1 1610612736\na 2 1\n");
+    assert_eq!(oom_line("1.5G", &t), Some(2));
+    assert_eq!(oom_line("1.5GiB", &t), Some(2));
+    assert_eq!(oom_line("1536M", &t), Some(2));
+    // 1.5 GB is 1.5e9 bytes, less than the first allocation
+    assert_eq!(oom_line("1.5GB", &t), Some(1));
+    // one granule more holds both
+    assert_eq!(oom_line("1.502G", &t), None);
+    for bad in ["1.5.G", ".G", "1,5G", "1.5e9"] {
+        let o = flare_replay(&["--capacity", bad, s(&t)]);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", stderr(&o));
+        assert!(stdout(&o).is_empty(), "{bad}");
+    }
+}
+
+#[test]
+fn fractional_waste_percent_is_a_clear_error() {
+    let t = scratch("waste.trace", "a 1 4096\nf 1\n");
+    for bad in ["1.5", "30%", "abc", ""] {
+        let o = flare_replay(&["--best-fit-waste-percent", bad, s(&t)]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {err}");
+        assert!(
+            err.contains("is not a whole number of percent"),
+            "{bad:?}: {err}"
+        );
+        assert!(!err.contains("invalid digit"), "{bad:?}: {err}");
+    }
+    let o = flare_replay(&["--best-fit-waste-percent", "4294967296", s(&t)]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("is more than 4294967295 percent"),
+        "{}",
+        stderr(&o)
+    );
+    for good in ["0", "30", "4294967295"] {
+        let o = flare_replay(&["--json", "--best-fit-waste-percent", good, s(&t)]);
+        assert!(o.status.success(), "{good}: {}", stderr(&o));
+    }
+}
+
+/// Runs flare-replay with `input` on its standard input.
+fn flare_replay_stdin(args: &[&str], input: &[u8]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flare-replay"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run flare-replay");
+    let mut stdin = child.stdin.take().unwrap();
+    // A rejected run may exit before reading: a failed write is not the test's point.
+    let _ = stdin.write_all(input);
+    drop(stdin);
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn dash_reads_a_trace_from_standard_input_once() {
+    let file = data("graph-warmup-20sizes.segment.trace");
+    let text = std::fs::read(&file).unwrap();
+    let from_file = flare_replay(&["--json", s(&file)]);
+    let from_stdin = flare_replay_stdin(&["--json", "-"], &text);
+    assert!(from_stdin.status.success(), "{}", stderr(&from_stdin));
+    let (a, b) = (stdout(&from_file), stdout(&from_stdin));
+    assert_eq!(a.lines().count(), 3);
+    for (f, i) in a.lines().zip(b.lines()) {
+        let mut f: serde_json::Value = serde_json::from_str(f).unwrap();
+        let mut i: serde_json::Value = serde_json::from_str(i).unwrap();
+        assert_eq!(i["trace"], "<stdin>");
+        for v in [&mut f, &mut i] {
+            let o = v.as_object_mut().unwrap();
+            o.remove("trace");
+            o.remove("seconds");
+        }
+        assert_eq!(f, i);
+    }
+    // with a file: reports in argument order
+    let o = flare_replay_stdin(&["--json", "--policy", "exact", s(&file), "-"], &text);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let traces: Vec<String> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["trace"].to_string())
+        .collect();
+    assert_eq!(
+        traces,
+        [format!("{:?}", s(&file)), "\"<stdin>\"".to_string()]
+    );
+    // errors name it <stdin>, with the line
+    let o = flare_replay_stdin(&["-"], b"a 1 5\nmalloc 2 5\n");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("<stdin>:2: unknown keyword"),
+        "{}",
+        stderr(&o)
+    );
+    // only once
+    let o = flare_replay_stdin(&["-", "-"], &text);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("only once"), "{}", stderr(&o));
+    assert!(stdout(&o).is_empty());
+}
+
+#[test]
+fn a_huge_bad_token_gives_a_short_message() {
+    // A 10 MB unknown keyword on line 2: the message quotes its first 40 characters
+    // and gives its length.
+    let token = "k".repeat(10_000_000);
+    let bad = scratch("huge-token.trace", &format!("a 1 5\n{token} 1\n"));
+    let o = flare_replay(&[s(&bad)]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.len() < 300, "{} bytes: {}", err.len(), &err[..300]);
+    assert!(
+        err.contains(&format!("\"{}…\" (10000000 bytes)", "k".repeat(40))),
+        "{err}"
+    );
+    assert!(err.contains(":2: unknown keyword"), "{err}");
+    std::fs::remove_file(&bad).unwrap();
+    // a huge size and a huge id
+    for (text, what) in [
+        (
+            format!("a 1 {}\n", "9".repeat(10_000_000)),
+            "allocation size",
+        ),
+        (format!("f {token}\n"), "free of allocation id"),
+    ] {
+        let bad = scratch("huge-field.trace", &text);
+        let o = flare_replay(&[s(&bad)]);
+        assert_eq!(o.status.code(), Some(2));
+        let err = stderr(&o);
+        assert!(err.len() < 300, "{what}: {} bytes", err.len());
+        assert!(
+            err.contains(what) && err.contains("(10000000 bytes)"),
+            "{err}"
+        );
+        std::fs::remove_file(&bad).unwrap();
+    }
+}
+
+#[test]
+fn help_explains_policies_figures_json_keys_and_the_format() {
+    let o = flare_replay(&["--help"]);
+    assert!(o.status.success());
+    let help = stdout(&o);
+    assert!(help.contains("docs/trace-format.md"), "{help}");
+    for term in [
+        "none ",
+        "exact ",
+        "best-fit ",
+        "lower bound",
+        "no reuse",
+        "peak physical",
+        "final physical",
+        "mappings created",
+        "reuse hits",
+        "out of memory",
+        "live at end",
+        "wall time",
+        "standard input",
+    ] {
+        assert!(help.contains(term), "{term:?} in {help}");
+    }
+    // every --json key is listed, at the start of a line of its own
+    for key in JSON_KEYS {
+        assert!(
+            help.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{key} "))),
+            "{key:?} in {help}"
+        );
+    }
+    // -h is the summary and points to the format and to --help
+    let o = flare_replay(&["-h"]);
+    assert!(o.status.success());
+    let short = stdout(&o);
+    assert!(short.contains("docs/trace-format.md"), "{short}");
+    assert!(short.contains("--help"), "{short}");
+    assert!(short.len() < help.len());
+}
+
+#[test]
+fn table_names_each_trace_once_and_fits_100_columns() {
+    let traces: Vec<PathBuf> = [
+        "eager-prefill-20shapes.tensor.trace",
+        "eager-prefill-20shapes.segment.trace",
+        "graph-warmup-20sizes.tensor.trace",
+        "graph-warmup-20sizes.segment.trace",
+    ]
+    .iter()
+    .map(|f| data(f))
+    .collect();
+    let args: Vec<&str> = traces.iter().map(|p| s(p)).collect();
+    let o = flare_replay(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for line in out.lines() {
+        assert!(
+            line.chars().count() <= 100,
+            "{} columns: {line}",
+            line.chars().count()
+        );
+    }
+    for t in &args {
+        assert_eq!(out.matches(t).count(), 1, "{t} in {out}");
+    }
+    // the per-trace heading gives the events and `a` lines of the trace, counted
+    // here from its text (tests/data/README.md: 35323 allocations)
+    let text = std::fs::read_to_string(&traces[2]).unwrap();
+    let events = text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .count();
+    let allocs = text.lines().filter(|l| l.starts_with("a ")).count();
+    assert_eq!(allocs, 35323);
+    assert!(
+        out.contains(&format!("{events} events, {allocs} \"a\" lines;")),
+        "{out}"
+    );
+    let rows = table_rows(&out);
+    assert_eq!(
+        rows[0],
+        [
+            "policy",
+            "peak physical",
+            "final physical",
+            "mappings created",
+            "reuse hits",
+            "out of memory",
+            "live at end",
+            "wall time"
+        ]
+    );
+    assert_eq!(rows.len(), 4, "{out}");
 }

@@ -354,3 +354,90 @@ fn shipped_trace_allocation_counts_match_the_readme() {
         assert!(t.name().ends_with(file));
     }
 }
+
+#[test]
+fn huge_tokens_are_quoted_cut_with_their_length() {
+    // A 10 MB token in each place a problem quotes one: the message stays short, and
+    // quotes the first EXCERPT_CHARS (40) characters and the token's length in bytes.
+    let big = "x".repeat(10_000_000);
+    let digits = "7".repeat(10_000_000);
+    for (text, line, start) in [
+        (format!("a 1 5\n{big} 1\n"), 2, 'x'),       // unknown keyword
+        (format!("a 1 {big}\n"), 1, 'x'),            // size not decimal
+        (format!("a 1 {digits}\n"), 1, '7'),         // size too large
+        (format!("a {big} 5\na {big} 5\n"), 2, 'x'), // id already live
+        (format!("a 1 5\nf {big}\n"), 2, 'x'),       // free of an id not live
+    ] {
+        let (l, problem) = error_of(&text);
+        assert_eq!(l, line);
+        let quoted = match &problem {
+            Problem::UnknownKeyword(q) | Problem::SizeNotDecimal(q) | Problem::SizeTooLarge(q) => q,
+            Problem::AllocLiveId { id, .. } | Problem::FreeNotLive { id } => id,
+            other => panic!("unexpected problem {other:?}"),
+        };
+        let first_40: String = std::iter::repeat(start).take(40).collect();
+        assert!(quoted.is_cut());
+        assert_eq!(quoted.token_bytes(), 10_000_000);
+        assert_eq!(quoted.head(), first_40);
+        let msg = problem.to_string();
+        assert!(msg.len() < 200, "{} bytes", msg.len());
+        assert!(
+            msg.contains(&format!("\"{first_40}…\" (10000000 bytes)")),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+fn excerpt_cuts_after_40_characters_on_a_character_boundary() {
+    // 40 characters: quoted whole, as before
+    let forty = "é".repeat(40);
+    let q = trace::Excerpt::new(&forty);
+    assert!(!q.is_cut());
+    assert_eq!(q.to_string(), format!("\"{forty}\""));
+    assert_eq!(q, forty.as_str());
+    // 41 two-byte characters: the first 40 (80 bytes), and the length, 82 bytes
+    let q = trace::Excerpt::new(&"é".repeat(41));
+    assert!(q.is_cut());
+    assert_eq!(q.head(), forty);
+    assert_eq!(q.token_bytes(), 82);
+    assert_eq!(q.to_string(), format!("\"{forty}…\" (82 bytes)"));
+    assert_ne!(q, "é".repeat(41).as_str());
+    // a short token is quoted as the parser always quoted it ({:?})
+    assert_eq!(
+        Problem::UnknownKeyword("malloc".into()).to_string(),
+        "unknown keyword \"malloc\" (expected a, f, begin, finish, abort, trim or a # comment)"
+    );
+    assert_eq!(
+        Problem::FreeNotLive { id: "a\tb".into() }.to_string(),
+        "free of allocation id \"a\\tb\", which is not live (never allocated, or already freed)"
+    );
+}
+
+#[test]
+fn parse_reader_reads_bytes_like_a_file() {
+    let text = b"# flare-trace v1\r\na x 4096\r\nf x\r\n";
+    let from_reader = trace::parse_reader("<stdin>", &text[..]).unwrap();
+    let from_str = trace::parse_str("<stdin>", std::str::from_utf8(text).unwrap()).unwrap();
+    assert_eq!(from_reader, from_str);
+    assert_eq!(from_reader.name(), "<stdin>");
+    assert_eq!(from_reader.lines(), &[2, 3]);
+    // a line that is not UTF-8 is that line's error, not a read error
+    let err = trace::parse_reader("<stdin>", &b"a 1 5\na \xe9 5\n"[..]).unwrap_err();
+    assert_eq!(err.line(), Some(2));
+    assert_eq!(err.problem(), Some(&Problem::NotUtf8));
+    assert!(err.to_string().starts_with("<stdin>:2: "), "{err}");
+    // a failing reader is an I/O error naming the trace
+    struct Failing;
+    impl std::io::Read for Failing {
+        fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::other("disk on fire"))
+        }
+    }
+    let err = trace::parse_reader("<stdin>", Failing).unwrap_err();
+    assert!(matches!(err, TraceError::Io { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "<stdin>: cannot read the trace: disk on fire"
+    );
+}

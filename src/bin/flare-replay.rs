@@ -1,39 +1,115 @@
 //! `flare-replay`: replays flare-trace v1 files on a fresh pool per reuse policy and
-//! prints peak and final physical memory, mappings created, reuse hits and the
-//! allocations still live at the end of the trace (which the replay releases), next
-//! to the trace's lower bound and no-reuse figures.
+//! prints, per trace, its reference figures (lower bound, no reuse) and a table of
+//! peak and final physical memory, mappings created, reuse hits, the out-of-memory
+//! line and the allocations still live at the end of the trace (which the replay
+//! releases); `--json` prints one object per (trace, policy) instead. `--help` says
+//! what every figure, policy and JSON key means.
 //!
 //! Exit status: 0 when every replay ran (running out of memory is a result, shown in
 //! the table), 1 when a pool could not be created or a replay failed, 2 for bad
-//! input (arguments, a missing or malformed trace).
+//! input (arguments, a missing or malformed trace). When standard output is closed
+//! early (`flare-replay ... | head -1`), it stops replaying and exits 0, quietly.
 
 use std::cell::Cell;
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use comfy_table::{CellAlignment, Table};
+use comfy_table::{presets, CellAlignment, Table};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
-use flare_package::trace::{self, ReplayReport, Trace};
+use flare_package::trace::{self, Excerpt, ReplayReport, Trace};
 use flare_package::{fmt_bytes, Pool, PoolConfig, ReusePolicy, SimConfig};
 
-/// What `--help` says after the options.
+/// What `-h` says after the options.
 const AFTER_HELP: &str = "\
+Trace format: docs/trace-format.md in the flare-package source. `--help` says what
+the policies, the table's figures and the --json keys mean.
+
 Exit status:
   0  every replay ran (running out of memory is a result, shown in the table)
   1  a pool could not be created or a replay failed
   2  bad input: arguments, a missing or malformed trace";
+
+/// What `--help` says after the options.
+const AFTER_LONG_HELP: &str = "\
+Traces (flare-trace v1, described in docs/trace-format.md in the flare-package
+source): one event per line, `a ID BYTES` (allocate), `f ID` (free), `begin`,
+`finish` and `abort` (a retention scope), `trim`; `#` starts a comment line. `-`
+reads a trace from standard input (once; it is called <stdin> in the output). Every
+trace is parsed before any is replayed. A trace with no scope lines is replayed
+inside one retention scope.
+
+Reuse policies (each replay runs on a fresh pool):
+  none      never reuse: a freed mapping is kept (retained) until its retention
+            scope closes; the warmup-retention bug, kept as the baseline
+  exact     reuse an idle mapping of exactly the request's rounded size
+  best-fit  reuse the smallest idle mapping that is large enough, if it exceeds
+            the rounded request by at most --best-fit-waste-percent
+
+Each trace gets a heading: its path, its events and `a` lines, and two reference
+figures, sizes rounded up to the device's allocation granularity:
+  lower bound  the peak of the bytes live at once: the least a pool that gives
+               each allocation a mapping of its own can hold on this trace
+  no reuse     the peak physical memory of a pool that never reuses (what `none`
+               reaches unless it runs out of memory)
+then one row per policy:
+  peak physical     the most physical memory the pool held
+  final physical    what the pool still holds once the replay freed everything,
+                    closed the scope and trimmed (0 B when every release worked)
+  mappings created  allocations that created a mapping (driver calls)
+  reuse hits        allocations served from an idle mapping (no driver call)
+  out of memory     the line whose allocation found the device full, which stopped
+                    the replay (- when the whole trace ran)
+  live at end       allocations still live when the replay stopped (the trace's
+                    end or the out-of-memory line); the replay then frees them
+  wall time         the replay's own time, parsing excluded
+
+--json prints, instead of the table, one JSON object per line and per (trace,
+policy), with exactly these keys:
+  trace                  the trace's path as given (<stdin> for -)
+  policy                 none, exact or best-fit
+  backend                sim or cuda
+  allocations            allocations the replay made: mappings_created +
+                         reuse_hits (all the trace's `a` lines unless it ran
+                         out of memory)
+  peak_physical_bytes    peak physical, bytes
+  final_physical_bytes   final physical, bytes
+  mappings_created       as in the table
+  reuse_hits             as in the table
+  out_of_memory_at_line  the out-of-memory line, null when the whole trace ran
+  seconds                wall time, seconds
+
+Exit status:
+  0  every replay ran (running out of memory is a result, shown in the table);
+     also when standard output is closed early (`| head`): the tool stops quietly
+  1  a pool could not be created or a replay failed
+  2  bad input: arguments, a missing or malformed trace";
+
+/// `--help` on `--capacity`.
+const CAPACITY_HELP: &str = "\
+Capacity of the simulated device (simulated backend only; default 140GiB): bytes, or
+a number with a suffix: K, M, G, T or KiB, MiB, GiB, TiB are powers of 1024; KB,
+MB, GB, TB powers of 1000. A decimal number is rounded down to a whole byte
+(1.5G = 1.5 * 2^30 = 1610612736). At least the device's allocation granularity
+(2 MiB), the size of the smallest mapping.";
+
+/// `--help` on `--best-fit-waste-percent`.
+const WASTE_HELP: &str = "\
+Best-fit only: the largest excess of a reused idle mapping over the rounded request,
+a whole number of percent of the request (100: up to twice its size). The default
+is the library's, chosen on the shipped traces.";
 
 #[derive(Debug, Parser)]
 #[command(
     name = "flare-replay",
     version,
     about = "Replay flare-trace v1 allocation traces on flare-package pools, one fresh pool per reuse policy",
-    after_help = AFTER_HELP
+    after_help = AFTER_HELP,
+    after_long_help = AFTER_LONG_HELP
 )]
 struct Args {
     /// Driver to replay on: the simulated device, or the real CUDA driver.
@@ -44,23 +120,25 @@ struct Args {
     #[arg(long, default_value = "all", value_parser = parse_policies)]
     policy: Policies,
 
-    /// Capacity of the simulated device: bytes, or a number with a suffix
-    /// (K/M/G/T or KiB/MiB/GiB/TiB: powers of 1024; KB/MB/GB/TB: powers of 1000).
-    /// Default 140GiB. Simulated backend only.
-    #[arg(long, value_parser = parse_capacity)]
+    /// Capacity of the simulated device (default 140GiB; simulated backend only).
+    #[arg(long, value_parser = parse_capacity, long_help = CAPACITY_HELP)]
     capacity: Option<u64>,
 
-    /// Best-fit only: the largest excess of a reused idle mapping over the rounded
-    /// request, percent of the request (default: the library's, chosen on these
-    /// traces).
-    #[arg(long, value_name = "PERCENT", default_value_t = flare_package::pool::DEFAULT_BEST_FIT_MAX_WASTE_PERCENT)]
+    /// Best-fit only: the largest excess of a reused mapping, percent of the request.
+    #[arg(
+        long,
+        value_name = "PERCENT",
+        value_parser = parse_percent,
+        default_value_t = flare_package::pool::DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
+        long_help = WASTE_HELP
+    )]
     best_fit_waste_percent: u32,
 
-    /// One JSON object per replay on stdout, nothing else.
+    /// One JSON object per replay on stdout, nothing else (keys: see --help).
     #[arg(long)]
     json: bool,
 
-    /// Trace files (flare-trace v1).
+    /// Trace files (flare-trace v1); `-` is standard input.
     #[arg(required = true, value_name = "TRACE")]
     traces: Vec<PathBuf>,
 }
@@ -96,7 +174,8 @@ fn parse_policies(s: &str) -> Result<Policies, String> {
         "all" => ReusePolicy::ALL.to_vec(),
         _ => {
             return Err(format!(
-                "unknown reuse policy {s:?} (expected none, exact, best-fit or all)"
+                "unknown reuse policy {} (expected none, exact, best-fit or all)",
+                Excerpt::new(s)
             ))
         }
     };
@@ -106,18 +185,50 @@ fn parse_policies(s: &str) -> Result<Policies, String> {
 /// Default capacity of the simulated device, bytes.
 const DEFAULT_CAPACITY: u64 = 140 << 30;
 
+/// Most digits after the decimal point of a `--capacity` (18: the fraction times a
+/// unit of at most 2^40 stays within 128-bit arithmetic).
+const MAX_FRACTION_DIGITS: usize = 18;
+
+/// `--capacity`: a byte count (see [`parse_byte_count`]) of at least one allocation
+/// granule of the simulated device, which a smaller device could not map even once
+/// (`SimConfig::granularity_bytes`, 2 MiB as measured on an H200).
 fn parse_capacity(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, suffix) = s.split_at(split);
-    if digits.is_empty() {
+    let bytes = parse_byte_count(s)?;
+    let granule = SimConfig::default().granularity_bytes;
+    if bytes < granule {
         return Err(format!(
-            "{s:?} is not a byte count (examples: 103079215104, 96GiB, 141G)"
+            "capacity {bytes} B is less than the simulated device's allocation granularity, \
+             {granule} B ({}): such a device could not hold a single mapping",
+            fmt_bytes(granule)
         ));
     }
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{digits} is too large"))?;
+    Ok(bytes)
+}
+
+/// A byte count: decimal digits with at most one `.` and at most
+/// [`MAX_FRACTION_DIGITS`] digits after it, then an optional suffix (`K`/`KiB` and
+/// the like are powers of 1024, `KB` and the like powers of 1000; case is ignored).
+/// The value is rounded down to a whole byte: `1.5G` is 1.5 * 2^30 = 1610612736,
+/// `0.1K` is 102.
+fn parse_byte_count(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, suffix) = s.split_at(split);
+    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+    if (int.is_empty() && frac.is_empty()) || frac.contains('.') {
+        return Err(format!(
+            "{} is not a byte count (examples: 103079215104, 96GiB, 141G, 1.5T)",
+            Excerpt::new(s)
+        ));
+    }
+    if frac.len() > MAX_FRACTION_DIGITS {
+        return Err(format!(
+            "{} has more than {MAX_FRACTION_DIGITS} digits after the decimal point",
+            Excerpt::new(s)
+        ));
+    }
     let unit: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" => 1 << 10,
@@ -130,19 +241,45 @@ fn parse_capacity(s: &str) -> Result<u64, String> {
         "tb" => 1_000_000_000_000,
         _ => {
             return Err(format!(
-                "unknown size suffix {:?} (B, K, M, G, T, KiB, MiB, GiB, TiB, KB, MB, GB, TB)",
-                suffix.trim()
+                "unknown size suffix {} (B, K, M, G, T, KiB, MiB, GiB, TiB, KB, MB, GB, TB)",
+                Excerpt::new(suffix.trim())
             ))
         }
     };
-    match n.checked_mul(unit) {
-        Some(0) => Err("the capacity must be greater than 0 bytes".into()),
-        Some(b) => Ok(b),
-        None => Err(format!("{s} does not fit in 64 bits")),
-    }
+    let too_large = || format!("{} does not fit in 64 bits", Excerpt::new(s));
+    let whole: u128 = if int.is_empty() {
+        0
+    } else {
+        int.parse::<u64>().map_err(|_| too_large())?.into()
+    };
+    // frac < 10^18 and unit <= 2^40: the product fits in 128 bits.
+    let fraction: u128 = if frac.is_empty() {
+        0
+    } else {
+        let digits: u128 = frac.parse::<u64>().map_err(|_| too_large())?.into();
+        digits * u128::from(unit) / 10u128.pow(frac.len() as u32)
+    };
+    let bytes = whole * u128::from(unit) + fraction;
+    u64::try_from(bytes).map_err(|_| too_large())
 }
 
-/// One line of `--json` output. Keys are part of the tool's interface.
+/// `--best-fit-waste-percent`: a whole number of percent, 0 to `u32::MAX` (the
+/// pool's bound is an integer percent of the rounded request).
+fn parse_percent(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        return t
+            .parse()
+            .map_err(|_| format!("{} is more than {} percent", Excerpt::new(t), u32::MAX));
+    }
+    Err(format!(
+        "{} is not a whole number of percent (0, 30, 100, ...; no fractions, no sign, no %)",
+        Excerpt::new(t)
+    ))
+}
+
+/// One line of `--json` output. Keys are part of the tool's interface (listed in
+/// `--help`).
 #[derive(Serialize)]
 struct JsonRow<'a> {
     trace: &'a str,
@@ -162,28 +299,70 @@ const EXIT_BAD_INPUT: u8 = 2;
 /// Exit status for a failed pool or replay.
 const EXIT_FAILED: u8 = 1;
 
+/// How a run ends early.
+enum Stop {
+    /// Standard output was closed (a reader such as `head` is done): nothing more can
+    /// be shown, so the tool stops and exits 0 without a message.
+    OutputClosed,
+    /// An error: the exit status and the message.
+    Failed(u8, String),
+}
+
+impl From<(u8, String)> for Stop {
+    fn from((code, message): (u8, String)) -> Stop {
+        Stop::Failed(code, message)
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err((code, message)) => {
+        Ok(()) | Err(Stop::OutputClosed) => ExitCode::SUCCESS,
+        Err(Stop::Failed(code, message)) => {
             eprintln!("flare-replay: error: {message}");
             ExitCode::from(code)
         }
     }
 }
 
-fn run(args: &Args) -> Result<(), (u8, String)> {
+/// Writes `text` to standard output and flushes it. A closed output (`EPIPE`) is
+/// [`Stop::OutputClosed`]; any other write error is a failure.
+fn emit(text: &str) -> Result<(), Stop> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Stop::OutputClosed),
+        Err(e) => Err(Stop::Failed(EXIT_FAILED, format!("writing to stdout: {e}"))),
+    }
+}
+
+/// The name a trace read from standard input (`-`) has in reports.
+const STDIN_NAME: &str = "<stdin>";
+
+fn run(args: &Args) -> Result<(), Stop> {
     if args.backend == BackendArg::Cuda && args.capacity.is_some() {
-        return Err((
+        return Err(Stop::Failed(
             EXIT_BAD_INPUT,
             "--capacity applies to the simulated backend only".into(),
+        ));
+    }
+    let is_stdin = |p: &PathBuf| p.as_path() == Path::new("-");
+    if args.traces.iter().filter(|p| is_stdin(p)).count() > 1 {
+        return Err(Stop::Failed(
+            EXIT_BAD_INPUT,
+            "`-` (standard input) can be given only once".into(),
         ));
     }
     // Every trace is parsed before anything is replayed: bad input runs nothing.
     let mut traces = Vec::with_capacity(args.traces.len());
     for path in &args.traces {
-        traces.push(trace::parse(path).map_err(|e| (EXIT_BAD_INPUT, e.to_string()))?);
+        let parsed = if is_stdin(path) {
+            trace::parse_reader(STDIN_NAME, std::io::stdin().lock())
+        } else {
+            trace::parse(path)
+        };
+        traces.push(parsed.map_err(|e| (EXIT_BAD_INPUT, e.to_string()))?);
     }
     let config = match args.backend {
         BackendArg::Sim => PoolConfig::simulated(SimConfig {
@@ -197,7 +376,6 @@ fn run(args: &Args) -> Result<(), (u8, String)> {
         ..config
     };
     let show_progress = !args.json && std::io::stderr().is_terminal();
-    let stdout = std::io::stdout();
     for t in &traces {
         let mut rows: Vec<(ReusePolicy, ReplayReport)> = Vec::new();
         let mut granularity = 0;
@@ -232,15 +410,12 @@ fn run(args: &Args) -> Result<(), (u8, String)> {
                 };
                 let line = serde_json::to_string(&row)
                     .map_err(|e| (EXIT_FAILED, format!("JSON output: {e}")))?;
-                let mut out = stdout.lock();
-                writeln!(out, "{line}")
-                    .and_then(|()| out.flush())
-                    .map_err(|e| (EXIT_FAILED, format!("writing to stdout: {e}")))?;
+                emit(&format!("{line}\n"))?;
             }
             rows.push((policy, report));
         }
         if !args.json {
-            print_table(t, granularity, &rows);
+            emit(&render_table(t, granularity, &rows))?;
         }
     }
     Ok(())
@@ -288,31 +463,25 @@ fn gib(bytes: u64) -> String {
     }
 }
 
-fn print_table(t: &Trace, granularity: u64, rows: &[(ReusePolicy, ReplayReport)]) {
-    println!(
-        "{}: {} events, {} allocations; lower bound {}, no reuse {} (granularity {})",
-        t.name(),
-        t.len(),
-        t.allocations(),
-        gib(t.lower_bound_bytes(granularity)),
-        gib(t.no_reuse_bytes(granularity)),
-        fmt_bytes(granularity),
-    );
+/// The table of one trace: a heading (the trace's name on a line of its own, then
+/// its events, `a` lines and reference figures), then one row per policy under
+/// two-line column names, numbers right-aligned. About 90 columns wide, whatever the
+/// trace's path.
+fn render_table(t: &Trace, granularity: u64, rows: &[(ReusePolicy, ReplayReport)]) -> String {
     let mut table = Table::new();
+    table.load_preset(presets::ASCII_FULL_CONDENSED);
     table.set_header(vec![
-        "trace",
         "policy",
-        "peak physical",
-        "final physical",
-        "mappings created",
-        "reuse hits",
-        "out of memory",
-        "live at end",
-        "wall time",
+        "peak\nphysical",
+        "final\nphysical",
+        "mappings\ncreated",
+        "reuse\nhits",
+        "out of\nmemory",
+        "live at\nend",
+        "wall\ntime",
     ]);
     for (policy, r) in rows {
         table.add_row(vec![
-            t.name().to_string(),
             policy.name().to_string(),
             gib(r.peak_physical_bytes),
             gib(r.final_physical_bytes),
@@ -324,10 +493,74 @@ fn print_table(t: &Trace, granularity: u64, rows: &[(ReusePolicy, ReplayReport)]
             format!("{:.3} s", r.seconds),
         ]);
     }
-    for i in 2..9 {
+    for i in 1..8 {
         if let Some(col) = table.column_mut(i) {
             col.set_cell_alignment(CellAlignment::Right);
         }
     }
-    println!("{table}\n");
+    format!(
+        "{}\n{} events, {} \"a\" lines; lower bound {}, no reuse {} ({} granularity)\n{table}\n\n",
+        t.name(),
+        t.len(),
+        t.allocations(),
+        gib(t.lower_bound_bytes(granularity)),
+        gib(t.no_reuse_bytes(granularity)),
+        fmt_bytes(granularity),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_byte_count, parse_capacity, parse_percent};
+
+    #[test]
+    fn byte_counts_with_decimals_are_rounded_down_to_a_byte() {
+        for (text, bytes) in [
+            ("1.5G", 3 << 29), // 1.5 * 2^30
+            ("1.5GiB", 3 << 29),
+            ("1.5gb", 1_500_000_000),
+            (".5K", 512),
+            ("2.", 2),
+            ("0.1K", 102), // 102.4
+            ("0.999B", 0),
+            ("1.0000000001K", 1024), // + 1.024e-7 bytes
+            ("0.000000000000000001T", 0),
+            ("1.25T", 5 << 38), // 1.25 * 2^40
+            ("141G", 141 << 30),
+            (" 96GiB ", 96 << 30),
+            ("103079215104", 103_079_215_104),
+            ("18446744073709551615", u64::MAX),
+            ("15.999999999999999999T", 17_592_186_044_415), // 16 T - 1e-18 T: 1 byte short
+        ] {
+            assert_eq!(parse_byte_count(text), Ok(bytes), "{text}");
+        }
+        for bad in [
+            "",
+            ".",
+            "1.2.3",
+            "1e9",
+            "-1",
+            "1.5X",
+            "18446744073709551616",
+            "16777216T",
+        ] {
+            assert!(parse_byte_count(bad).is_err(), "{bad}");
+        }
+        assert!(parse_byte_count(&format!("1.{}", "1".repeat(19))).is_err());
+    }
+
+    #[test]
+    fn capacity_is_at_least_one_granule() {
+        assert!(parse_capacity("2097151").is_err());
+        assert_eq!(parse_capacity("2M"), Ok(2 << 20));
+    }
+
+    #[test]
+    fn percent_is_a_whole_number() {
+        assert_eq!(parse_percent("30"), Ok(30));
+        assert_eq!(parse_percent("4294967295"), Ok(u32::MAX));
+        for bad in ["1.5", "-1", "+1", "30%", "", "4294967296"] {
+            assert!(parse_percent(bad).is_err(), "{bad}");
+        }
+    }
 }

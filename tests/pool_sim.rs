@@ -538,3 +538,49 @@ fn a_scope_guard_never_closes_a_scope_it_did_not_open() {
         (2, 1, false)
     );
 }
+
+#[test]
+fn a_pointer_of_another_simulated_pool_is_unknown_there() {
+    // On the real driver addresses are unique per process, so a pointer of pool A
+    // freed on pool B is unknown to B. Two simulated pools must behave the same.
+    let a = pool(On::Sim, ReusePolicy::BestFit);
+    let b = pool(On::Sim, ReusePolicy::BestFit);
+    let p = a.allocate_raw(1).unwrap();
+    let q = b.allocate_raw(1).unwrap();
+    assert_ne!(p, q, "two pools handed out the same address");
+    let (before, driver_before) = (check(&b), b.sim_driver().unwrap().state());
+    assert!(
+        matches!(b.free_raw(p), Err(Error::UnknownPointer { ptr }) if ptr == p),
+        "B freed A's pointer"
+    );
+    assert_eq!(check(&b), before, "B's books unchanged");
+    assert_eq!(b.sim_driver().unwrap().state(), driver_before);
+    assert!(matches!(a.free_raw(q), Err(Error::UnknownPointer { .. })));
+    // Each frees its own.
+    b.free_raw(q).unwrap();
+    a.free_raw(p).unwrap();
+    assert_driver_empty(&a);
+    assert_driver_empty(&b);
+}
+
+#[test]
+fn many_simulated_pools_never_share_an_address() {
+    let pools: Vec<Pool> = (0..8).map(|_| pool(On::Sim, ReusePolicy::Exact)).collect();
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for (i, p) in pools.iter().enumerate() {
+        for k in 1..=3 {
+            let size = (i as u64 + k) * 2 * MIB;
+            ranges.push((p.allocate_raw(size).unwrap(), size));
+        }
+    }
+    ranges.sort_unstable();
+    for w in ranges.windows(2) {
+        assert!(
+            w[0].0 + w[0].1 <= w[1].0,
+            "{:#x}+{} overlaps {:#x}",
+            w[0].0,
+            w[0].1,
+            w[1].0
+        );
+    }
+}

@@ -584,3 +584,31 @@ fn many_simulated_pools_never_share_an_address() {
         );
     }
 }
+
+#[test]
+fn a_negative_device_is_an_invalid_argument_on_every_backend() {
+    // The check comes before any driver is touched: the same error with or without
+    // libcuda (it used to be NoDriver on the CUDA backend).
+    for config in [PoolConfig::cuda(-1), PoolConfig::default()] {
+        let backend = config.backend;
+        let config = PoolConfig {
+            device: -1,
+            ..config
+        };
+        let err = Pool::new(config).unwrap_err();
+        assert_eq!(
+            err,
+            Error::InvalidArgument("device ordinal -1 is negative".into()),
+            "{backend:?}"
+        );
+    }
+    let err = Pool::new(PoolConfig {
+        peer_devices: vec![-3],
+        ..PoolConfig::cuda(0)
+    })
+    .unwrap_err();
+    assert_eq!(
+        err,
+        Error::InvalidArgument("peer device ordinal -3 is negative".into())
+    );
+}

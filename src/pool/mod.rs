@@ -403,6 +403,9 @@ impl Pool {
     /// [`Error::NoDriver`] when the CUDA backend is asked for and libcuda cannot be
     /// loaded or initialised; [`Error::Driver`] when the granularity query fails.
     pub fn new(config: PoolConfig) -> Result<Pool> {
+        // Before any driver is touched, so a bad ordinal is the same error whether or
+        // not libcuda loads.
+        validate_devices(&config)?;
         match config.backend {
             Backend::Cuda => {
                 if !CudaDriver::is_available() {
@@ -431,7 +434,6 @@ impl Pool {
                 Pool::with_driver(config, Arc::new(driver))
             }
             Backend::Simulated(sim) => {
-                validate_devices(&config)?;
                 validate_sim(&config, &sim)?;
                 let driver = Arc::new(SimDriver::new(sim));
                 let mut pool = Pool::with_driver(config, driver.clone())?;

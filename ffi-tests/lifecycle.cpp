@@ -11,6 +11,8 @@
 static_assert(std::is_standard_layout<FlareSnapshot>::value, "FlareSnapshot is plain C");
 static_assert(sizeof(FlarePoolConfig) == 64, "FlarePoolConfig layout");
 static_assert(sizeof(FlareSnapshot) == 240, "FlareSnapshot layout");
+static_assert(sizeof(FlareDestroyReport) == 40, "FlareDestroyReport layout");
+static_assert(offsetof(FlarePoolConfig, best_fit_max_waste_percent) == 60, "FlarePoolConfig layout");
 
 static void run_parallel(void *(*fn)(void *), void *args[], int n) {
     std::vector<std::thread> threads;
@@ -37,7 +39,7 @@ std::string last_error() {
 
 void test_cpp_idioms() {
     FlarePoolConfig cfg;
-    flare_pool_config_init(&cfg);
+    flare_pool_config_init(&cfg, sizeof cfg);
     cfg.backend = FLARE_BACKEND_SIMULATED;
     FlarePool *raw = nullptr;
     OK(flare_pool_create(&cfg, &raw));

@@ -94,9 +94,9 @@ static int snap_consistent(const FlareSnapshot *s) {
 static FlarePool *new_pool(FlareReusePolicy policy, uint64_t capacity, uint64_t threshold) {
     FlarePoolConfig cfg;
     FlarePool *pool = NULL;
-    flare_pool_config_init(&cfg);
+    flare_pool_config_init(&cfg, sizeof cfg);
     cfg.backend = FLARE_BACKEND_SIMULATED;
-    cfg.reuse_policy = policy;
+    cfg.reuse_policy = (uint32_t)policy;
     cfg.sim_capacity_bytes = capacity;
     cfg.release_threshold_bytes = threshold;
     OK(flare_pool_create(&cfg, &pool));
@@ -110,16 +110,18 @@ static void test_status_names(void) {
         "FLARE_STATUS_OUT_OF_MEMORY",   "FLARE_STATUS_NOT_SUPPORTED",
         "FLARE_STATUS_UNKNOWN_POINTER", "FLARE_STATUS_SCOPE_STATE",
         "FLARE_STATUS_DRIVER_ERROR",    "FLARE_STATUS_NO_DRIVER",
-        "FLARE_STATUS_INTERNAL",
+        "FLARE_STATUS_INTERNAL",        "FLARE_STATUS_REQUEST_TOO_LARGE",
     };
     int i;
-    for (i = 0; i <= 8; i++) {
+    for (i = 0; i <= 9; i++) {
         const char *n = flare_status_name((FlareStatus)i);
         CHECK(n != NULL && strcmp(n, names[i]) == 0);
     }
     /* 15 is inside the enum's value range in C++ too, but no enumerator. */
     CHECK(strcmp(flare_status_name((FlareStatus)15), "FLARE_STATUS_UNRECOGNIZED") == 0);
-    CHECK(FLARE_STATUS_INTERNAL == 8 && FLARE_CALL_SYNCHRONIZE == 7 &&
+    CHECK(strcmp(flare_status_name((FlareStatus)10), "FLARE_STATUS_UNRECOGNIZED") == 0);
+    CHECK(FLARE_STATUS_REQUEST_TOO_LARGE == 9 && FLARE_STATUS_INTERNAL == 8 &&
+          FLARE_CALL_SYNCHRONIZE == 7 &&
           FLARE_REUSE_NONE == 2 && FLARE_BACKEND_SIMULATED == 1);
     CHECK(FLARE_PACKAGE_VERSION_MAJOR == 0 && FLARE_PACKAGE_VERSION_MINOR == 1 &&
           FLARE_PACKAGE_VERSION_PATCH == 0);
@@ -135,14 +137,17 @@ static void test_config(void) {
     uint32_t bad;
     int i;
 
-    flare_pool_config_init(NULL); /* a no-op, not a crash */
+    flare_pool_config_init(NULL, sizeof cfg); /* a no-op, not a crash */
     memset(&cfg, 0xcd, sizeof cfg);
-    flare_pool_config_init(&cfg);
+    flare_pool_config_init(&cfg, sizeof cfg);
     CHECK(cfg.struct_size == sizeof cfg && cfg.backend == FLARE_BACKEND_SIMULATED && cfg.device == 0 &&
           cfg.reuse_policy == FLARE_REUSE_BEST_FIT && cfg.release_threshold_bytes == 0 &&
           cfg.peer_devices == NULL && cfg.peer_device_count == 0 &&
           cfg.sim_capacity_bytes == 0 && cfg.sim_granularity_bytes == 0 &&
-          cfg.sim_device_count == 0);
+          cfg.sim_device_count == 0 && cfg.best_fit_max_waste_percent == 30);
+    /* Enum-valued fields are fixed-width integers, whatever the compiler makes of an
+     * enum. */
+    CHECK(sizeof cfg.backend == 4 && sizeof cfg.reuse_policy == 4);
     cfg.backend = FLARE_BACKEND_SIMULATED;
 
     CHECK_STATUS(flare_pool_create(NULL, &pool), FLARE_STATUS_INVALID_ARGUMENT);
@@ -220,6 +225,75 @@ static void test_config(void) {
         OK(flare_pool_destroy(pool));
     }
     {
+        /* config_init writes at most config_size bytes: an older caller's shorter
+         * struct is never overrun, only the fields wholly inside are written. */
+        union {
+            FlarePoolConfig c;
+            unsigned char bytes[sizeof(FlarePoolConfig) + 32];
+        } u;
+        size_t k, end = offsetof(FlarePoolConfig, sim_capacity_bytes);
+        int untouched = 1, zero = 1;
+        memset(&u, 0xcd, sizeof u);
+        flare_pool_config_init(&u.c, 0);
+        flare_pool_config_init(&u.c, 3);
+        for (k = 0; k < sizeof u; k++) {
+            untouched &= u.bytes[k] == 0xcd;
+        }
+        CHECK(untouched); /* below the first field: nothing written */
+        flare_pool_config_init(&u.c, end);
+        untouched = 1;
+        for (k = offsetof(FlarePoolConfig, peer_device_count) + 4; k < sizeof u; k++) {
+            untouched &= u.bytes[k] == 0xcd;
+        }
+        CHECK(untouched);
+        CHECK(u.c.struct_size == end && u.c.backend == FLARE_BACKEND_SIMULATED &&
+              u.c.device == 0 && u.c.reuse_policy == FLARE_REUSE_BEST_FIT &&
+              u.c.release_threshold_bytes == 0 && u.c.peer_devices == NULL &&
+              u.c.peer_device_count == 0);
+        pool = NULL;
+        OK(flare_pool_create(&u.c, &pool)); /* the rest takes its defaults */
+        s = snap(pool);
+        CHECK(s.granularity_bytes == 2 * MiB);
+        OK(flare_pool_destroy(pool));
+        /* A newer caller's larger struct: this library's fields, the rest untouched. */
+        memset(&u, 0xcd, sizeof u);
+        flare_pool_config_init(&u.c, sizeof u);
+        untouched = 1;
+        for (k = sizeof(FlarePoolConfig); k < sizeof u; k++) {
+            untouched &= u.bytes[k] == 0xcd;
+        }
+        CHECK(untouched && u.c.struct_size == sizeof(FlarePoolConfig));
+        CHECK(u.c.best_fit_max_waste_percent == 30 && u.c.sim_device_count == 0);
+        /* The padding after peer_device_count is zeroed, not left as garbage. */
+        for (k = offsetof(FlarePoolConfig, peer_device_count) + 4;
+             k < offsetof(FlarePoolConfig, sim_capacity_bytes); k++) {
+            zero &= u.bytes[k] == 0;
+        }
+        CHECK(zero);
+    }
+    {
+        /* The best-fit waste bound: inside a scope, 4 MiB freed, then 2 MiB asked for.
+         * The idle 4 MiB exceeds the request by 100%: reused under a bound of 100%,
+         * not under the default 30% (nor under 0, which means the default). */
+        static const uint32_t percents[3] = {100, 30, 0};
+        static const uint64_t want_hits[3] = {1, 0, 0};
+        for (i = 0; i < 3; i++) {
+            FlarePoolConfig c = cfg;
+            void *p = NULL, *q = NULL;
+            c.best_fit_max_waste_percent = percents[i];
+            pool = NULL;
+            OK(flare_pool_create(&c, &pool));
+            OK(flare_retention_begin(pool));
+            OK(flare_package_allocate(pool, 4 * MiB, &p));
+            OK(flare_package_free(pool, p));
+            OK(flare_package_allocate(pool, 2 * MiB, &q));
+            OK(flare_package_free(pool, q));
+            s = snap(pool);
+            CHECK(s.reuse_hits == want_hits[i]);
+            OK(flare_pool_destroy(pool));
+        }
+    }
+    {
         FlarePoolConfig c = cfg;
         c.sim_granularity_bytes = 64 * 1024;
         OK(flare_pool_create(&c, &pool));
@@ -229,17 +303,24 @@ static void test_config(void) {
     }
     {
         /* The CUDA backend: no driver on a machine without a GPU. Where there is one,
-         * fault injection is not supported on it. */
+         * fault injection is not supported on it. A negative device is an invalid
+         * argument on any machine: checked before the driver is loaded. */
         FlarePoolConfig c;
         FlareStatus st;
-        flare_pool_config_init(&c);
+        flare_pool_config_init(&c, sizeof c);
         c.backend = FLARE_BACKEND_CUDA;
+        c.device = -1;
+        pool = sentinel;
+        CHECK_STATUS(flare_pool_create(&c, &pool), FLARE_STATUS_INVALID_ARGUMENT);
+        CHECK(pool == sentinel && last_error_contains("device ordinal -1 is negative"));
+        c.device = 0;
         pool = NULL;
         st = flare_pool_create(&c, &pool);
         CHECK(st == FLARE_STATUS_NO_DRIVER || st == FLARE_STATUS_SUCCESS);
         if (st == FLARE_STATUS_SUCCESS) {
             CHECK_STATUS(flare_sim_inject_failure(pool, FLARE_CALL_MAP, 1, 999),
                          FLARE_STATUS_NOT_SUPPORTED);
+            CHECK_STATUS(flare_sim_inject_panic(pool), FLARE_STATUS_NOT_SUPPORTED);
             OK(flare_pool_destroy(pool));
         } else {
             fprintf(stderr, "  (CUDA backend: %s, as expected without a GPU)\n",
@@ -304,10 +385,12 @@ static void test_lifecycle(void) {
     s = snap(pool);
     CHECK(snap_empty(&s));
 
-    /* Destroy with live allocations releases them. */
+    /* Destroy with live allocations releases them, and says so in the message. */
     OK(flare_package_allocate(pool, 10 * MiB, &a));
     OK(flare_retention_begin(pool));
     OK(flare_pool_destroy(pool));
+    CHECK(last_error_contains("flare_pool_destroy: released 1 live allocation(s): 10485760 "
+                              "bytes requested, 10485760 bytes (10.0 MiB) mapped"));
     OK(flare_pool_destroy(NULL)); /* a no-op */
 
     /* A release threshold caches freed mappings outside a scope until trim. */
@@ -394,13 +477,20 @@ static void test_bad_inputs(void) {
     after = snap(pool);
     CHECK(snap_equal(&before, &after));
 
-    CHECK_STATUS(flare_package_allocate(pool, (size_t)(2 * GiB), &out),
-                 FLARE_STATUS_OUT_OF_MEMORY);
-    CHECK(out == sentinel && last_error_contains("out of memory"));
-    CHECK(last_error_contains("larger than the device's total memory"));
-    /* Beyond the whole device: refused before any driver call, nothing counted. */
+    /* Beyond the whole device (1 GiB): too large, not out of memory; refused before
+     * any driver call, nothing counted. */
+    CHECK_STATUS(flare_package_allocate(pool, (size_t)GiB + 1, &out),
+                 FLARE_STATUS_REQUEST_TOO_LARGE);
+    CHECK(out == sentinel && last_error_contains("request too large"));
+    CHECK(last_error_contains("more than the device's total memory of 1.0 GiB"));
     after = snap(pool);
     CHECK(snap_equal(&before, &after));
+    /* The whole device is not too large, but with 4 MiB live it is full now: out of
+     * memory, after releasing the idle mapping and retrying once. */
+    CHECK_STATUS(flare_package_allocate(pool, (size_t)GiB, &out), FLARE_STATUS_OUT_OF_MEMORY);
+    CHECK(out == sentinel && last_error_contains("out of memory"));
+    after = snap(pool);
+    CHECK(after.oom_retries == before.oom_retries + 1 && after.live_count == 1);
     before = snap(pool);
 
     /* Pointers: unknown, interior, already freed. */
@@ -638,6 +728,142 @@ static void test_injected_failures(void) {
     OK(flare_pool_destroy(pool));
 }
 
+/* Two simulated pools never share an address: a pointer of one is unknown to the
+ * other, which is left unchanged, as on the real driver (one address space per
+ * process). */
+static void test_wrong_pool(void) {
+    FlarePool *a = new_pool(FLARE_REUSE_BEST_FIT, 0, 0);
+    FlarePool *b = new_pool(FLARE_REUSE_BEST_FIT, 0, 0);
+    FlareSnapshot before, after;
+    void *p = NULL, *q = NULL;
+    OK(flare_package_allocate(a, 1, &p));
+    OK(flare_package_allocate(b, 1, &q));
+    CHECK(p != NULL && q != NULL && p != q);
+    before = snap(b);
+    CHECK_STATUS(flare_package_free(b, p), FLARE_STATUS_UNKNOWN_POINTER);
+    after = snap(b);
+    CHECK(snap_equal(&before, &after) && after.live_count == 1);
+    before = snap(a);
+    CHECK_STATUS(flare_package_free(a, q), FLARE_STATUS_UNKNOWN_POINTER);
+    after = snap(a);
+    CHECK(snap_equal(&before, &after));
+    OK(flare_package_free(b, q));
+    OK(flare_package_free(a, p));
+    CHECK(snap(a).live_count == 0 && snap(b).live_count == 0);
+    OK(flare_pool_destroy(a));
+    OK(flare_pool_destroy(b));
+}
+
+static FlareDestroyReport empty_report(void) {
+    FlareDestroyReport r;
+    memset(&r, 0xab, sizeof r);
+    r.struct_size = (uint32_t)sizeof r;
+    return r;
+}
+
+/* Destroy says how many live allocations and how many bytes it released. */
+static void test_destroy_report(void) {
+    FlarePool *pool = new_pool(FLARE_REUSE_BEST_FIT, 0, 64 * MiB);
+    FlareDestroyReport r = empty_report();
+    void *a = NULL, *b = NULL, *idle = NULL;
+
+    /* Two live (1 B and 3 MiB: 2 + 4 MiB mapped) and one cached idle (2 MiB). */
+    OK(flare_package_allocate(pool, 1, &a));
+    OK(flare_package_allocate(pool, 3 * MiB, &b));
+    OK(flare_package_allocate(pool, 2 * MiB, &idle));
+    OK(flare_package_free(pool, idle));
+    /* Bad report arguments destroy nothing: the pool stays usable. */
+    CHECK_STATUS(flare_pool_destroy_report(pool, NULL), FLARE_STATUS_INVALID_ARGUMENT);
+    r.struct_size = 4;
+    CHECK_STATUS(flare_pool_destroy_report(pool, &r), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK(r.live_count == UINT64_C(0xabababababababab));
+    CHECK(snap(pool).live_count == 2);
+
+    r = empty_report();
+    OK(flare_pool_destroy_report(pool, &r));
+    CHECK(r.struct_size == sizeof r && r.scope_was_open == 0 && r.live_count == 2 &&
+          r.live_requested_bytes == 1 + 3 * MiB && r.live_mapped_bytes == 6 * MiB &&
+          r.physical_bytes == 8 * MiB);
+    CHECK(last_error_contains("flare_pool_destroy_report: released 2 live allocation(s): "
+                              "3145729 bytes requested, 6291456 bytes (6.0 MiB) mapped"));
+
+    /* Nothing live, a scope open: the report says so and the message is left alone. */
+    pool = new_pool(FLARE_REUSE_BEST_FIT, 0, 0);
+    OK(flare_retention_begin(pool));
+    OK(flare_package_allocate(pool, 2 * MiB, &a));
+    OK(flare_package_free(pool, a));
+    CHECK_STATUS(flare_package_free(pool, a), FLARE_STATUS_UNKNOWN_POINTER);
+    r = empty_report();
+    OK(flare_pool_destroy_report(pool, &r));
+    CHECK(r.scope_was_open == 1 && r.live_count == 0 && r.live_requested_bytes == 0 &&
+          r.live_mapped_bytes == 0 && r.physical_bytes == 2 * MiB);
+    CHECK(last_error_contains("unknown pointer"));
+
+    /* An older caller's shorter report: only the fields wholly inside are written. */
+    pool = new_pool(FLARE_REUSE_BEST_FIT, 0, 0);
+    OK(flare_package_allocate(pool, 5 * MiB, &a));
+    r = empty_report();
+    r.struct_size = (uint32_t)offsetof(FlareDestroyReport, live_requested_bytes);
+    OK(flare_pool_destroy_report(pool, &r));
+    CHECK(r.live_count == 1 && r.live_requested_bytes == UINT64_C(0xabababababababab) &&
+          r.physical_bytes == UINT64_C(0xabababababababab));
+
+    /* NULL pool: success, nothing released. */
+    r = empty_report();
+    OK(flare_pool_destroy_report(NULL, &r));
+    CHECK(r.live_count == 0 && r.physical_bytes == 0 && r.scope_was_open == 0);
+}
+
+/* A panic caught at the C boundary poisons the pool: every later call on it returns
+ * FLARE_STATUS_INTERNAL and says so; destroy still releases what the pool holds. */
+static void test_poisoned(void) {
+    FlarePool *pool = new_pool(FLARE_REUSE_BEST_FIT, 0, 0);
+    FlarePool *other = new_pool(FLARE_REUSE_BEST_FIT, 0, 0);
+    void *const sentinel = (void *)(uintptr_t)0x5e5e;
+    void *a = NULL, *b = sentinel, *c = NULL;
+    FlareSnapshot s;
+    FlareDestroyReport r = empty_report();
+
+    OK(flare_package_allocate(pool, 3 * MiB, &a));
+    OK(flare_sim_inject_panic(pool));
+    /* The injected panic fires once the allocation is made, before its pointer is
+     * returned (the message goes to stderr too: the panic hook's). */
+    fprintf(stderr, "  (an injected panic follows)\n");
+    CHECK_STATUS(flare_package_allocate(pool, MiB, &b), FLARE_STATUS_INTERNAL);
+    CHECK(b == sentinel);
+    CHECK(last_error_contains("flare_package_allocate: internal error") &&
+          last_error_contains("injected by flare_sim_inject_panic") &&
+          last_error_contains("poisoned"));
+    /* Every later call on the pool is refused and says why. */
+    memset(&s, 0, sizeof s);
+    s.struct_size = (uint32_t)sizeof s;
+    CHECK_STATUS(flare_package_free(pool, a), FLARE_STATUS_INTERNAL);
+    CHECK(last_error_contains("flare_package_free: the pool is poisoned"));
+    CHECK_STATUS(flare_package_free(pool, NULL), FLARE_STATUS_INTERNAL);
+    b = sentinel;
+    CHECK_STATUS(flare_package_allocate(pool, 1, &b), FLARE_STATUS_INTERNAL);
+    CHECK(b == sentinel);
+    CHECK_STATUS(flare_retention_begin(pool), FLARE_STATUS_INTERNAL);
+    CHECK_STATUS(flare_retention_finish(pool), FLARE_STATUS_INTERNAL);
+    CHECK_STATUS(flare_retention_abort(pool), FLARE_STATUS_INTERNAL);
+    CHECK_STATUS(flare_pool_trim(pool), FLARE_STATUS_INTERNAL);
+    CHECK_STATUS(flare_pool_snapshot(pool, &s), FLARE_STATUS_INTERNAL);
+    CHECK(s.live_count == 0); /* not written */
+    CHECK_STATUS(flare_sim_inject_failure(pool, FLARE_CALL_MAP, 1, 999), FLARE_STATUS_INTERNAL);
+    CHECK_STATUS(flare_sim_inject_panic(pool), FLARE_STATUS_INTERNAL);
+    CHECK(last_error_contains("flare_sim_inject_panic: the pool is poisoned") &&
+          last_error_contains("flare_package_allocate: injected by flare_sim_inject_panic"));
+    /* Another pool is not affected. */
+    OK(flare_package_allocate(other, 1, &c));
+    OK(flare_package_free(other, c));
+    OK(flare_pool_destroy(other));
+    /* Destroy releases both allocations, the one whose pointer was never returned
+     * too. */
+    OK(flare_pool_destroy_report(pool, &r));
+    CHECK(r.live_count == 2 && r.live_requested_bytes == 4 * MiB &&
+          r.live_mapped_bytes == 6 * MiB && r.physical_bytes == 6 * MiB);
+}
+
 struct worker {
     FlarePool *pool;
     int id;
@@ -719,6 +945,9 @@ static int run_all_tests(const char *language) {
     test_warmup(FLARE_REUSE_NONE, 24 * GiB);
     test_bad_inputs();
     test_injected_failures();
+    test_wrong_pool();
+    test_destroy_report();
+    test_poisoned();
     test_threads(0, 0);
     test_threads(0, 64 * MiB);
     test_threads(1, 0);

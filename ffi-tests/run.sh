@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the release static library, then compiles and runs the C11 and C++17 ABI
-# tests against it: plainly, under AddressSanitizer + UndefinedBehaviorSanitizer
+# tests and the C program of README.md (extracted from it, so that the README cannot
+# drift) against it: plainly, under AddressSanitizer + UndefinedBehaviorSanitizer
 # (leak detection on), under valgrind (memcheck, definite leaks are errors), and the
 # CMake consumer project when cmake is present. Exits non-zero on any failure.
 #
@@ -29,6 +30,8 @@ lib="$root/target/release/libflare_package.a"
 warn=(-Wall -Wextra -Werror -pedantic)
 syslibs=(-lpthread -ldl -lm)
 failures=()
+# test_poisoned injects a panic: its message is enough, no backtrace.
+export RUST_BACKTRACE=0
 
 # run NAME COMMAND...: runs a test program; it must exit 0 and its last line must be
 # "N passed, 0 failed".
@@ -41,6 +44,19 @@ run() {
   local last
   last=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1 || true)
   if [ "$rc" -ne 0 ] || [ -z "$last" ] || [[ "$last" != *" 0 failed" ]]; then
+    echo "   => FAILED (exit $rc)"
+    failures+=("$name")
+  fi
+}
+
+# run_exit0 NAME COMMAND...: runs a program that must exit 0 (the README example).
+run_exit0() {
+  local name=$1; shift
+  echo "-- $name"
+  local out rc=0
+  out=$("$@" 2>&1) || rc=$?
+  printf '%s\n' "$out" | sed 's/^/   /' | tail -n 25
+  if [ "$rc" -ne 0 ]; then
     echo "   => FAILED (exit $rc)"
     failures+=("$name")
   fi
@@ -60,21 +76,38 @@ printf '#include "flare_package.h"\n#include "flare_package.h"\nint main(void) {
 gcc -std=c11 "${warn[@]}" -I"$root/include" -fsyntax-only "$build/header_only.c"
 g++ -std=c++17 "${warn[@]}" -I"$root/include" -fsyntax-only -x c++ "$build/header_only.c"
 
+echo "== README.md's C program (the first \`\`\`c block under \"## Using it from C or C++\")"
+awk '/^## Using it from C or C\+\+/ { section = 1; next }
+     /^## / { section = 0 }
+     section && !done && /^```c$/ { inside = 1; next }
+     inside && /^```$/ { inside = 0; done = 1; next }
+     inside { print }' "$root/README.md" > "$build/readme_example.c"
+grep -q 'int main' "$build/readme_example.c" || { echo "no C program found in README.md" >&2; exit 1; }
+# The README's own build line, with the paths of this checkout.
+compile_readme() { # compile_readme OUT EXTRA_FLAGS...
+  local out=$1; shift
+  gcc -std=c11 "${warn[@]}" "$@" -I"$root/include" "$build/readme_example.c" "$lib" "${syslibs[@]}" -o "$out"
+}
+
 echo "== plain"
 compile "$build/lifecycle_c" c -O2
 compile "$build/lifecycle_cpp" cpp -O2
+compile_readme "$build/readme_example" -O2
 run "C11" "$build/lifecycle_c"
 run "C++17" "$build/lifecycle_cpp"
+run_exit0 "README example" "$build/readme_example"
 
 if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer (detect_leaks=1)"
   san=(-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   compile "$build/lifecycle_c_asan" c "${san[@]}"
   compile "$build/lifecycle_cpp_asan" cpp "${san[@]}"
+  compile_readme "$build/readme_example_asan" -g "${san[@]}"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   run "C11 asan+ubsan" "$build/lifecycle_c_asan"
   run "C++17 asan+ubsan" "$build/lifecycle_cpp_asan"
+  run_exit0 "README example asan+ubsan" "$build/readme_example_asan"
   unset ASAN_OPTIONS UBSAN_OPTIONS
 fi
 
@@ -84,6 +117,7 @@ if [ "${SKIP_VALGRIND:-0}" != 1 ]; then
   vg=(valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite)
   run "C11 valgrind" "${vg[@]}" "$build/lifecycle_c"
   run "C++17 valgrind" "${vg[@]}" "$build/lifecycle_cpp"
+  run_exit0 "README example valgrind" "${vg[@]}" "$build/readme_example"
 fi
 
 if command -v cmake >/dev/null; then

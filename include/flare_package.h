@@ -34,10 +34,10 @@ typedef enum FlareStatus {
      */
     FLARE_STATUS_INVALID_ARGUMENT = 1,
     /**
-     * The device has no room for the request. Outside a retention scope the pool
+     * The device has no room for the request now. Outside a retention scope the pool
      * already released its idle mappings and retried once; inside one, nothing
-     * retained was released. A request larger than the device's total memory fails
-     * at once, with nothing released and nothing counted.
+     * retained was released. Freeing memory can make the request succeed (a request
+     * that never can is `FLARE_STATUS_REQUEST_TOO_LARGE`).
      */
     FLARE_STATUS_OUT_OF_MEMORY = 2,
     /**
@@ -68,9 +68,17 @@ typedef enum FlareStatus {
     FLARE_STATUS_NO_DRIVER = 7,
     /**
      * A bug in the library (a panic caught at the C boundary). The message has the
-     * panic's text.
+     * panic's text. The pool the call was on is poisoned: every later call on it
+     * returns this status too (the message says the pool is poisoned), except
+     * `flare_pool_destroy`, which still releases what the pool holds.
      */
     FLARE_STATUS_INTERNAL = 8,
+    /**
+     * The request, rounded up to the granularity, is more than the device's total
+     * memory: it can never succeed, whatever is freed. Refused at once: no driver
+     * call, nothing released, nothing counted.
+     */
+    FLARE_STATUS_REQUEST_TOO_LARGE = 9,
 } FlareStatus;
 
 /**
@@ -162,10 +170,13 @@ typedef struct FlarePool FlarePool;
  * Settings of a pool. Initialise with `flare_pool_config_init`, then change fields.
  *
  * Versioning: `struct_size` is `sizeof(FlarePoolConfig)` of the header the caller
- * was compiled with. A smaller value (an older caller) is accepted: the fields lying
- * wholly inside `struct_size` bytes are read, the others take their defaults. It must
- * cover at least `struct_size` and `backend` (8 bytes) and be at most 4096, else
- * `FLARE_STATUS_INVALID_ARGUMENT`.
+ * was compiled with (`flare_pool_config_init` sets it). A smaller value (an older
+ * caller) is accepted: the fields lying wholly inside `struct_size` bytes are read,
+ * the others take their defaults. It must cover at least `struct_size` and `backend`
+ * (8 bytes) and be at most 4096, else `FLARE_STATUS_INVALID_ARGUMENT`.
+ *
+ * Enum-valued fields are `uint32_t` (a C enum's size is the compiler's choice); set
+ * them with the named constants.
  */
 typedef struct FlarePoolConfig {
     /**
@@ -173,19 +184,19 @@ typedef struct FlarePoolConfig {
      */
     uint32_t struct_size;
     /**
-     * The driver (default `FLARE_BACKEND_SIMULATED`, as in the Rust API: set
-     * `FLARE_BACKEND_CUDA` for real memory).
+     * The driver, a `FlareBackend` value (default `FLARE_BACKEND_SIMULATED`, as in
+     * the Rust API: set `FLARE_BACKEND_CUDA` for real memory).
      */
-    FlareBackend backend;
+    uint32_t backend;
     /**
      * CUDA device ordinal whose memory the pool allocates (default 0; negative is
      * `FLARE_STATUS_INVALID_ARGUMENT`).
      */
     int32_t device;
     /**
-     * Reuse policy (default `FLARE_REUSE_BEST_FIT`).
+     * Reuse policy, a `FlareReusePolicy` value (default `FLARE_REUSE_BEST_FIT`).
      */
-    FlareReusePolicy reuse_policy;
+    uint32_t reuse_policy;
     /**
      * Outside a retention scope, a freed mapping stays cached (idle, reusable) while
      * the pool's idle bytes stay at or under this many bytes; above it, it is
@@ -219,7 +230,56 @@ typedef struct FlarePoolConfig {
      * its default.
      */
     uint32_t sim_device_count;
+    /**
+     * `FLARE_REUSE_BEST_FIT` only: the largest excess of an idle mapping over the
+     * rounded request that a reuse accepts, percent of the request (100: up to twice
+     * the size). `flare_pool_config_init` writes the default, 30 (chosen by
+     * replaying real traces, BENCHMARKS.md); 0 is also taken as that default (a
+     * bound of 0% is `FLARE_REUSE_EXACT`). Added in 0.1.0 after `sim_device_count`,
+     * in what was the struct's tail padding (`sizeof` stays 64): a caller compiled
+     * with an older header must have initialised or zeroed the whole struct.
+     */
+    uint32_t best_fit_max_waste_percent;
 } FlarePoolConfig;
+
+/**
+ * What `flare_pool_destroy_report` released: the allocations that were still live
+ * when the pool was destroyed (a leak on the caller's side, or a deliberate
+ * teardown), and everything the pool held.
+ *
+ * Versioning: as for `FlareSnapshot`, the caller sets `struct_size` to
+ * `sizeof(FlareDestroyReport)`; only the fields lying wholly inside `struct_size`
+ * bytes are written, `struct_size` itself is left as it is. It must cover at least
+ * `struct_size` and `scope_was_open` (8 bytes) and be at most 4096.
+ */
+typedef struct FlareDestroyReport {
+    /**
+     * `sizeof(FlareDestroyReport)`, bytes; set by the caller.
+     */
+    uint32_t struct_size;
+    /**
+     * 1 when a retention scope was still open (the destroy closed it), else 0.
+     */
+    uint32_t scope_was_open;
+    /**
+     * Allocations still live, released with the pool.
+     */
+    uint64_t live_count;
+    /**
+     * Bytes the callers had asked for, summed over those allocations (not rounded).
+     */
+    uint64_t live_requested_bytes;
+    /**
+     * Bytes mapped for those allocations (rounded to the mappings' sizes).
+     */
+    uint64_t live_mapped_bytes;
+    /**
+     * Physical bytes the pool held on the device (live, idle and pending), all
+     * released, unless the status is `FLARE_STATUS_DRIVER_ERROR`: then what the
+     * driver refused is left to it.
+     */
+    uint64_t physical_bytes;
+} FlareDestroyReport;
 
 /**
  * A consistent copy of a pool's counters (taken under the pool's lock).
@@ -366,18 +426,25 @@ extern "C" {
 #endif // __cplusplus
 
 /**
- * Fills `*config` with the defaults: `struct_size = sizeof(FlarePoolConfig)`,
- * `FLARE_BACKEND_SIMULATED` (set `FLARE_BACKEND_CUDA` for real memory), device 0,
- * `FLARE_REUSE_BEST_FIT`, release threshold 0, no peers, simulated capacity and
- * granularity and device count 0 (their defaults: 140 GiB, 2 MiB, 1 device).
+ * Fills the caller's configuration with the defaults. Call it as
+ * `flare_pool_config_init(&cfg, sizeof cfg)`: `config_size` is the size of the
+ * caller's struct. Defaults: `struct_size = min(config_size,
+ * sizeof(FlarePoolConfig))`, `FLARE_BACKEND_SIMULATED` (set `FLARE_BACKEND_CUDA` for
+ * real memory), device 0, `FLARE_REUSE_BEST_FIT`, release threshold 0, no peers,
+ * simulated capacity, granularity and device count 0 (their defaults: 140 GiB,
+ * 2 MiB, 1 device), best-fit waste bound 30%.
  *
- * Writes `sizeof(FlarePoolConfig)` bytes of this header's version. NULL: nothing
- * happens. Thread-safe.
+ * Writes at most `config_size` bytes: only the fields lying wholly inside the first
+ * `config_size` bytes (and inside this library's struct) are written, so an older
+ * caller's smaller struct is never overrun, and the bytes of a newer caller's larger
+ * struct past this library's fields are left as they are (a create by this library
+ * does not read them). Padding between the written fields is zeroed. NULL, a
+ * misaligned pointer or a `config_size` below 4: nothing is written. Thread-safe.
  *
  * # Safety
- * `config` is NULL or points to a writable `FlarePoolConfig`.
+ * `config` is NULL or points to at least `config_size` writable bytes.
  */
-void flare_pool_config_init(struct FlarePoolConfig *config);
+void flare_pool_config_init(struct FlarePoolConfig *config, size_t config_size);
 
 /**
  * Creates a pool from `*config` and writes it to `*out_pool`.
@@ -403,6 +470,16 @@ enum FlareStatus flare_pool_create(const struct FlarePoolConfig *config,
  * then unmap, release and free each mapping, refused steps retried once), and frees
  * the pool. `pool` is invalid afterwards, whatever the status.
  *
+ * Live allocations are a leak on the caller's side (or a deliberate teardown): when
+ * there were any, the thread's last error message says how many and how many bytes
+ * were released (`"flare_pool_destroy: released 2 live allocation(s): 3145729 bytes
+ * requested, 6291456 bytes (6.0 MiB) mapped"`), even on success (the only success
+ * that sets the message). `flare_pool_destroy_report` gives the same figures as
+ * numbers.
+ *
+ * A poisoned pool (a panic was caught in an earlier call on it) is destroyed all the
+ * same: what its books name is released.
+ *
  * NULL: `FLARE_STATUS_SUCCESS`, nothing happens.
  *
  * Errors: `FLARE_STATUS_DRIVER_ERROR` with the first step the driver still refused
@@ -417,6 +494,30 @@ enum FlareStatus flare_pool_create(const struct FlarePoolConfig *config,
 enum FlareStatus flare_pool_destroy(struct FlarePool *pool);
 
 /**
+ * `flare_pool_destroy`, and writes what it released to `*out_report`: the live
+ * allocations (count, requested and mapped bytes), whether a scope was open, and the
+ * physical bytes the pool held. The caller sets `out_report->struct_size` first
+ * (`sizeof(FlareDestroyReport)`).
+ *
+ * The report is written whenever the pool was destroyed: on `FLARE_STATUS_SUCCESS`
+ * and on `FLARE_STATUS_DRIVER_ERROR` (the pool is freed then too). `pool` NULL:
+ * `FLARE_STATUS_SUCCESS` and an all-zero report (nothing released).
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL or misaligned `out_report` or a
+ * bad `struct_size`: nothing is written, and the pool is NOT destroyed (it stays
+ * usable); `FLARE_STATUS_DRIVER_ERROR` as for `flare_pool_destroy`.
+ *
+ * Threading: must not run concurrently with any other call on this pool.
+ *
+ * # Safety
+ * `pool` is NULL or was returned by `flare_pool_create` and not yet destroyed;
+ * `out_report` is NULL or points to at least `out_report->struct_size` writable
+ * bytes.
+ */
+enum FlareStatus flare_pool_destroy_report(struct FlarePool *pool,
+                                           struct FlareDestroyReport *out_report);
+
+/**
  * Allocates `size` bytes of device memory and writes its device address
  * (a `CUdeviceptr`, aligned to the granularity) to `*out_ptr`.
  *
@@ -425,9 +526,11 @@ enum FlareStatus flare_pool_destroy(struct FlarePool *pool);
  * created (create, reserve, map, set access).
  *
  * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL argument or a size of 0 (or one
- * whose rounding overflows); `FLARE_STATUS_OUT_OF_MEMORY` when the device is full;
+ * whose rounding overflows); `FLARE_STATUS_REQUEST_TOO_LARGE` when the rounded size
+ * is more than the device's total memory (refused at once, nothing counted);
+ * `FLARE_STATUS_OUT_OF_MEMORY` when the device is full now;
  * `FLARE_STATUS_DRIVER_ERROR` for another failed driver call (nothing leaked; the
- * pool stays usable).
+ * pool stays usable); `FLARE_STATUS_INTERNAL` on a poisoned pool.
  *
  * Ownership: the memory belongs to the pool; free it with `flare_package_free` on
  * the same pool, or it is released by `flare_pool_destroy`. Thread-safe.
@@ -535,7 +638,8 @@ const char *flare_status_name(FlareStatus status);
  *
  * The message is that of the last call on this thread that returned a status other
  * than `FLARE_STATUS_SUCCESS`; successful calls leave it as it is (read it right after
- * the failure). Empty (returns 0) before any failure on this thread. `buf` NULL or
+ * the failure), except a destroy that released live allocations, which records what
+ * it released. Empty (returns 0) before any failure on this thread. `buf` NULL or
  * `len` 0: nothing is written; the length is still returned. Thread-safe (one
  * message per thread).
  *
@@ -560,6 +664,25 @@ enum FlareStatus flare_sim_inject_failure(struct FlarePool *pool,
                                           FlareDriverCall call,
                                           uint32_t nth,
                                           int32_t cuda_error);
+
+/**
+ * Simulated backend only: makes the next call on this pool panic inside the
+ * library, as a bug would, once its pool operation is done and before it writes its
+ * outputs (an allocation is made but its pointer not returned, a free is done, a
+ * snapshot is taken but not copied). For testing how a caller copes with
+ * `FLARE_STATUS_INTERNAL`: that call returns it, and the pool is then poisoned
+ * (every later call on it returns it, and says so); `flare_pool_destroy` still
+ * releases what the pool holds, the allocation the panicking call made included.
+ * `flare_pool_destroy` itself never fires the injected panic.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool;
+ * `FLARE_STATUS_NOT_SUPPORTED` on a CUDA pool; `FLARE_STATUS_INTERNAL` on a poisoned
+ * pool. Thread-safe (the next call on any thread panics).
+ *
+ * # Safety
+ * `pool` is NULL or a live pool.
+ */
+enum FlareStatus flare_sim_inject_panic(struct FlarePool *pool);
 
 #ifdef __cplusplus
 }  // extern "C"

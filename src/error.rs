@@ -13,17 +13,16 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
-    /// The device has no room for `requested` bytes. Outside a retention scope the
-    /// pool already released its idle mappings and retried once; inside a scope
-    /// nothing retained is released, so `idle` bytes may still be held. A request
-    /// larger than the device's total memory fails at once (`source` is `None`),
-    /// with nothing released and nothing counted.
+    /// The device has no room for `requested` bytes now. Outside a retention scope
+    /// the pool already released its idle mappings and retried once; inside a scope
+    /// nothing retained is released, so `idle` bytes may still be held. (A request
+    /// larger than the device's total memory is [`Error::RequestTooLarge`] instead.)
     #[error(
         "out of memory{}: {} live, {} retained idle, {} requested{}; {}",
         if *.in_scope { " inside a retention scope" } else { "" },
         fmt_bytes(*.live), fmt_bytes(*.idle), fmt_bytes(*.requested),
         driver_cause(.source),
-        oom_advice(*.in_scope, .source)
+        oom_advice(*.in_scope)
     )]
     OutOfMemory {
         /// Bytes asked for, rounded up to the granularity.
@@ -34,9 +33,25 @@ pub enum Error {
         idle: u64,
         /// Whether a retention scope was open.
         in_scope: bool,
-        /// The driver's out-of-memory failure, when the driver reported it (not when
-        /// the size is beyond what the driver can ever give).
+        /// The driver's out-of-memory failure (`None` only for an error built
+        /// without one).
         source: Option<DriverError>,
+    },
+
+    /// The request, `requested` bytes rounded up to the granularity, is more than
+    /// the device's total memory (`cuMemGetInfo`'s total when the pool was
+    /// created): no amount of freeing can make room. Returned at once, with no
+    /// driver call, nothing released and nothing counted.
+    #[error(
+        "request too large: {} requested ({requested} bytes), more than the device's \
+         total memory of {} ({device_total} bytes); no amount of freeing can make room",
+        fmt_bytes(*.requested), fmt_bytes(*.device_total)
+    )]
+    RequestTooLarge {
+        /// Bytes asked for, rounded up to the granularity.
+        requested: u64,
+        /// The device's total memory, bytes.
+        device_total: u64,
     },
 
     /// The pointer was not handed out by this pool, is interior to an allocation, or
@@ -73,17 +88,16 @@ pub enum Error {
     NoDriver(String),
 }
 
-/// " (cuMemCreate failed with CUDA_ERROR_OUT_OF_MEMORY (2))", or nothing.
-fn oom_advice(in_scope: bool, source: &Option<DriverError>) -> &'static str {
-    match (source, in_scope) {
-        (None, _) => "the request is larger than the device's total memory",
-        (Some(_), true) => "finish the scope or free live allocations",
-        (Some(_), false) => {
-            "idle mappings were released and the allocation retried once; free live allocations"
-        }
+/// What the caller can do about an out-of-memory.
+fn oom_advice(in_scope: bool) -> &'static str {
+    if in_scope {
+        "finish the scope or free live allocations"
+    } else {
+        "idle mappings were released and the allocation retried once; free live allocations"
     }
 }
 
+/// " (cuMemCreate failed with CUDA_ERROR_OUT_OF_MEMORY (2))", or nothing.
 fn driver_cause(source: &Option<DriverError>) -> String {
     match source {
         Some(e) => format!(" ({} failed with {} ({}))", e.call, e.code.name(), e.code.0),

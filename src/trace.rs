@@ -689,7 +689,8 @@ const PROGRESS_EVERY: usize = 1 << 14;
 /// is finished, and idle cached memory is trimmed, so that
 /// [`ReplayReport::final_physical_bytes`] is what the pool holds afterwards.
 ///
-/// An allocation that runs out of memory ([`Error::OutOfMemory`]) stops the replay:
+/// An allocation that runs out of memory ([`Error::OutOfMemory`], or
+/// [`Error::RequestTooLarge`] for one beyond the whole device) stops the replay:
 /// it is reported in [`ReplayReport::out_of_memory_at_line`], not as an error; what
 /// was allocated is freed and the open scope is aborted.
 ///
@@ -736,7 +737,7 @@ pub fn replay(
                         allocations += 1;
                         Ok(())
                     }
-                    Err(Error::OutOfMemory { .. }) => {
+                    Err(Error::OutOfMemory { .. } | Error::RequestTooLarge { .. }) => {
                         oom_line = Some(line);
                         break;
                     }

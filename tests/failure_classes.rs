@@ -581,11 +581,12 @@ fn every_error_message_says_call_code_sizes_and_what_to_do() {
          (cuMemCreate failed with CUDA_ERROR_OUT_OF_MEMORY (2)); idle mappings were \
          released and the allocation retried once; free live allocations"
     );
-    // Beyond the whole device: no driver call, says so.
+    // Beyond the whole device (4 GiB here): no driver call, says so.
     assert_eq!(
         pool.allocate_raw(1 << 50).unwrap_err().to_string(),
-        "out of memory: 2.0 GiB live, 0 B retained idle, 1.0 PiB requested; \
-         the request is larger than the device's total memory"
+        "request too large: 1.0 PiB requested (1125899906842624 bytes), more than the \
+         device's total memory of 4.0 GiB (4294967296 bytes); no amount of freeing can \
+         make room"
     );
     pool.free_raw(live).unwrap();
     // Driver errors: each names the call, code name and number, the size, the remedy.

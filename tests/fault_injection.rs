@@ -131,6 +131,12 @@ struct Model {
     granularity: u64,
     live: Vec<(DevicePtr, u64)>,
     scope: bool,
+    /// Successful allocations and frees, scopes closed by finish and by abort:
+    /// counted here from the calls' results, independently of the pool's counters.
+    allocations: u64,
+    frees: u64,
+    finished: u64,
+    aborted: u64,
     /// Injections: (call, absolute call number that fails). The simulated driver
     /// moves an injection aimed at an already targeted call to the next one; so do we.
     targets: Vec<(DriverCall, u64)>,
@@ -243,6 +249,10 @@ fn run(setup: Setup, ops: Vec<Op>) {
         granularity: pool.granularity(),
         live: Vec::new(),
         scope: false,
+        allocations: 0,
+        frees: 0,
+        finished: 0,
+        aborted: 0,
         targets: Vec::new(),
     };
     for op in &ops {
@@ -258,6 +268,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                     // Work in flight reads it until the next synchronize.
                     sim.mark_busy(ptr, bytes);
                     m.live.push((ptr, bytes));
+                    m.allocations += 1;
                 }
                 Err(e) => {
                     match &e {
@@ -289,6 +300,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 } else {
                     let (ptr, _) = m.live.swap_remove(i % m.live.len());
                     pool.free_raw(ptr).unwrap();
+                    m.frees += 1;
                     let s = pool.snapshot();
                     // Threshold 0 outside a scope: a free is a release point, and
                     // with no failure on the way everything idle or pending goes.
@@ -316,6 +328,15 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 if scope_error {
                     assert!(matches!(r, Err(Error::ScopeState(_))), "{op:?}: {r:?}");
                 } else {
+                    if m.scope {
+                        // Finish and abort close the scope even when a release step
+                        // fails.
+                        match op {
+                            Op::Finish => m.finished += 1,
+                            Op::Abort => m.aborted += 1,
+                            _ => {}
+                        }
+                    }
                     m.scope = false;
                     match r {
                         Ok(()) => {
@@ -331,8 +352,35 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 }
             }
             Op::Snapshot => {
-                let a = pool.snapshot();
-                assert_eq!(a, pool.snapshot(), "a snapshot changes nothing");
+                // The snapshot against what is known without it: the model's own
+                // counts of what succeeded, and what the simulated driver holds; and
+                // taking it makes no driver call.
+                let calls = |sim: &SimDriver| DriverCall::ALL.map(|c| sim.call_count(c));
+                let calls_before = calls(&sim);
+                let s = pool.snapshot();
+                assert_eq!(calls(&sim), calls_before, "a snapshot calls the driver");
+                let d = sim.state();
+                assert_eq!(
+                    (s.allocations, s.frees, s.live_count),
+                    (m.allocations, m.frees, m.live.len() as u64),
+                    "allocations, frees, live: snapshot vs model"
+                );
+                assert_eq!(
+                    (s.scopes_finished, s.scopes_aborted, s.scope_open),
+                    (m.finished, m.aborted, m.scope),
+                    "scopes: snapshot vs model"
+                );
+                assert_eq!(s.granularity_bytes, m.granularity);
+                assert_eq!(
+                    (s.physical_bytes, s.reserved_bytes),
+                    (d.physical_bytes, d.reserved_bytes),
+                    "physical and reserved bytes: snapshot vs driver"
+                );
+                // Every live allocation is mapped whole in the driver, and the live
+                // mapped bytes cover the rounded requests.
+                let rounded: u64 = m.live.iter().map(|&(_, b)| m.rounded(b)).sum();
+                assert!(s.live_mapped_bytes >= rounded, "{s:#?}");
+                assert!(d.mapped_bytes >= s.live_mapped_bytes, "{s:#?}\n{d:#?}");
             }
             Op::Fail(call, nth, code) => m.inject(call, nth, code),
         }

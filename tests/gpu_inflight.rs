@@ -25,7 +25,8 @@ fn gpu_free_outside_a_scope_waits_for_the_kernel_reading_it() {
     let n = bytes / 4;
     let data = pool.allocate_raw(bytes).unwrap();
     let out = pool.allocate_raw(4).unwrap();
-    d.memset_d8(data, 3, bytes).unwrap(); // every u32 is 0x03030303
+    // SAFETY: `data` is a live allocation of `bytes` bytes, owned by this test.
+    unsafe { d.memset_d8(data, 3, bytes) }.unwrap(); // every u32 is 0x03030303
     let expected = |iters: u64| {
         0x0303_0303u32
             .wrapping_mul(n as u32)
@@ -38,11 +39,14 @@ fn gpu_free_outside_a_scope_waits_for_the_kernel_reading_it() {
     };
 
     // Calibrate: one pass over the range, then enough passes for about 0.7 s.
-    d.memset_d8(out, 0, 4).unwrap();
+    // SAFETY: `out` is a live allocation of 4 bytes, owned by this test.
+    unsafe { d.memset_d8(out, 0, 4) }.unwrap();
     d.synchronize(0).unwrap();
     let t = Instant::now();
-    d.launch_test_kernel(&kernel, 1, THREADS, &[data, n, 1, out])
-        .unwrap();
+    // SAFETY: `sum_repeat` takes four 64-bit parameters (data, count, passes, out);
+    // it reads `n` u32 of `data` and adds to the u32 at `out`, both live allocations
+    // of this test, kept until the synchronize below.
+    unsafe { d.launch_test_kernel(&kernel, 1, THREADS, &[data, n, 1, out]) }.unwrap();
     d.synchronize(0).unwrap();
     let one = t.elapsed().max(Duration::from_micros(50));
     assert_eq!(read_out(), expected(1), "one pass sums right");
@@ -51,11 +55,14 @@ fn gpu_free_outside_a_scope_waits_for_the_kernel_reading_it() {
 
     // The kernel reads `data` for ~0.7 s; free it now, outside a scope (release
     // threshold 0: released at once: synchronize, unmap, release, free the VA).
-    d.memset_d8(out, 0, 4).unwrap();
+    // SAFETY: as above.
+    unsafe { d.memset_d8(out, 0, 4) }.unwrap();
     d.synchronize(0).unwrap();
     let t = Instant::now();
-    d.launch_test_kernel(&kernel, 1, THREADS, &[data, n, iters, out])
-        .unwrap();
+    // SAFETY: the same parameters as above. `data` is freed while the kernel runs:
+    // the pool's free synchronizes before it unmaps (what this test checks), and
+    // `out` stays live until the end.
+    unsafe { d.launch_test_kernel(&kernel, 1, THREADS, &[data, n, iters, out]) }.unwrap();
     pool.free_raw(data).unwrap();
     let free_took = t.elapsed();
     let s = pool.snapshot();
@@ -74,7 +81,8 @@ fn gpu_free_outside_a_scope_waits_for_the_kernel_reading_it() {
     );
     // Still usable: a fresh allocation, written and read back.
     let again = pool.allocate_raw(2 * MIB).unwrap();
-    d.memset_d8(again, 7, 2 * MIB).unwrap();
+    // SAFETY: `again` is a live 2 MiB allocation, owned by this test.
+    unsafe { d.memset_d8(again, 7, 2 * MIB) }.unwrap();
     let mut back = vec![0u8; 16];
     d.copy_dtoh(again, &mut back).unwrap();
     assert!(back.iter().all(|&b| b == 7));

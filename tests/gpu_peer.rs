@@ -41,7 +41,8 @@ fn gpu_free_waits_for_a_peer_kernel_reading_it() {
     let n = bytes / 4;
     let data = pool0.allocate_raw(bytes).unwrap();
     let out = pool1.allocate_raw(4).unwrap();
-    d0.memset_d8(data, 5, bytes).unwrap(); // every u32 is 0x05050505
+    // SAFETY: `data` is a live allocation of `bytes` bytes of this test.
+    unsafe { d0.memset_d8(data, 5, bytes) }.unwrap(); // every u32 is 0x05050505
     d0.synchronize(0).unwrap();
     let expected = |iters: u64| {
         0x0505_0505u32
@@ -55,22 +56,28 @@ fn gpu_free_waits_for_a_peer_kernel_reading_it() {
     };
 
     // Calibrate on device 1: one pass over the device-0 buffer through the peer link.
-    d1.memset_d8(out, 0, 4).unwrap();
+    // SAFETY: `out` is a live 4-byte allocation of this test (device 1).
+    unsafe { d1.memset_d8(out, 0, 4) }.unwrap();
     d1.synchronize(1).unwrap();
     let t = Instant::now();
-    d1.launch_test_kernel(&kernel, 1, THREADS, &[data, n, 1, out])
-        .unwrap();
+    // SAFETY: `sum_repeat` takes four 64-bit parameters (data, count, passes, out);
+    // it reads `n` u32 of `data` (device 0, access granted to device 1) and adds to
+    // the u32 at `out`; both stay live until the synchronize below.
+    unsafe { d1.launch_test_kernel(&kernel, 1, THREADS, &[data, n, 1, out]) }.unwrap();
     d1.synchronize(1).unwrap();
     let one = t.elapsed().max(Duration::from_micros(50));
     assert_eq!(read_out(), expected(1), "one peer pass sums right");
     let iters = (Duration::from_millis(700).as_secs_f64() / one.as_secs_f64()).ceil() as u64;
     let iters = iters.clamp(1, 1 << 20);
 
-    d1.memset_d8(out, 0, 4).unwrap();
+    // SAFETY: as above.
+    unsafe { d1.memset_d8(out, 0, 4) }.unwrap();
     d1.synchronize(1).unwrap();
     let t = Instant::now();
-    d1.launch_test_kernel(&kernel, 1, THREADS, &[data, n, iters, out])
-        .unwrap();
+    // SAFETY: the same parameters as above. `data` is freed while the kernel runs:
+    // the pool's release synchronizes devices 0 and 1 before it unmaps (what this
+    // test checks); `out` stays live to the end.
+    unsafe { d1.launch_test_kernel(&kernel, 1, THREADS, &[data, n, iters, out]) }.unwrap();
     // Outside a scope, threshold 0: released at once, after synchronizing devices 0
     // and 1.
     pool0.free_raw(data).unwrap();
@@ -100,7 +107,8 @@ fn gpu_free_waits_for_a_peer_kernel_reading_it() {
     );
     // Device 0 is healthy too: a fresh allocation there, written and read back.
     let again = pool0.allocate_raw(2 * MIB).unwrap();
-    d0.memset_d8(again, 9, 2 * MIB).unwrap();
+    // SAFETY: `again` is a live 2 MiB allocation of this test.
+    unsafe { d0.memset_d8(again, 9, 2 * MIB) }.unwrap();
     let mut back = vec![0u8; 16];
     d0.copy_dtoh(again, &mut back).unwrap();
     assert!(back.iter().all(|&b| b == 9));

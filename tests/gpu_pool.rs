@@ -96,8 +96,11 @@ fn gpu_reused_memory_reads_back_what_was_written() {
     pool.retention_begin().unwrap();
     let a = pool.allocate_raw(64 * MIB).unwrap();
     let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
-    d.copy_htod(a, &pattern).unwrap();
-    d.memset_d8(a + 32 * MIB, 0xA5, MIB).unwrap();
+    // SAFETY: `a` is a live 64 MiB allocation of the pool, owned by this test; both
+    // ranges lie inside it.
+    unsafe { d.copy_htod(a, &pattern) }.unwrap();
+    // SAFETY: as above; the memset completes before the synchronous copies below.
+    unsafe { d.memset_d8(a + 32 * MIB, 0xA5, MIB) }.unwrap();
     pool.free_raw(a).unwrap();
     let b = pool.allocate_raw(64 * MIB).unwrap();
     assert_eq!(a, b, "the retained mapping is reused");
@@ -127,7 +130,9 @@ fn gpu_allocation_from_a_thread_without_a_context() {
                 CudaDriver::current_context_is_null(),
                 "the pool leaves the thread as it was"
             );
-            cuda().memset_d8(p, 1, 3 * MIB).unwrap();
+            // SAFETY: `p` is a live allocation of at least 3 MiB, owned by this
+            // thread; the free below synchronizes before unmapping it.
+            unsafe { cuda().memset_d8(p, 1, 3 * MIB) }.unwrap();
             pool.free_raw(p).unwrap();
             assert!(CudaDriver::current_context_is_null());
         });

@@ -137,6 +137,7 @@ fn header_declares_the_whole_contract() {
         "typedef enum FlareDriverCall {",
         "typedef struct FlarePoolConfig {",
         "typedef struct FlareSnapshot {",
+        "typedef struct FlareDestroyReport {",
         "#ifndef FLARE_PACKAGE_H",
         "extern \"C\" {",
     ] {
@@ -144,9 +145,10 @@ fn header_declares_the_whole_contract() {
     }
     let flat = normalized(&header);
     for decl in [
-        "void flare_pool_config_init(FlarePoolConfig *config);",
+        "void flare_pool_config_init(FlarePoolConfig *config, size_t config_size);",
         "FlareStatus flare_pool_create(const FlarePoolConfig *config, FlarePool **out_pool);",
         "FlareStatus flare_pool_destroy(FlarePool *pool);",
+        "FlareStatus flare_pool_destroy_report(FlarePool *pool, FlareDestroyReport *out_report);",
         "FlareStatus flare_package_allocate(FlarePool *pool, size_t size, void **out_ptr);",
         "FlareStatus flare_package_free(FlarePool *pool, void *ptr);",
         "FlareStatus flare_retention_begin(FlarePool *pool);",
@@ -157,8 +159,13 @@ fn header_declares_the_whole_contract() {
         "const char *flare_status_name(FlareStatus status);",
         "size_t flare_last_error_message(char *buf, size_t len);",
         "FlareStatus flare_sim_inject_failure(FlarePool *pool, FlareDriverCall call, uint32_t nth, int32_t cuda_error);",
-        "FlareBackend backend;",
-        "FlareReusePolicy reuse_policy;",
+        "FlareStatus flare_sim_inject_panic(FlarePool *pool);",
+        "FLARE_STATUS_REQUEST_TOO_LARGE = 9,",
+        // Enum-valued struct fields are fixed-width integers: a C enum's size is the
+        // compiler's choice, a struct's layout must not be.
+        "uint32_t backend;",
+        "uint32_t reuse_policy;",
+        "uint32_t best_fit_max_waste_percent; } FlarePoolConfig;",
     ] {
         assert!(flat.contains(decl), "the generated header lacks `{decl}`");
     }
@@ -166,4 +173,20 @@ fn header_declares_the_whole_contract() {
         !header.contains("Raw"),
         "a Raw* Rust type leaked into the header"
     );
+    // No struct field has an enum type.
+    for line in header.lines() {
+        let l = line.trim_start();
+        for enum_type in [
+            "FlareStatus ",
+            "FlareBackend ",
+            "FlareReusePolicy ",
+            "FlareDriverCall ",
+        ] {
+            let field = l.starts_with(&format!("enum {enum_type}")) || l.starts_with(enum_type);
+            assert!(
+                !(field && l.ends_with(';') && !l.contains('(')),
+                "a struct field has an enum type: `{l}`"
+            );
+        }
+    }
 }

@@ -284,11 +284,12 @@ fn out_of_memory_outside_a_scope_releases_idle_and_retries_once() {
         before.create_failures + 2,
         "the first try and the retry"
     );
-    // Beyond the whole device: fails at once, no driver call, nothing counted.
+    // Beyond the whole device: fails at once, as too large rather than out of
+    // memory (no freeing can help), no driver call, nothing counted.
     let before = check(&pool);
     let err = pool.allocate_raw(8 * GIB).unwrap_err();
     assert!(
-        matches!(err, Error::OutOfMemory { in_scope: false, requested, source: None, .. } if requested == 8 * GIB),
+        matches!(err, Error::RequestTooLarge { requested, device_total } if requested == 8 * GIB && device_total == 4 * GIB),
         "{err:?}"
     );
     assert_eq!(check(&pool), before);
@@ -537,5 +538,79 @@ fn a_scope_guard_never_closes_a_scope_it_did_not_open() {
     assert_eq!(
         (s.scopes_finished, s.scopes_aborted, s.scope_open),
         (2, 1, false)
+    );
+}
+
+#[test]
+fn a_pointer_of_another_simulated_pool_is_unknown_there() {
+    // On the real driver addresses are unique per process, so a pointer of pool A
+    // freed on pool B is unknown to B. Two simulated pools must behave the same.
+    let a = pool(On::Sim, ReusePolicy::BestFit);
+    let b = pool(On::Sim, ReusePolicy::BestFit);
+    let p = a.allocate_raw(1).unwrap();
+    let q = b.allocate_raw(1).unwrap();
+    assert_ne!(p, q, "two pools handed out the same address");
+    let (before, driver_before) = (check(&b), b.sim_driver().unwrap().state());
+    assert!(
+        matches!(b.free_raw(p), Err(Error::UnknownPointer { ptr }) if ptr == p),
+        "B freed A's pointer"
+    );
+    assert_eq!(check(&b), before, "B's books unchanged");
+    assert_eq!(b.sim_driver().unwrap().state(), driver_before);
+    assert!(matches!(a.free_raw(q), Err(Error::UnknownPointer { .. })));
+    // Each frees its own.
+    b.free_raw(q).unwrap();
+    a.free_raw(p).unwrap();
+    assert_driver_empty(&a);
+    assert_driver_empty(&b);
+}
+
+#[test]
+fn many_simulated_pools_never_share_an_address() {
+    let pools: Vec<Pool> = (0..8).map(|_| pool(On::Sim, ReusePolicy::Exact)).collect();
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for (i, p) in pools.iter().enumerate() {
+        for k in 1..=3 {
+            let size = (i as u64 + k) * 2 * MIB;
+            ranges.push((p.allocate_raw(size).unwrap(), size));
+        }
+    }
+    ranges.sort_unstable();
+    for w in ranges.windows(2) {
+        assert!(
+            w[0].0 + w[0].1 <= w[1].0,
+            "{:#x}+{} overlaps {:#x}",
+            w[0].0,
+            w[0].1,
+            w[1].0
+        );
+    }
+}
+
+#[test]
+fn a_negative_device_is_an_invalid_argument_on_every_backend() {
+    // The check comes before any driver is touched: the same error with or without
+    // libcuda (it used to be NoDriver on the CUDA backend).
+    for config in [PoolConfig::cuda(-1), PoolConfig::default()] {
+        let backend = config.backend;
+        let config = PoolConfig {
+            device: -1,
+            ..config
+        };
+        let err = Pool::new(config).unwrap_err();
+        assert_eq!(
+            err,
+            Error::InvalidArgument("device ordinal -1 is negative".into()),
+            "{backend:?}"
+        );
+    }
+    let err = Pool::new(PoolConfig {
+        peer_devices: vec![-3],
+        ..PoolConfig::cuda(0)
+    })
+    .unwrap_err();
+    assert_eq!(
+        err,
+        Error::InvalidArgument("peer device ordinal -3 is negative".into())
     );
 }

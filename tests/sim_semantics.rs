@@ -6,7 +6,9 @@
 //! document, not from running the simulator.
 #![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-use flare_package::driver::sim::{SimConfig, SimDriver, SimFault, SimState};
+use flare_package::driver::sim::{
+    SimConfig, SimDriver, SimFault, SimState, SIM_VA_BASE, SIM_VA_WINDOW,
+};
 use flare_package::driver::{
     CuResult, DevicePtr, Driver, DriverCall, DriverError, MemInfo, PhysicalHandle, Reservation,
 };
@@ -523,6 +525,43 @@ fn reservations_are_aligned_high_and_never_reused() {
     // Alignment smaller than G still yields G-aligned addresses.
     let e = d.mem_address_reserve(G, 4096).unwrap();
     assert_eq!(e % G, 0);
+}
+
+#[test]
+fn two_drivers_reserve_disjoint_addresses() {
+    // One virtual address space per process on the real driver: no two simulated
+    // drivers may hand out the same range (issue 9 item 3).
+    let a = sim();
+    let b = sim();
+    let a0 = a.mem_address_reserve(2 * G, 0).unwrap();
+    let b0 = b.mem_address_reserve(2 * G, 0).unwrap();
+    // Each starts a window of its own: window-aligned, different windows.
+    assert_eq!(a0 % SIM_VA_WINDOW, 0);
+    assert_eq!(b0 % SIM_VA_WINDOW, 0);
+    assert_ne!(a0, b0);
+    assert!(a0 >= SIM_VA_BASE && b0 >= SIM_VA_BASE);
+    // A driver that outgrows its window (1 TiB reserved, never reused) takes a fresh
+    // one: still nothing of b's.
+    let big = a.mem_address_reserve(SIM_VA_WINDOW, 0).unwrap();
+    let b1 = b.mem_address_reserve(2 * G, 0).unwrap();
+    let overlaps = |p: u64, ps: u64, q: u64, qs: u64| p < q + qs && q < p + ps;
+    for (q, qs) in [(b0, SIM_VA_WINDOW), (b1, 2 * G)] {
+        assert!(!overlaps(big, SIM_VA_WINDOW, q, qs), "{big:#x} vs {q:#x}");
+    }
+    assert!(!overlaps(a0, 2 * G, big, SIM_VA_WINDOW));
+    // Larger than a window: whole windows, aligned as asked.
+    let huge = b.mem_address_reserve(3 * SIM_VA_WINDOW, 1 << 41).unwrap();
+    assert_eq!(huge % (1 << 41), 0);
+    for (q, qs) in [(a0, 2 * G), (big, SIM_VA_WINDOW), (b0, 2 * G), (b1, 2 * G)] {
+        assert!(
+            !overlaps(huge, 3 * SIM_VA_WINDOW, q, qs),
+            "{huge:#x} vs {q:#x}"
+        );
+    }
+    // A handle of one driver cannot be mapped at another driver's address: the
+    // address is not reserved there.
+    let h = b.mem_create(G).unwrap();
+    assert_eq!(b.mem_map(a0, G, 0, h), INVALID);
 }
 
 // ---------------------------------------------------------------- state, counts

@@ -11,7 +11,7 @@ int main(void) {
     FlarePool *pool = NULL;
     FlareSnapshot s;
     void *p = NULL;
-    flare_pool_config_init(&cfg);
+    flare_pool_config_init(&cfg, sizeof cfg);
     cfg.backend = FLARE_BACKEND_SIMULATED;
     CHECK(flare_pool_create(&cfg, &pool) == FLARE_STATUS_SUCCESS);
     CHECK(flare_package_allocate(pool, 1 << 20, &p) == FLARE_STATUS_SUCCESS && p != NULL);

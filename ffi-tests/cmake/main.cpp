@@ -6,7 +6,7 @@
 
 int main() {
     FlarePoolConfig cfg;
-    flare_pool_config_init(&cfg);
+    flare_pool_config_init(&cfg, sizeof cfg);
     cfg.backend = FLARE_BACKEND_SIMULATED;
     FlarePool *raw = nullptr;
     if (flare_pool_create(&cfg, &raw) != FLARE_STATUS_SUCCESS) {

@@ -129,7 +129,7 @@ int main(int argc, char **argv) {
     CU(cuDevicePrimaryCtxRetain_(&ctx, dev));
     CU(cuCtxSetCurrent_(ctx));
 
-    flare_pool_config_init(&cfg);
+    flare_pool_config_init(&cfg, sizeof cfg);
     cfg.backend = FLARE_BACKEND_CUDA;
     cfg.device = device;
     st = flare_pool_create(&cfg, &pool);

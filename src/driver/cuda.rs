@@ -32,10 +32,12 @@ use super::{
     Reservation,
 };
 
-/// Every driver function this backend calls. [`CudaDriver::new`] checks that libcuda
-/// exports each of them, so that no later call can hit cudarc's panic on a missing
-/// symbol.
-const REQUIRED_SYMBOLS: [&str; 20] = [
+/// Every driver function this backend calls, the test-support ones included.
+/// [`CudaDriver::new`] checks that libcuda exports each of them, so that no later call
+/// can hit cudarc's panic on a missing symbol (a unit test checks that every
+/// `sys::cu*` call in this file is listed, and every one in `cuda_baseline.rs` is
+/// here or in its own list).
+const REQUIRED_SYMBOLS: [&str; 24] = [
     "cuInit",
     "cuDeviceGet",
     "cuDevicePrimaryCtxRetain",
@@ -56,6 +58,10 @@ const REQUIRED_SYMBOLS: [&str; 20] = [
     "cuMemsetD8_v2",
     "cuMemcpyDtoH_v2",
     "cuMemcpyHtoD_v2",
+    "cuModuleLoadData",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuLaunchKernel",
 ];
 
 /// The raw `CUresult` as the project's own value, without calling the driver.
@@ -379,13 +385,29 @@ impl CudaDriver {
     ///
     /// `cuMemsetD8_v2` with the driver's code: `CUDA_ERROR_INVALID_VALUE` when the range
     /// is not mapped with access granted.
-    pub fn memset_d8(&self, ptr: DevicePtr, value: u8, bytes: u64) -> Result<(), TransferError> {
+    ///
+    /// # Safety
+    ///
+    /// `[ptr, ptr + bytes)` is device memory the caller may overwrite (a mapping it
+    /// owns, with access granted to this device), and nothing else reads or writes it
+    /// until the memset has completed (a later synchronize or synchronous copy; the
+    /// memset is asynchronous). The driver checks only that the range is accessible
+    /// to the device, and under unified addressing a device address can name host
+    /// memory (pinned or managed memory, or any pageable page where the system has
+    /// HMM): the driver would then write memory that Rust code may hold references to.
+    pub unsafe fn memset_d8(
+        &self,
+        ptr: DevicePtr,
+        value: u8,
+        bytes: u64,
+    ) -> Result<(), TransferError> {
         let n = to_usize(bytes).map_err(|c| TransferError {
             function: "cuMemsetD8_v2",
             code: c,
         })?;
         self.transfer("cuMemsetD8_v2", || {
-            // SAFETY: the driver validates the device range; no host memory involved.
+            // SAFETY: the caller guarantees `[ptr, ptr + n)` is device memory it may
+            // overwrite, untouched by anything else until the memset completes.
             code(unsafe { sys::cuMemsetD8_v2(ptr, value, n) })
         })
     }
@@ -416,13 +438,22 @@ impl CudaDriver {
     ///
     /// `cuMemcpyHtoD_v2` with the driver's code: `CUDA_ERROR_INVALID_VALUE` when the
     /// destination range is not mapped with access granted.
-    pub fn copy_htod(&self, ptr: DevicePtr, src: &[u8]) -> Result<(), TransferError> {
+    ///
+    /// # Safety
+    ///
+    /// `[ptr, ptr + src.len())` is device memory the caller may overwrite (a mapping
+    /// it owns, with access granted to this device), not read or written by other
+    /// work during the copy. As for [`CudaDriver::memset_d8`], the driver cannot tell
+    /// a device address that names host memory (unified addressing) from device
+    /// memory, and would write it.
+    pub unsafe fn copy_htod(&self, ptr: DevicePtr, src: &[u8]) -> Result<(), TransferError> {
         let n = src.len();
         let host = src.as_ptr().cast::<c_void>();
         self.transfer("cuMemcpyHtoD_v2", || {
             // SAFETY: `host` points to `n` readable bytes borrowed for the duration
             // of this call; a pageable host-to-device copy has consumed them when it
-            // returns.
+            // returns. The caller guarantees the destination is device memory it may
+            // overwrite.
             code(unsafe { sys::cuMemcpyHtoD_v2(ptr, host, n) })
         })
     }
@@ -495,10 +526,20 @@ impl CudaDriver {
     ///
     /// # Errors
     ///
-    /// `cuLaunchKernel` with its code (`CUDA_ERROR_INVALID_VALUE` for a parameter list
-    /// that does not match the kernel's).
+    /// `cuLaunchKernel` with its code.
+    ///
+    /// # Safety
+    ///
+    /// `params` matches `kernel`'s parameter list exactly: one entry per parameter,
+    /// each parameter 64 bits wide. The driver cannot check this: it reads as many
+    /// parameter pointers as the kernel has parameters, so a short list makes it read
+    /// past the end of the array. Every address the kernel reads or writes through its
+    /// parameters is device memory the caller owns for that use (not host memory that
+    /// Rust code references, under unified addressing), and stays mapped and
+    /// untouched by anything else until the kernel has completed (a later
+    /// synchronize).
     #[doc(hidden)]
-    pub fn launch_test_kernel(
+    pub unsafe fn launch_test_kernel(
         &self,
         kernel: &TestKernel,
         grid: u32,
@@ -514,9 +555,11 @@ impl CudaDriver {
         self.transfer("cuLaunchKernel", || {
             // SAFETY: `function` came from `load_test_kernel` on this context and its
             // module is still loaded (`TestKernel` is consumed by the unload); `args`
-            // holds one pointer per kernel parameter, each to a live `u64` in
-            // `values`, and both outlive the call (the driver copies the parameter
-            // values at launch). Stream 0 is the legacy default stream.
+            // holds one pointer per kernel parameter (the caller guarantees the count
+            // and widths match the kernel's), each to a live `u64` in `values`, and
+            // both outlive the call (the driver copies the parameter values at
+            // launch); the caller guarantees the memory the kernel touches. Stream 0
+            // is the legacy default stream.
             code(unsafe {
                 sys::cuLaunchKernel(
                     function,
@@ -788,5 +831,57 @@ impl Driver for CudaDriver {
             free: free as u64,
             total: total as u64,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::REQUIRED_SYMBOLS;
+    use crate::driver::cuda_baseline::BASELINE_SYMBOLS;
+
+    /// Every driver function a source file calls: the names after `sys::` that
+    /// start with `cu` and an upper-case letter (`sys::culib` is cudarc's loader, not
+    /// a driver function).
+    fn called(source: &str) -> Vec<&str> {
+        let mut names: Vec<&str> = source
+            .match_indices("sys::cu")
+            .filter_map(|(at, _)| {
+                let rest = &source[at + "sys::".len()..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                let name = &rest[..end];
+                name.chars()
+                    .nth(2)
+                    .is_some_and(|c| c.is_ascii_uppercase())
+                    .then_some(name)
+            })
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
+    #[test]
+    fn every_driver_function_called_is_checked_at_load() {
+        let backend = called(include_str!("cuda.rs"));
+        // The scan itself works: these calls are in this file.
+        for known in ["cuMemCreate", "cuCtxSynchronize", "cuLaunchKernel"] {
+            assert!(backend.contains(&known), "scan missed {known}: {backend:?}");
+        }
+        for name in &backend {
+            assert!(
+                REQUIRED_SYMBOLS.contains(name),
+                "cuda.rs calls {name}, which REQUIRED_SYMBOLS does not check"
+            );
+        }
+        let baseline = called(include_str!("cuda_baseline.rs"));
+        assert!(baseline.contains(&"cuMemPoolCreate"), "{baseline:?}");
+        for name in &baseline {
+            assert!(
+                REQUIRED_SYMBOLS.contains(name) || BASELINE_SYMBOLS.contains(name),
+                "cuda_baseline.rs calls {name}, which neither symbol list checks"
+            );
+        }
     }
 }

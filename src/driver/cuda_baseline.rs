@@ -31,7 +31,7 @@ use super::cuda::{CudaDriver, TransferError};
 use super::{CuResult, DevicePtr, Driver, DriverError, PhysicalHandle, Reservation};
 
 /// Every driver function this module calls beyond those [`CudaDriver::new`] checks.
-const BASELINE_SYMBOLS: [&str; 12] = [
+pub(crate) const BASELINE_SYMBOLS: [&str; 12] = [
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",

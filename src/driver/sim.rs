@@ -19,19 +19,65 @@
 //!
 //! All state sits behind one [`crate::sync::Mutex`], so the driver is `Send + Sync`
 //! and every call is atomic with respect to the others. Nothing is random and no
-//! address or handle value is ever reused, so a run is reproducible.
+//! address or handle value is ever reused.
+//!
+//! Addresses are unique per process, as on the real driver (one virtual address space
+//! per process): every simulated driver reserves from its own windows of
+//! [`SIM_VA_WINDOW`] bytes, handed out by one process-wide counter starting at
+//! [`SIM_VA_BASE`], so no two drivers (no two pools) ever hand out the same address,
+//! and a pointer freed on the wrong pool is an unknown pointer there. Reproducibility:
+//! a driver's first window is taken when it is created, so the addresses a driver
+//! hands out are the same from run to run as long as drivers are created in the same
+//! order (the k-th driver of a process starts at `SIM_VA_BASE + k * SIM_VA_WINDOW`)
+//! and a driver reserves less than a window (1 TiB) in its lifetime; past that it
+//! takes the next free window, whose place depends on what other drivers took.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{
     CuResult, DevicePtr, Driver, DriverCall, DriverError, MemInfo, PhysicalHandle, Reservation,
 };
 use crate::sync::{lock, Mutex};
 
-/// First virtual address the simulated reservations are handed out from (rounded up
-/// to the granularity): high and far from zero, like the driver's own VA space.
+/// First virtual address the simulated reservations of a process are handed out
+/// from: high and far from zero, like the driver's own VA space. The first simulated
+/// driver of a process reserves from here; each later one from its own window above
+/// (see [`SIM_VA_WINDOW`]).
 pub const SIM_VA_BASE: DevicePtr = 0x7f00_0000_0000;
+
+/// Size of the address window each simulated driver reserves from, bytes (1 TiB, a
+/// multiple of every granularity up to 1 TiB; [`SIM_VA_BASE`] is a multiple of it).
+/// Windows come from one process-wide counter, so the drivers of a process never
+/// share an address. A driver that has used up its window (reservations are never
+/// reused) takes the next free one, and a reservation larger than a window takes as
+/// many whole windows as it needs. About 16 million windows fit below 2^64; when they
+/// are gone, a reservation fails with `CUDA_ERROR_OUT_OF_MEMORY`, as the driver's
+/// does when its address space is exhausted.
+pub const SIM_VA_WINDOW: u64 = 1 << 40;
+
+/// Start of the next free address window, shared by every simulated driver of the
+/// process. A plain std atomic, also under loom: it only hands out disjoint ranges
+/// and orders nothing else.
+static NEXT_VA_WINDOW: AtomicU64 = AtomicU64::new(SIM_VA_BASE);
+
+/// Takes whole windows from the process-wide counter: `[start, end)` with `start` a
+/// multiple of `align` (at least [`SIM_VA_WINDOW`]) and at least `size` bytes (at
+/// least one window). `None` when the 64-bit address space is exhausted.
+fn claim_va_window(size: u64, align: u64) -> Option<(DevicePtr, DevicePtr)> {
+    let align = align.max(SIM_VA_WINDOW);
+    let mut claimed = None;
+    NEXT_VA_WINDOW
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+            let start = align_up(next, align)?;
+            let end = align_up(start.checked_add(size.max(1))?, SIM_VA_WINDOW)?;
+            claimed = Some((start, end));
+            Some(end)
+        })
+        .ok()?;
+    claimed
+}
 
 /// `CUDA_ERROR_ILLEGAL_STATE` (401): what [`SimDriver::begin_capture`] returns while a
 /// capture is already open and [`SimDriver::end_capture`] returns with none open, as
@@ -160,7 +206,10 @@ struct Capture {
 struct Inner {
     config: SimConfig,
     next_handle: u64,
+    /// The next address to reserve from, in the current window `..va_end`.
     next_va: u64,
+    /// End of this driver's current address window (exclusive).
+    va_end: u64,
     handles: BTreeMap<u64, HandleRec>,
     reservations: BTreeMap<DevicePtr, u64>,
     mappings: BTreeMap<DevicePtr, MappingRec>,
@@ -306,13 +355,17 @@ impl SimDriver {
             config.granularity_bytes = DEFAULT_GRANULARITY;
         }
         config.device_count = config.device_count.min(SIM_MAX_DEVICES);
-        let next_va =
-            align_up(SIM_VA_BASE, config.granularity_bytes).unwrap_or(config.granularity_bytes);
+        // The first window is taken now, so that a driver's addresses depend only on
+        // the order drivers are created in. With the address space exhausted (16
+        // million drivers), the window is empty and every reservation fails.
+        let (next_va, va_end) =
+            claim_va_window(SIM_VA_WINDOW, config.granularity_bytes).unwrap_or((0, 0));
         SimDriver {
             inner: Mutex::new(Inner {
                 config,
                 next_handle: 1,
                 next_va,
+                va_end,
                 handles: BTreeMap::new(),
                 reservations: BTreeMap::new(),
                 mappings: BTreeMap::new(),
@@ -527,8 +580,9 @@ impl SimDriver {
 
     /// `cuMemAddressReserve`: `size` bytes of virtual addresses aligned to
     /// max(`alignment`, granularity) (`alignment` 0: the granularity). Addresses come
-    /// from a bump allocator starting at [`SIM_VA_BASE`] and are never reused. Counts
-    /// as [`DriverCall::Reserve`].
+    /// from a bump allocator in this driver's own windows (from [`SIM_VA_BASE`] up,
+    /// [`SIM_VA_WINDOW`] bytes each, never another driver's) and are never reused.
+    /// Counts as [`DriverCall::Reserve`].
     ///
     /// Errors: `CUDA_ERROR_INVALID_VALUE` for size 0, a size that is not a multiple of
     /// the granularity (row "cuMemAddressReserve size 0, or not a multiple of G") or
@@ -546,11 +600,19 @@ impl SimDriver {
             return Err(CuResult::INVALID_VALUE);
         }
         let align = alignment.max(st.gran());
-        let Some(ptr) = align_up(st.next_va, align) else {
-            return Err(CuResult::OUT_OF_MEMORY);
-        };
-        let Some(next) = ptr.checked_add(size) else {
-            return Err(CuResult::OUT_OF_MEMORY);
+        let in_window = align_up(st.next_va, align)
+            .and_then(|ptr| Some((ptr, ptr.checked_add(size)?)))
+            .filter(|&(_, end)| end <= st.va_end);
+        let (ptr, next) = match in_window {
+            Some(range) => range,
+            None => {
+                // This window is used up: take fresh ones, never another driver's.
+                let Some((start, end)) = claim_va_window(size, align) else {
+                    return Err(CuResult::OUT_OF_MEMORY);
+                };
+                st.va_end = end;
+                (start, start + size)
+            }
         };
         st.next_va = next;
         st.reservations.insert(ptr, size);

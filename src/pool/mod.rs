@@ -170,7 +170,9 @@ impl Pool {
     /// step undoes the earlier ones in reverse.
     ///
     /// Errors: [`Error::InvalidArgument`] for 0 bytes or a size whose rounding
-    /// overflows; [`Error::OutOfMemory`] when the device is full (outside a scope,
+    /// overflows; [`Error::RequestTooLarge`] when the rounded size is above the
+    /// device's total memory (at once: no driver call, nothing counted);
+    /// [`Error::OutOfMemory`] when the device is full (outside a scope,
     /// after releasing idle mappings and retrying once; inside one, with nothing
     /// retained released); [`Error::Driver`] for any other failed driver call.
     pub fn allocate_raw(&self, bytes: u64) -> Result<DevicePtr> {
@@ -194,8 +196,10 @@ impl Pool {
         if rounded > self.device_total {
             // Beyond the whole device: no driver call, nothing released, nothing
             // counted.
-            let st = lock(&self.state);
-            return Err(self.oom_error(&st, rounded, None));
+            return Err(Error::RequestTooLarge {
+                requested: rounded,
+                device_total: self.device_total,
+            });
         }
         let err = match self.create_mapping(rounded, bytes) {
             Ok(ptr) => return Ok(ptr),

@@ -23,7 +23,7 @@ mkdir -p "$build"
 cd "$root"
 
 echo "== cargo build --release --lib (libflare_package.a)"
-cargo build --release --lib --quiet
+cargo build --release -p flare-package --lib --quiet
 lib="$root/target/release/libflare_package.a"
 [ -f "$lib" ] || { echo "missing $lib" >&2; exit 1; }
 

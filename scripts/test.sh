@@ -25,11 +25,17 @@ fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy -D warnings"
-cargo clippy --release --all-targets -- -D warnings
-cargo check --release --lib --features std-mutex
-echo "== cargo test (simulated driver; GPU tests are ignored)"
-cargo test --release
+echo "== cargo clippy -D warnings (the workspace; the library alone, without the testing feature)"
+cargo clippy --release --workspace --all-targets -- -D warnings
+cargo clippy --release -p flare-package --lib -- -D warnings
+cargo check --release -p flare-package --lib --features std-mutex
+echo "== a crate depending on flare-package compiles none of the tools' dependencies"
+if cargo tree -p flare-package -e normal --prefix none | grep -E '^(clap|serde|serde_json|comfy-table|indicatif|criterion) '; then
+  echo "flare-package's own dependency tree has a command-line tool's dependency" >&2
+  exit 1
+fi
+echo "== cargo test (the library and the tools; simulated driver; GPU tests are ignored)"
+cargo test --release --workspace
 echo "== loom models"
 RUSTFLAGS="--cfg flare_loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom -- --nocapture --test-threads=1
 echo "== C and C++ programs linking the static library"

@@ -375,7 +375,7 @@ fn huge_tokens_are_quoted_cut_with_their_length() {
             Problem::AllocLiveId { id, .. } | Problem::FreeNotLive { id } => id,
             other => panic!("unexpected problem {other:?}"),
         };
-        let first_40: String = std::iter::repeat(start).take(40).collect();
+        let first_40: String = std::iter::repeat_n(start, 40).collect();
         assert!(quoted.is_cut());
         assert_eq!(quoted.token_bytes(), 10_000_000);
         assert_eq!(quoted.head(), first_40);

@@ -6,9 +6,6 @@
 //! - [`SimDriver`](sim::SimDriver): a deterministic software model of the same calls
 //!   that reproduces every measured row of `docs/vmm-semantics.md` (error codes
 //!   included), with capacity, fault injection and in-flight work.
-//! - [`cuda_baseline`]: the allocators an engine would use instead (the stream-ordered
-//!   pool, `cuMemAlloc`) and the raw driver sequence of a fresh mapping, for the GPU
-//!   comparison benchmark.
 //!
 //! The whole-handle rule (the driver refuses to map part of a physical handle with
 //! `CUDA_ERROR_NOT_SUPPORTED`, measured on an H200) is in the type: [`Driver::map`]
@@ -16,7 +13,6 @@
 //! cannot even ask for a sub-range.
 
 pub mod cuda;
-pub mod cuda_baseline;
 pub mod sim;
 
 use std::fmt;

@@ -264,7 +264,7 @@ impl Inner {
     }
 
     fn is_aligned(&self, v: u64) -> bool {
-        v % self.gran() == 0
+        v.is_multiple_of(self.gran())
     }
 
     /// The mapping containing address `p`, if any.

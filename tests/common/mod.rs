@@ -222,9 +222,14 @@ pub fn sim_pool(
 
 /// The path of a shipped trace, by file name (`graph-warmup-20sizes.segment.trace`).
 pub fn data(name: &str) -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name)
+    // The library's tests run from the workspace root, the tools' from tools/.
+    let here = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = if here.join("tests/data").is_dir() {
+        here
+    } else {
+        here.join("..")
+    };
+    root.join("tests/data").join(name)
 }
 
 /// The four shipped traces with their figures from `tests/data/README.md`, GiB:

@@ -19,8 +19,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
-use flare_package::driver::cuda_baseline::raw_mapping_cycle;
 use flare_package::{trace, Pool, PoolConfig, SimConfig};
+use flare_tools::cuda_baseline::raw_mapping_cycle;
 
 const MIB: u64 = 1 << 20;
 const GRANULARITY: u64 = 2 * MIB;
@@ -120,7 +120,7 @@ fn miss(c: &mut Criterion) {
 }
 
 fn replay(c: &mut Criterion) {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("tests/data")
         .filter_map(|e| e.ok().map(|e| e.path()))

@@ -2,6 +2,7 @@
 //! Tests that replay need the simulated driver and are ignored until it is merged.
 #![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
@@ -369,7 +370,7 @@ fn closed_stdout_stops_quietly_with_status_0() {
     // 1000 traces: about 800 KB of tables and 750 KB of JSON, far more than a pipe
     // holds (64 KiB), so the tool is still writing when the reader goes away.
     let t = scratch("pipe.trace", "a 1 4096\nf 1\n");
-    let many: Vec<&str> = std::iter::repeat(s(&t)).take(1000).collect();
+    let many: Vec<&str> = std::iter::repeat_n(s(&t), 1000).collect();
     for json in [false, true] {
         let mut args = many.clone();
         if json {

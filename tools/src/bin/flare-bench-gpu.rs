@@ -36,10 +36,10 @@ use comfy_table::Table;
 use serde::Serialize;
 
 use flare_package::driver::cuda::CudaDriver;
-use flare_package::driver::cuda_baseline::{make_current, raw_mapping_cycle, StreamOrderedPool};
 use flare_package::driver::MemInfo;
 use flare_package::trace::{self, Event, Trace};
 use flare_package::{fmt_bytes, Driver, Pool, PoolConfig, SimConfig};
+use flare_tools::cuda_baseline::{make_current, raw_mapping_cycle, StreamOrderedPool};
 
 type BoxResult<T> = Result<T, Box<dyn Error>>;
 

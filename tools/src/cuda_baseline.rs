@@ -27,11 +27,13 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
-use super::cuda::{CudaDriver, TransferError};
-use super::{CuResult, DevicePtr, Driver, DriverError, PhysicalHandle, Reservation};
+use flare_package::driver::cuda::{CudaDriver, TransferError};
+use flare_package::driver::{
+    CuResult, DevicePtr, Driver, DriverError, PhysicalHandle, Reservation,
+};
 
 /// Every driver function this module calls beyond those [`CudaDriver::new`] checks.
-pub(crate) const BASELINE_SYMBOLS: [&str; 12] = [
+pub const BASELINE_SYMBOLS: [&str; 12] = [
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
@@ -495,4 +497,22 @@ pub fn raw_mapping_cycle(
     let released = driver.release(handle);
     let freed = driver.free_reservation(reservation);
     released.and(freed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BASELINE_SYMBOLS;
+    use flare_package::driver::cuda::{driver_functions_called, REQUIRED_SYMBOLS};
+
+    #[test]
+    fn every_driver_function_called_is_checked_at_load() {
+        let baseline = driver_functions_called(include_str!("cuda_baseline.rs"));
+        assert!(baseline.contains(&"cuMemPoolCreate"), "{baseline:?}");
+        for name in &baseline {
+            assert!(
+                REQUIRED_SYMBOLS.contains(name) || BASELINE_SYMBOLS.contains(name),
+                "cuda_baseline.rs calls {name}, which neither symbol list checks"
+            );
+        }
+    }
 }

@@ -1,0 +1,347 @@
+//! Test and benchmark support for the CUDA backend, compiled only with the `testing`
+//! feature (the project's own tests, the GPU comparison benchmark in `tools/`):
+//! memsets and copies, raw mappings, and hand-written PTX kernels to keep work in
+//! flight. None of it is used by the pool, and none of it is part of the library's
+//! API for engines.
+
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+
+use cudarc::driver::sys;
+
+use super::{code, to_usize, CudaDriver, Stage};
+use crate::driver::{CuResult, DevicePtr, DriverCall, DriverError};
+
+/// A failed memset or copy ([`CudaDriver::memset_d8`], [`CudaDriver::copy_dtoh`],
+/// [`CudaDriver::copy_htod`]): these are not pool operations, so they have no
+/// [`DriverCall`]; the error names the driver function instead, with its raw
+/// `CUresult`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{function} failed with {code}")]
+pub struct TransferError {
+    /// The driver function that failed (`"cuMemsetD8_v2"`); `"cuCtxPushCurrent_v2"`
+    /// when the pool's context could not be made current.
+    pub function: &'static str,
+    /// The raw `CUresult` it returned.
+    pub code: CuResult,
+}
+
+/// A kernel loaded from PTX by [`CudaDriver::load_test_kernel`]: test support only.
+/// Unload it with [`CudaDriver::unload_test_kernel`] (dropping it leaks the module
+/// until the context goes).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct TestKernel {
+    module: sys::CUmodule,
+    function: sys::CUfunction,
+}
+
+impl CudaDriver {
+    /// The device's primary context, retained by this driver until it is dropped:
+    /// for the baselines of `cuda_baseline`, which make it current themselves.
+    pub fn raw_context(&self) -> sys::CUcontext {
+        self.context
+    }
+
+    /// [`CudaDriver::with_context`] for a memset or copy: the error names `function`,
+    /// or the context push or pop when that is what failed.
+    pub fn transfer(
+        &self,
+        function: &'static str,
+        f: impl FnOnce() -> CuResult,
+    ) -> Result<(), TransferError> {
+        self.with_context(f).map_err(|(stage, code)| {
+            let function = match stage {
+                Stage::Push => "cuCtxPushCurrent_v2",
+                Stage::Call => function,
+                Stage::Pop => "cuCtxPopCurrent_v2",
+            };
+            TransferError { function, code }
+        })
+    }
+
+    /// Sets `bytes` bytes from device address `ptr` to `value` (`cuMemsetD8_v2` on the
+    /// legacy default stream; asynchronous with respect to the host, ordered before a
+    /// later [`CudaDriver::copy_dtoh`] or [`Driver::synchronize`]). For tests and
+    /// benchmarks, not used by the pool.
+    ///
+    /// # Errors
+    ///
+    /// `cuMemsetD8_v2` with the driver's code: `CUDA_ERROR_INVALID_VALUE` when the range
+    /// is not mapped with access granted.
+    ///
+    /// # Safety
+    ///
+    /// `[ptr, ptr + bytes)` is device memory the caller may overwrite (a mapping it
+    /// owns, with access granted to this device), and nothing else reads or writes it
+    /// until the memset has completed (a later synchronize or synchronous copy; the
+    /// memset is asynchronous). The driver checks only that the range is accessible
+    /// to the device, and under unified addressing a device address can name host
+    /// memory (pinned or managed memory, or any pageable page where the system has
+    /// HMM): the driver would then write memory that Rust code may hold references to.
+    pub unsafe fn memset_d8(
+        &self,
+        ptr: DevicePtr,
+        value: u8,
+        bytes: u64,
+    ) -> Result<(), TransferError> {
+        let n = to_usize(bytes).map_err(|c| TransferError {
+            function: "cuMemsetD8_v2",
+            code: c,
+        })?;
+        self.transfer("cuMemsetD8_v2", || {
+            // SAFETY: the caller guarantees `[ptr, ptr + n)` is device memory it may
+            // overwrite, untouched by anything else until the memset completes.
+            code(unsafe { sys::cuMemsetD8_v2(ptr, value, n) })
+        })
+    }
+
+    /// Copies `dst.len()` bytes from device address `ptr` into `dst`
+    /// (`cuMemcpyDtoH_v2`; synchronous: waits for earlier work on the legacy default
+    /// stream). For tests and benchmarks, not used by the pool.
+    ///
+    /// # Errors
+    ///
+    /// `cuMemcpyDtoH_v2` with the driver's code: `CUDA_ERROR_INVALID_VALUE` when the
+    /// source range is not mapped with access granted.
+    pub fn copy_dtoh(&self, ptr: DevicePtr, dst: &mut [u8]) -> Result<(), TransferError> {
+        let n = dst.len();
+        let host = dst.as_mut_ptr().cast::<c_void>();
+        self.transfer("cuMemcpyDtoH_v2", || {
+            // SAFETY: `host` points to `n` writable bytes borrowed mutably for the
+            // duration of this call; the copy is synchronous, so the driver does not
+            // touch them after it returns.
+            code(unsafe { sys::cuMemcpyDtoH_v2(host, ptr, n) })
+        })
+    }
+
+    /// Copies `src` to device address `ptr` (`cuMemcpyHtoD_v2`; returns once `src` may
+    /// be reused). For tests and benchmarks, not used by the pool.
+    ///
+    /// # Errors
+    ///
+    /// `cuMemcpyHtoD_v2` with the driver's code: `CUDA_ERROR_INVALID_VALUE` when the
+    /// destination range is not mapped with access granted.
+    ///
+    /// # Safety
+    ///
+    /// `[ptr, ptr + src.len())` is device memory the caller may overwrite (a mapping
+    /// it owns, with access granted to this device), not read or written by other
+    /// work during the copy. As for [`CudaDriver::memset_d8`], the driver cannot tell
+    /// a device address that names host memory (unified addressing) from device
+    /// memory, and would write it.
+    pub unsafe fn copy_htod(&self, ptr: DevicePtr, src: &[u8]) -> Result<(), TransferError> {
+        let n = src.len();
+        let host = src.as_ptr().cast::<c_void>();
+        self.transfer("cuMemcpyHtoD_v2", || {
+            // SAFETY: `host` points to `n` readable bytes borrowed for the duration
+            // of this call; a pageable host-to-device copy has consumed them when it
+            // returns. The caller guarantees the destination is device memory it may
+            // overwrite.
+            code(unsafe { sys::cuMemcpyHtoD_v2(ptr, host, n) })
+        })
+    }
+
+    /// Raw `cuMemMap(ptr, size, offset, handle_raw, 0)`, with any size and offset.
+    /// Only for the test that checks the driver refuses to map part of a handle
+    /// (`CUDA_ERROR_NOT_SUPPORTED`); the pool always maps whole handles
+    /// ([`Driver::map`]).
+    #[doc(hidden)]
+    pub fn map_range_raw(
+        &self,
+        ptr: DevicePtr,
+        size: u64,
+        offset: u64,
+        handle_raw: u64,
+    ) -> Result<(), DriverError> {
+        let err = |c| DriverError::new(DriverCall::Map, c);
+        let size = to_usize(size).map_err(err)?;
+        let offset = to_usize(offset).map_err(err)?;
+        self.in_context(DriverCall::Map, || {
+            // SAFETY: the driver validates the range, offset and handle.
+            code(unsafe { sys::cuMemMap(ptr, size, offset, handle_raw, 0) })
+        })
+    }
+
+    /// Loads a PTX module (`cuModuleLoadData`; the driver JIT-compiles it for this
+    /// device) and looks up its kernel `kernel` (`cuModuleGetFunction`). Test
+    /// support: the GPU test that keeps a kernel reading an allocation while the
+    /// caller frees it. Unload it with [`CudaDriver::unload_test_kernel`].
+    ///
+    /// # Errors
+    ///
+    /// The failed function with its code (`CUDA_ERROR_INVALID_PTX` (218) for PTX the
+    /// JIT refuses, `CUDA_ERROR_NOT_FOUND` for a kernel the module lacks); on a failed
+    /// lookup the module is unloaded again.
+    #[doc(hidden)]
+    pub fn load_test_kernel(&self, ptx: &str, kernel: &str) -> Result<TestKernel, TransferError> {
+        let image = std::ffi::CString::new(ptx).map_err(|_| TransferError {
+            function: "cuModuleLoadData",
+            code: CuResult::INVALID_VALUE,
+        })?;
+        let name = std::ffi::CString::new(kernel).map_err(|_| TransferError {
+            function: "cuModuleGetFunction",
+            code: CuResult::INVALID_VALUE,
+        })?;
+        let mut module: sys::CUmodule = ptr::null_mut();
+        self.transfer("cuModuleLoadData", || {
+            // SAFETY: `module` is a valid out-pointer; `image` is a NUL-terminated PTX
+            // text that outlives the call (the driver copies what it keeps).
+            code(unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr().cast()) })
+        })?;
+        let mut function: sys::CUfunction = ptr::null_mut();
+        let found = self.transfer("cuModuleGetFunction", || {
+            // SAFETY: `function` is a valid out-pointer, `module` was loaded above and
+            // `name` is NUL-terminated.
+            code(unsafe { sys::cuModuleGetFunction(&mut function, module, name.as_ptr()) })
+        });
+        let loaded = TestKernel { module, function };
+        if let Err(e) = found {
+            let _ = self.unload_test_kernel(loaded);
+            return Err(e);
+        }
+        Ok(loaded)
+    }
+
+    /// Launches `kernel` with `grid` x `block` threads (one dimension each, no shared
+    /// memory) on the legacy default stream (`cuLaunchKernel`), every parameter a
+    /// 64-bit value (device pointers, counts). Asynchronous: returns once queued; a
+    /// [`Driver::synchronize`] waits for it and returns its fault, if any. Test support.
+    ///
+    /// # Errors
+    ///
+    /// `cuLaunchKernel` with its code.
+    ///
+    /// # Safety
+    ///
+    /// `params` matches `kernel`'s parameter list exactly: one entry per parameter,
+    /// each parameter 64 bits wide. The driver cannot check this: it reads as many
+    /// parameter pointers as the kernel has parameters, so a short list makes it read
+    /// past the end of the array. Every address the kernel reads or writes through its
+    /// parameters is device memory the caller owns for that use (not host memory that
+    /// Rust code references, under unified addressing), and stays mapped and
+    /// untouched by anything else until the kernel has completed (a later
+    /// synchronize).
+    #[doc(hidden)]
+    pub unsafe fn launch_test_kernel(
+        &self,
+        kernel: &TestKernel,
+        grid: u32,
+        block: u32,
+        params: &[u64],
+    ) -> Result<(), TransferError> {
+        let mut values: Vec<u64> = params.to_vec();
+        let mut args: Vec<*mut c_void> = values
+            .iter_mut()
+            .map(|v| ptr::from_mut(v).cast::<c_void>())
+            .collect();
+        let function = kernel.function;
+        self.transfer("cuLaunchKernel", || {
+            // SAFETY: `function` came from `load_test_kernel` on this context and its
+            // module is still loaded (`TestKernel` is consumed by the unload); `args`
+            // holds one pointer per kernel parameter (the caller guarantees the count
+            // and widths match the kernel's), each to a live `u64` in `values`, and
+            // both outlive the call (the driver copies the parameter values at
+            // launch); the caller guarantees the memory the kernel touches. Stream 0
+            // is the legacy default stream.
+            code(unsafe {
+                sys::cuLaunchKernel(
+                    function,
+                    grid,
+                    1,
+                    1,
+                    block,
+                    1,
+                    1,
+                    0,
+                    ptr::null_mut(),
+                    args.as_mut_ptr(),
+                    ptr::null_mut(),
+                )
+            })
+        })
+    }
+
+    /// Unloads a module loaded by [`CudaDriver::load_test_kernel`] (`cuModuleUnload`).
+    /// Test support.
+    ///
+    /// # Errors
+    ///
+    /// `cuModuleUnload` with its code.
+    #[doc(hidden)]
+    pub fn unload_test_kernel(&self, kernel: TestKernel) -> Result<(), TransferError> {
+        self.transfer("cuModuleUnload", || {
+            // SAFETY: `kernel.module` was loaded by `load_test_kernel` on this
+            // context and is unloaded once (`TestKernel` is consumed here).
+            code(unsafe { sys::cuModuleUnload(kernel.module) })
+        })
+    }
+
+    /// Whether the calling thread has no current CUDA context (`cuCtxGetCurrent`
+    /// returns null, or fails). `true` when libcuda is absent. For the test that
+    /// checks a call leaves the thread's context as it found it.
+    #[doc(hidden)]
+    pub fn current_context_is_null() -> bool {
+        if !Self::is_available() {
+            return true;
+        }
+        let mut current: sys::CUcontext = ptr::null_mut();
+        // SAFETY: libcuda is present; `current` is a valid out-pointer. A panic
+        // (a symbol missing) is caught and read as "no context".
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            code(unsafe { sys::cuCtxGetCurrent(&mut current) })
+        }));
+        match r {
+            Ok(c) if c.is_success() => current.is_null(),
+            _ => true,
+        }
+    }
+}
+
+/// Every CUDA driver function a Rust source file calls: the names after `sys::` that
+/// start with `cu` and an upper-case letter (`sys::culib` is cudarc's loader, not a
+/// driver function), sorted, each once. For the tests that check each symbol list
+/// ([`REQUIRED_SYMBOLS`](super::REQUIRED_SYMBOLS), the benchmark baseline's) covers
+/// every call, so that no call can hit cudarc's panic on a missing symbol.
+pub fn driver_functions_called(source: &str) -> Vec<&str> {
+    let mut names: Vec<&str> = source
+        .match_indices("sys::cu")
+        .filter_map(|(at, _)| {
+            let rest = &source[at + "sys::".len()..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            let name = &rest[..end];
+            name.chars()
+                .nth(2)
+                .is_some_and(|c| c.is_ascii_uppercase())
+                .then_some(name)
+        })
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::driver_functions_called;
+    use crate::driver::cuda::REQUIRED_SYMBOLS;
+
+    #[test]
+    fn every_driver_function_called_is_checked_at_load() {
+        let mut backend = driver_functions_called(include_str!("mod.rs"));
+        backend.extend(driver_functions_called(include_str!("testing.rs")));
+        // The scan itself works: these calls are in these files.
+        for known in ["cuMemCreate", "cuCtxSynchronize", "cuLaunchKernel"] {
+            assert!(backend.contains(&known), "scan missed {known}: {backend:?}");
+        }
+        for name in &backend {
+            assert!(
+                REQUIRED_SYMBOLS.contains(name),
+                "the CUDA backend calls {name}, which REQUIRED_SYMBOLS does not check"
+            );
+        }
+    }
+}

@@ -147,19 +147,47 @@ fn gpu_out_of_memory_inside_a_scope_is_clean() {
     let total = d.mem_info().unwrap().total;
     let pool = Pool::new(PoolConfig::cuda(0)).unwrap();
     pool.retention_begin().unwrap();
+    // Beyond the whole device: refused at once, no driver call, nothing counted.
     let err = pool.allocate_raw(total * 2).unwrap_err();
+    println!("{err}");
+    assert!(
+        matches!(err, flare_package::Error::RequestTooLarge { .. }),
+        "{err:?}"
+    );
+    let s = check(&pool);
+    assert_eq!(
+        (
+            s.physical_bytes,
+            s.reserved_bytes,
+            s.live_count,
+            s.create_failures
+        ),
+        (0, 0, 0, 0)
+    );
+    // Full now: three quarters of the device live, then three quarters more. The
+    // driver refuses the second create; inside the scope nothing is released.
+    let g = pool.granularity();
+    let big = total / 4 * 3 / g * g;
+    let a = pool.allocate_raw(big).unwrap();
+    let err = pool.allocate_raw(big).unwrap_err();
     println!("{err}");
     assert!(
         matches!(
             err,
-            flare_package::Error::OutOfMemory { in_scope: true, .. }
+            flare_package::Error::OutOfMemory {
+                in_scope: true,
+                source: Some(_),
+                ..
+            }
         ),
         "{err:?}"
     );
     let s = check(&pool);
     assert_eq!(
-        (s.physical_bytes, s.reserved_bytes, s.live_count),
-        (0, 0, 0)
+        (s.physical_bytes, s.live_count, s.create_failures),
+        (big, 1, 1)
     );
+    pool.free_raw(a).unwrap();
     pool.retention_finish().unwrap();
+    assert_eq!(check(&pool).physical_bytes, 0);
 }

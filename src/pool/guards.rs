@@ -59,7 +59,7 @@ pub struct RetentionScope<'a> {
 impl RetentionScope<'_> {
     /// Finishes the scope: see [`Pool::retention_finish`].
     ///
-    /// Errors: as [`Pool::retention_finish`]; [`Error::ScopeState`] also when this
+    /// Errors: as [`Pool::retention_finish`]; [`Error::ScopeState`](crate::Error::ScopeState) also when this
     /// guard's scope was already closed by a direct `retention_finish` or
     /// `retention_abort` call (a later scope, if one is open, is left alone).
     pub fn finish(mut self) -> Result<()> {

@@ -1,4 +1,4 @@
-//! flare-trace v1: the parser of allocation traces and their replay on a [`Pool`].
+//! flare-trace v1: the parser of allocation traces and their replay on a [`Pool`](crate::Pool).
 //!
 //! The format is described in `docs/trace-format.md`: one event per line
 //! (`a ID BYTES`, `f ID`, `begin`, `finish`, `abort`, `trim`), `#` comment lines,

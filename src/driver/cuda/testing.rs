@@ -44,8 +44,9 @@ impl CudaDriver {
         self.context
     }
 
-    /// [`CudaDriver::with_context`] for a memset or copy: the error names `function`,
-    /// or the context push or pop when that is what failed.
+    /// Runs `f` (one driver call, returning its raw `CUresult`) with this driver's
+    /// context pushed, as every driver call does, for a memset or copy: the error
+    /// names `function`, or the context push or pop when that is what failed.
     pub fn transfer(
         &self,
         function: &'static str,
@@ -63,7 +64,7 @@ impl CudaDriver {
 
     /// Sets `bytes` bytes from device address `ptr` to `value` (`cuMemsetD8_v2` on the
     /// legacy default stream; asynchronous with respect to the host, ordered before a
-    /// later [`CudaDriver::copy_dtoh`] or [`Driver::synchronize`]). For tests and
+    /// later [`CudaDriver::copy_dtoh`] or [`Driver::synchronize`](crate::driver::Driver::synchronize)). For tests and
     /// benchmarks, not used by the pool.
     ///
     /// # Errors
@@ -207,7 +208,7 @@ impl CudaDriver {
     /// Launches `kernel` with `grid` x `block` threads (one dimension each, no shared
     /// memory) on the legacy default stream (`cuLaunchKernel`), every parameter a
     /// 64-bit value (device pointers, counts). Asynchronous: returns once queued; a
-    /// [`Driver::synchronize`] waits for it and returns its fault, if any. Test support.
+    /// [`Driver::synchronize`](crate::driver::Driver::synchronize) waits for it and returns its fault, if any. Test support.
     ///
     /// # Errors
     ///

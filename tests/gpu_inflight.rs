@@ -7,12 +7,12 @@
 
 mod common;
 
-use common::kernels::{PTX, THREADS};
+use common::kernels::{SumRun, PTX};
 use common::MIB;
 use flare_package::driver::cuda::CudaDriver;
 use flare_package::{Driver, Pool, PoolConfig};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -27,42 +27,24 @@ fn gpu_free_outside_a_scope_waits_for_the_kernel_reading_it() {
     let out = pool.allocate_raw(4).unwrap();
     // SAFETY: `data` is a live allocation of `bytes` bytes, owned by this test.
     unsafe { d.memset_d8(data, 3, bytes) }.unwrap(); // every u32 is 0x03030303
-    let expected = |iters: u64| {
-        0x0303_0303u32
-            .wrapping_mul(n as u32)
-            .wrapping_mul(iters as u32)
+    let run = SumRun {
+        driver: &d,
+        device: 0,
+        kernel: &kernel,
+        data,
+        n,
+        out,
+        fill: 3,
     };
-    let read_out = || {
-        let mut word = [0u8; 4];
-        d.copy_dtoh(out, &mut word).unwrap();
-        u32::from_le_bytes(word)
-    };
-
-    // Calibrate: one pass over the range, then enough passes for about 0.7 s.
-    // SAFETY: `out` is a live allocation of 4 bytes, owned by this test.
-    unsafe { d.memset_d8(out, 0, 4) }.unwrap();
-    d.synchronize(0).unwrap();
-    let t = Instant::now();
-    // SAFETY: `sum_repeat` takes four 64-bit parameters (data, count, passes, out);
-    // it reads `n` u32 of `data` and adds to the u32 at `out`, both live allocations
-    // of this test, kept until the synchronize below.
-    unsafe { d.launch_test_kernel(&kernel, 1, THREADS, &[data, n, 1, out]) }.unwrap();
-    d.synchronize(0).unwrap();
-    let one = t.elapsed().max(Duration::from_micros(50));
-    assert_eq!(read_out(), expected(1), "one pass sums right");
-    let iters = (Duration::from_millis(700).as_secs_f64() / one.as_secs_f64()).ceil() as u64;
-    let iters = iters.clamp(1, 1 << 20);
+    // SAFETY: `data` and `out` are live allocations of this test.
+    let (one, iters) = unsafe { run.calibrate() };
 
     // The kernel reads `data` for ~0.7 s; free it now, outside a scope (release
     // threshold 0: released at once: synchronize, unmap, release, free the VA).
-    // SAFETY: as above.
-    unsafe { d.memset_d8(out, 0, 4) }.unwrap();
-    d.synchronize(0).unwrap();
     let t = Instant::now();
-    // SAFETY: the same parameters as above. `data` is freed while the kernel runs:
-    // the pool's free synchronizes before it unmaps (what this test checks), and
-    // `out` stays live until the end.
-    unsafe { d.launch_test_kernel(&kernel, 1, THREADS, &[data, n, iters, out]) }.unwrap();
+    // SAFETY: as above; `data` is freed while the kernel runs: the pool's free
+    // synchronizes before it unmaps (what this test checks).
+    unsafe { run.launch(iters) };
     pool.free_raw(data).unwrap();
     let free_took = t.elapsed();
     let s = pool.snapshot();
@@ -73,7 +55,11 @@ fn gpu_free_outside_a_scope_waits_for_the_kernel_reading_it() {
     // The context is healthy and the kernel read the right data to the end.
     d.synchronize(0)
         .unwrap_or_else(|e| panic!("the kernel faulted: the range was unmapped under it: {e}"));
-    assert_eq!(read_out(), expected(iters), "kernel result after the free");
+    assert_eq!(
+        run.read_out(),
+        run.expected(iters),
+        "kernel result after the free"
+    );
     assert!(
         free_took >= one.mul_f64(iters as f64 / 4.0),
         "the free returned in {free_took:?}, before the kernel (~{:?}) could have finished",

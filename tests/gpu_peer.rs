@@ -12,12 +12,12 @@
 
 mod common;
 
-use common::kernels::{PTX, THREADS};
+use common::kernels::{SumRun, PTX};
 use common::MIB;
 use flare_package::driver::cuda::CudaDriver;
 use flare_package::{Backend, Driver, Pool, PoolConfig};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 #[test]
 #[ignore = "needs two CUDA GPUs"]
@@ -44,40 +44,23 @@ fn gpu_free_waits_for_a_peer_kernel_reading_it() {
     // SAFETY: `data` is a live allocation of `bytes` bytes of this test.
     unsafe { d0.memset_d8(data, 5, bytes) }.unwrap(); // every u32 is 0x05050505
     d0.synchronize(0).unwrap();
-    let expected = |iters: u64| {
-        0x0505_0505u32
-            .wrapping_mul(n as u32)
-            .wrapping_mul(iters as u32)
+    let run = SumRun {
+        driver: &d1,
+        device: 1,
+        kernel: &kernel,
+        data,
+        n,
+        out,
+        fill: 5,
     };
-    let read_out = || {
-        let mut word = [0u8; 4];
-        d1.copy_dtoh(out, &mut word).unwrap();
-        u32::from_le_bytes(word)
-    };
-
     // Calibrate on device 1: one pass over the device-0 buffer through the peer link.
-    // SAFETY: `out` is a live 4-byte allocation of this test (device 1).
-    unsafe { d1.memset_d8(out, 0, 4) }.unwrap();
-    d1.synchronize(1).unwrap();
+    // SAFETY: `data` (device 0, access granted to device 1) and `out` (device 1) are
+    // live allocations of this test.
+    let (one, iters) = unsafe { run.calibrate() };
     let t = Instant::now();
-    // SAFETY: `sum_repeat` takes four 64-bit parameters (data, count, passes, out);
-    // it reads `n` u32 of `data` (device 0, access granted to device 1) and adds to
-    // the u32 at `out`; both stay live until the synchronize below.
-    unsafe { d1.launch_test_kernel(&kernel, 1, THREADS, &[data, n, 1, out]) }.unwrap();
-    d1.synchronize(1).unwrap();
-    let one = t.elapsed().max(Duration::from_micros(50));
-    assert_eq!(read_out(), expected(1), "one peer pass sums right");
-    let iters = (Duration::from_millis(700).as_secs_f64() / one.as_secs_f64()).ceil() as u64;
-    let iters = iters.clamp(1, 1 << 20);
-
-    // SAFETY: as above.
-    unsafe { d1.memset_d8(out, 0, 4) }.unwrap();
-    d1.synchronize(1).unwrap();
-    let t = Instant::now();
-    // SAFETY: the same parameters as above. `data` is freed while the kernel runs:
-    // the pool's release synchronizes devices 0 and 1 before it unmaps (what this
-    // test checks); `out` stays live to the end.
-    unsafe { d1.launch_test_kernel(&kernel, 1, THREADS, &[data, n, iters, out]) }.unwrap();
+    // SAFETY: as above; `data` is freed while the kernel runs: the pool's release
+    // synchronizes devices 0 and 1 before it unmaps (what this test checks).
+    unsafe { run.launch(iters) };
     // Outside a scope, threshold 0: released at once, after synchronizing devices 0
     // and 1.
     pool0.free_raw(data).unwrap();
@@ -90,15 +73,19 @@ fn gpu_free_waits_for_a_peer_kernel_reading_it() {
     d1.synchronize(1).unwrap_or_else(|e| {
         panic!("the peer kernel faulted: the range was unmapped under it: {e}")
     });
-    let sum = read_out();
+    let sum = run.read_out();
     println!(
         "peer kernel: {iters} passes over {} MiB of device-0 memory from device 1, ~{:?}; \
          free returned after {free_took:?}; sum {sum:#x} (expected {:#x})",
         bytes / MIB,
         one.mul_f64(iters as f64),
-        expected(iters)
+        run.expected(iters)
     );
-    assert_eq!(sum, expected(iters), "peer kernel result after the free");
+    assert_eq!(
+        sum,
+        run.expected(iters),
+        "peer kernel result after the free"
+    );
     assert!(
         free_took >= one.mul_f64(iters as f64 / 4.0),
         "the free returned in {free_took:?}, before the peer kernel (~{:?}) could have \

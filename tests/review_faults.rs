@@ -359,13 +359,8 @@ fn outside_a_scope_forced_reuse_comes_before_any_release() {
     assert_eq!(s.oom_retries, 1);
 }
 
-/// With a peer, a release waits for both devices: a kernel on device 1 reading a
-/// device-0 pool's buffer is cleared only by device 1's synchronize
-/// (`cuCtxSynchronize` waits for its own context's work), so a pool that
-/// synchronized only device 0 would unmap under it, which the simulated driver
-/// records as a fault.
-#[test]
-fn a_release_synchronizes_every_device_with_access() {
+/// A pool on device 0 of a simulated two-device machine, granting device 1 access.
+fn peer_pool() -> (Pool, Arc<SimDriver>) {
     let pool = Pool::new(PoolConfig {
         backend: Backend::Simulated(SimConfig {
             device_count: 2,
@@ -375,7 +370,18 @@ fn a_release_synchronizes_every_device_with_access() {
         ..PoolConfig::default()
     })
     .unwrap();
-    let sim = pool.sim_driver().unwrap().clone();
+    let sim = pool.sim_driver().unwrap();
+    (pool, sim)
+}
+
+/// With a peer, a release waits for both devices: a kernel on device 1 reading a
+/// device-0 pool's buffer is cleared only by device 1's synchronize
+/// (`cuCtxSynchronize` waits for its own context's work), so a pool that
+/// synchronized only device 0 would unmap under it, which the simulated driver
+/// records as a fault.
+#[test]
+fn a_release_synchronizes_every_device_with_access() {
+    let (pool, sim) = peer_pool();
     let p = pool.allocate_raw(2 * MIB).unwrap();
     assert_eq!(sim.touch(p, 2 * MIB, 1), CuResult::SUCCESS);
     sim.mark_busy_on(1, p, 2 * MIB);
@@ -396,16 +402,7 @@ fn a_release_synchronizes_every_device_with_access() {
 /// nothing is unmapped while the peer may still be reading it.
 #[test]
 fn a_failed_peer_synchronize_keeps_the_mapping() {
-    let pool = Pool::new(PoolConfig {
-        backend: Backend::Simulated(SimConfig {
-            device_count: 2,
-            ..SimConfig::default()
-        }),
-        peer_devices: vec![1],
-        ..PoolConfig::default()
-    })
-    .unwrap();
-    let sim = pool.sim_driver().unwrap().clone();
+    let (pool, sim) = peer_pool();
     let p = pool.allocate_raw(2 * MIB).unwrap();
     sim.mark_busy_on(1, p, 2 * MIB);
     // The pool synchronizes device 0, then device 1: fail the second.

@@ -34,3 +34,17 @@ pub fn fmt_bytes(bytes: u64) -> String {
     }
     format!("{v:.1} {}", UNITS[u])
 }
+
+/// Whether `numbers` is `0, 1, 2, ...`: the rows of an enum's list (issue 10, "one
+/// list, many uses") must be numbered in order from 0, because their `ALL` arrays are
+/// indexed by number. Checked when the crate is built (`const _: () = assert!(..)`).
+pub(crate) const fn numbered_from_zero(numbers: &[usize]) -> bool {
+    let mut i = 0;
+    while i < numbers.len() {
+        if numbers[i] != i {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}

@@ -19,8 +19,10 @@ mod index;
 mod release;
 mod snapshot;
 
+pub(crate) use config::reuse_policies;
 pub use config::{Backend, PoolConfig, ReusePolicy, DEFAULT_BEST_FIT_MAX_WASTE_PERCENT};
 pub use guards::{Allocation, RetentionScope};
+pub(crate) use snapshot::snapshot_counters;
 pub use snapshot::Snapshot;
 
 use crate::driver::sim::SimDriver;

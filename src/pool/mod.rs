@@ -10,6 +10,7 @@
 //! index) or pending (a release step failed; kept and retried). The books sit under
 //! one lock, which is never held across a driver call that creates or releases
 //! memory.
+#![forbid(unsafe_code)]
 
 mod books;
 mod config;

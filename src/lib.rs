@@ -4,6 +4,7 @@
 #![cfg_attr(flare_loom, doc = "flare-package, built for the loom models.")]
 #![deny(missing_docs)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod backend;
 pub mod driver;

@@ -408,6 +408,44 @@ static void test_lifecycle(void) {
     OK(flare_pool_destroy(pool));
 }
 
+/* Inside a scope on a 4 MiB device: 4 MiB allocated and freed (retained idle), then
+ * 2 MiB asked for. The idle mapping is 100% over the request, past the default
+ * best-fit bound (30%), so it is not a policy fit; creating 2 MiB more does not fit
+ * (4 + 2 > 4), and a scope releases nothing: the pool takes the idle mapping rather
+ * than fail, a forced reuse, counted in reuse_forced_hits (the last field, added
+ * after reserve_failures). */
+static void test_forced_reuse(void) {
+    FlarePool *pool = new_pool(FLARE_REUSE_BEST_FIT, 4 * MiB, 0);
+    FlareSnapshot s, old;
+    void *p = NULL, *q = NULL;
+    OK(flare_retention_begin(pool));
+    OK(flare_package_allocate(pool, 4 * MiB, &p));
+    OK(flare_package_free(pool, p));
+    s = snap(pool);
+    CHECK(s.reuse_hits == 0 && s.reuse_forced_hits == 0 && s.idle_bytes == 4 * MiB);
+    OK(flare_package_allocate(pool, 2 * MiB, &q));
+    CHECK(q == p);
+    s = snap(pool);
+    CHECK(s.reuse_hits == 1 && s.reuse_forced_hits == 1 && s.reuse_exact_hits == 0);
+    CHECK(s.mappings_created == 1 && s.create_failures == 1 && s.live_mapped_bytes == 4 * MiB &&
+          s.live_requested_bytes == 2 * MiB && s.physical_bytes == 4 * MiB);
+    /* A caller compiled before the field: its struct ends at reserve_failures, and the
+     * field's bytes are left as they are. */
+    CHECK(offsetof(FlareSnapshot, reuse_forced_hits) ==
+              offsetof(FlareSnapshot, reserve_failures) + 8 &&
+          sizeof(FlareSnapshot) == offsetof(FlareSnapshot, reuse_forced_hits) + 8);
+    memset(&old, 0xab, sizeof old);
+    old.struct_size = (uint32_t)offsetof(FlareSnapshot, reuse_forced_hits);
+    OK(flare_pool_snapshot(pool, &old));
+    CHECK(old.reuse_hits == 1 && old.reserve_failures == 0 && old.create_failures == 1 &&
+          old.reuse_forced_hits == UINT64_C(0xabababababababab));
+    OK(flare_package_free(pool, q));
+    OK(flare_retention_finish(pool));
+    s = snap(pool);
+    CHECK(snap_empty(&s) && s.reuse_forced_hits == 1);
+    OK(flare_pool_destroy(pool));
+}
+
 /* Inside one scope, twelve times: allocate 1 GiB, free, allocate 1 GiB, free. */
 static void test_warmup(FlareReusePolicy policy, uint64_t want_peak) {
     FlarePool *pool = new_pool(policy, 0, 0);
@@ -943,6 +981,7 @@ static int run_all_tests(const char *language) {
     test_warmup(FLARE_REUSE_BEST_FIT, GiB);
     test_warmup(FLARE_REUSE_EXACT, GiB);
     test_warmup(FLARE_REUSE_NONE, 24 * GiB);
+    test_forced_reuse();
     test_bad_inputs();
     test_injected_failures();
     test_wrong_pool();

@@ -2,6 +2,7 @@
 //! that [`Pool`](crate::Pool) works over any [`Driver`] and never names a backend.
 //! [`Pool::new`](crate::Pool::new) calls [`open`]; an engine with its own driver
 //! calls [`Pool::with_driver`](crate::Pool::with_driver).
+#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 

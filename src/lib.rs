@@ -4,6 +4,7 @@
 #![cfg_attr(flare_loom, doc = "flare-package, built for the loom models.")]
 #![deny(missing_docs)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod backend;
 pub mod driver;
@@ -33,4 +34,18 @@ pub fn fmt_bytes(bytes: u64) -> String {
         u += 1;
     }
     format!("{v:.1} {}", UNITS[u])
+}
+
+/// Whether `numbers` is `0, 1, 2, ...`: the rows of an enum's list (issue 10, "one
+/// list, many uses") must be numbered in order from 0, because their `ALL` arrays are
+/// indexed by number. Checked when the crate is built (`const _: () = assert!(..)`).
+pub(crate) const fn numbered_from_zero(numbers: &[usize]) -> bool {
+    let mut i = 0;
+    while i < numbers.len() {
+        if numbers[i] != i {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }

@@ -1,5 +1,11 @@
 //! The committed C header `include/flare_package.h` must be exactly what cbindgen
-//! generates from `src/ffi.rs` with `cbindgen.toml`.
+//! generates from the module `src/ffi/` with `cbindgen.toml`.
+//!
+//! cbindgen reads `src/ffi/mod.rs` and the files of its submodules. It does not
+//! expand macros, and the C types are made by macros from the crate's lists
+//! (`src/ffi/generate.rs`), so their Rust source, which the macros record
+//! (`flare_package::ffi::cbindgen_sources`), is written to a file that cbindgen reads
+//! too.
 //!
 //! Regenerate it with:
 //!
@@ -20,15 +26,31 @@ fn header_path() -> PathBuf {
     root().join("include").join("flare_package.h")
 }
 
+/// The generated C types' Rust source, in a file of its own (one per process: the
+/// tests of this file run in parallel).
+fn generated_types_file() -> PathBuf {
+    static FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("flare_ffi_types_{}.rs", std::process::id()));
+        let source = flare_package::ffi::cbindgen_sources().join("\n\n");
+        std::fs::write(&path, source)
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+        path
+    })
+    .clone()
+}
+
 fn generate() -> String {
     let root = root();
     let config = cbindgen::Config::from_file(root.join("cbindgen.toml"))
         .unwrap_or_else(|e| panic!("cannot read cbindgen.toml: {e}"));
     let bindings = cbindgen::Builder::new()
         .with_config(config)
-        .with_src(root.join("src").join("ffi.rs"))
+        .with_src(root.join("src").join("ffi").join("mod.rs"))
+        .with_src(generated_types_file())
         .generate()
-        .unwrap_or_else(|e| panic!("cbindgen failed on src/ffi.rs: {e}"));
+        .unwrap_or_else(|e| panic!("cbindgen failed on src/ffi/: {e}"));
     let mut out = Vec::new();
     bindings.write(&mut out);
     String::from_utf8(out).unwrap_or_else(|e| panic!("cbindgen wrote non-UTF-8: {e}"))
@@ -68,7 +90,7 @@ fn committed_header_is_what_cbindgen_generates() {
     });
     assert!(
         committed == generated,
-        "{} is stale: it is not what cbindgen generates from src/ffi.rs and cbindgen.toml.\n{}\n\
+        "{} is stale: it is not what cbindgen generates from src/ffi/ and cbindgen.toml.\n{}\n\
          Regenerate it with: {BLESS_VAR}=1 cargo test --test header  (then review and commit it)",
         path.display(),
         first_difference(&committed, &generated)

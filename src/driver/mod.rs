@@ -113,81 +113,95 @@ impl fmt::Display for CuResult {
     }
 }
 
-/// The driver calls the pool makes, one per [`Driver`] method. The numbers are the
-/// C ABI's `FlareDriverCall` values for the first eight and are stable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DriverCall {
-    /// `cuMemCreate`: a physical handle.
-    Create = 0,
-    /// `cuMemRelease`: drop a physical handle.
-    Release = 1,
-    /// `cuMemAddressReserve`: a virtual reservation.
-    Reserve = 2,
-    /// `cuMemAddressFree`: free a virtual reservation.
-    FreeReservation = 3,
-    /// `cuMemMap`: map a whole handle into a reservation.
-    Map = 4,
-    /// `cuMemSetAccess`: grant read/write access to a mapped range.
-    SetAccess = 5,
-    /// `cuMemUnmap`: unmap a range.
-    Unmap = 6,
-    /// `cuCtxSynchronize`: wait for all work on one device's context.
-    Synchronize = 7,
-    /// `cuMemGetAllocationGranularity`.
-    Granularity = 8,
-    /// `cuMemGetInfo`.
-    MemGetInfo = 9,
-    /// Driver load, `cuInit`, device and primary-context set-up.
-    Init = 10,
+/// The driver calls, one row each: `/// doc`, the Rust variant and its number, the C
+/// ABI's name (`FlareDriverCall`, same number), the CUDA function; then, in
+/// `@not_in_c`, the calls the C ABI does not name (no C name).
+///
+/// Written once: [`DriverCall`] with [`DriverCall::ALL`],
+/// [`DriverCall::MEMORY_CALLS`] and [`DriverCall::cuda_name`] (here) and the C ABI's
+/// `FlareDriverCall` with its integer conversion and name table (`ffi/types.rs`) are
+/// generated from it. `driver_calls!(generator! { head })` expands to
+/// `generator! { head rows }`.
+macro_rules! driver_calls {
+    ($gen:ident! { $($head:tt)* }) => {
+        $gen! {
+            $($head)*
+            /// `cuMemCreate`: a physical allocation (allocate, on a miss).
+            Create = 0, FLARE_CALL_CREATE, "cuMemCreate";
+            /// `cuMemRelease`: drop a physical allocation (release points).
+            Release = 1, FLARE_CALL_RELEASE, "cuMemRelease";
+            /// `cuMemAddressReserve`: reserve virtual addresses (allocate, on a miss).
+            Reserve = 2, FLARE_CALL_RESERVE, "cuMemAddressReserve";
+            /// `cuMemAddressFree`: free the virtual addresses (release points).
+            FreeReservation = 3, FLARE_CALL_FREE_RESERVATION, "cuMemAddressFree";
+            /// `cuMemMap`: map the physical allocation (allocate, on a miss).
+            Map = 4, FLARE_CALL_MAP, "cuMemMap";
+            /// `cuMemSetAccess`: grant read/write access (allocate, on a miss).
+            SetAccess = 5, FLARE_CALL_SET_ACCESS, "cuMemSetAccess";
+            /// `cuMemUnmap`: unmap (release points).
+            Unmap = 6, FLARE_CALL_UNMAP, "cuMemUnmap";
+            /// `cuCtxSynchronize`: wait for queued work before a release (release points).
+            Synchronize = 7, FLARE_CALL_SYNCHRONIZE, "cuCtxSynchronize";
+            @not_in_c {
+                /// `cuMemGetAllocationGranularity`.
+                Granularity = 8, "cuMemGetAllocationGranularity";
+                /// `cuMemGetInfo`.
+                MemGetInfo = 9, "cuMemGetInfo";
+                /// Driver load, `cuInit`, device and primary-context set-up.
+                Init = 10, "cuInit";
+            }
+        }
+    };
+}
+pub(crate) use driver_calls;
+
+/// [`DriverCall`] with [`DriverCall::ALL`], [`DriverCall::MEMORY_CALLS`] and
+/// [`DriverCall::cuda_name`] from the rows of [`driver_calls`].
+macro_rules! rust_driver_call {
+    (
+        $(#[doc = $doc:literal])*
+        pub enum DriverCall;
+        $( $(#[doc = $vdoc:literal])* $v:ident = $n:literal, $c:ident, $s:literal; )*
+        @not_in_c { $( $(#[doc = $odoc:literal])* $ov:ident = $on:literal, $os:literal; )* }
+    ) => {
+        $(#[doc = $doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum DriverCall {
+            $( $(#[doc = $vdoc])* $v = $n, )*
+            $( $(#[doc = $odoc])* $ov = $on, )*
+        }
+
+        impl DriverCall {
+            /// Every call kind, in number order.
+            pub const ALL: [DriverCall; [$($n,)* $($on),*].len()] =
+                [$(DriverCall::$v,)* $(DriverCall::$ov),*];
+
+            /// The calls that create, map, grant, unmap, release or free memory and
+            /// synchronize: those the pool counts failures of in its snapshot, and
+            /// those the C ABI's `FlareDriverCall` names (same numbers, from 0).
+            pub const MEMORY_CALLS: [DriverCall; [$($n),*].len()] = [$(DriverCall::$v),*];
+
+            /// The CUDA driver function this call stands for (`"cuMemMap"`).
+            pub fn cuda_name(self) -> &'static str {
+                match self {
+                    $( DriverCall::$v => $s, )*
+                    $( DriverCall::$ov => $os, )*
+                }
+            }
+        }
+
+        // `ALL` is in number order: `from_index` takes a number as an index in it.
+        const _: () = assert!($crate::numbered_from_zero(&[$($n,)* $($on),*]));
+    };
 }
 
+driver_calls!(rust_driver_call! {
+    /// The driver calls the pool makes, one per [`Driver`] method. The numbers are
+    /// stable; the first eight are the C ABI's `FlareDriverCall` values.
+    pub enum DriverCall;
+});
+
 impl DriverCall {
-    /// Every call kind, in number order.
-    pub const ALL: [DriverCall; 11] = [
-        DriverCall::Create,
-        DriverCall::Release,
-        DriverCall::Reserve,
-        DriverCall::FreeReservation,
-        DriverCall::Map,
-        DriverCall::SetAccess,
-        DriverCall::Unmap,
-        DriverCall::Synchronize,
-        DriverCall::Granularity,
-        DriverCall::MemGetInfo,
-        DriverCall::Init,
-    ];
-
-    /// The eight calls that create, map, grant, unmap, release or free memory and
-    /// synchronize: those the pool counts failures of in its snapshot, and those the
-    /// C ABI's `FlareDriverCall` names (same numbers, 0..7).
-    pub const MEMORY_CALLS: [DriverCall; 8] = {
-        // The first eight of `ALL`, which is in number order.
-        let mut calls = [DriverCall::Create; 8];
-        let mut i = 0;
-        while i < calls.len() {
-            calls[i] = DriverCall::ALL[i];
-            i += 1;
-        }
-        calls
-    };
-
-    /// The CUDA driver function this call stands for (`"cuMemMap"`).
-    pub fn cuda_name(self) -> &'static str {
-        match self {
-            DriverCall::Create => "cuMemCreate",
-            DriverCall::Release => "cuMemRelease",
-            DriverCall::Reserve => "cuMemAddressReserve",
-            DriverCall::FreeReservation => "cuMemAddressFree",
-            DriverCall::Map => "cuMemMap",
-            DriverCall::SetAccess => "cuMemSetAccess",
-            DriverCall::Unmap => "cuMemUnmap",
-            DriverCall::Synchronize => "cuCtxSynchronize",
-            DriverCall::Granularity => "cuMemGetAllocationGranularity",
-            DriverCall::MemGetInfo => "cuMemGetInfo",
-            DriverCall::Init => "cuInit",
-        }
-    }
-
     /// The call with this number (the C ABI's `FlareDriverCall`), if any.
     pub fn from_index(n: u32) -> Option<DriverCall> {
         DriverCall::ALL.get(n as usize).copied()

@@ -11,45 +11,108 @@ pub enum Backend {
     Simulated(SimConfig),
 }
 
-/// How a freed (idle) mapping is reused by a later allocation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum ReusePolicy {
-    /// The smallest idle mapping at least as large as the rounded request, if its
-    /// excess over the request is within [`PoolConfig::best_fit_max_waste_percent`].
-    #[default]
-    BestFit,
-    /// Only an idle mapping of exactly the rounded size.
-    Exact,
-    /// Never reuse: every freed mapping is retained (inside a scope) or released.
-    /// The warmup-retention bug, kept as a baseline for comparison.
-    None,
+/// The reuse policies, one row each: `/// doc`, the Rust variant and its number, the
+/// C ABI's name (`FlareReusePolicy`, same number), the name on the command line and
+/// in reports.
+///
+/// Written once: [`ReusePolicy`] with [`ReusePolicy::name`] (here) and the C ABI's
+/// `FlareReusePolicy` with its integer conversion and name table (`ffi/types.rs`)
+/// are generated from it. `reuse_policies!(generator! { head })` expands to
+/// `generator! { head rows }`.
+macro_rules! reuse_policies {
+    ($gen:ident! { $($head:tt)* }) => {
+        $gen! {
+            $($head)*
+            /// The smallest idle mapping at least as large as the rounded request whose
+            /// excess over it is at most the best-fit waste bound, a percentage of the
+            /// request (`best_fit_max_waste_percent`, default 30%, chosen by replaying
+            /// real traces, see BENCHMARKS.md). The default policy.
+            BestFit = 0, FLARE_REUSE_BEST_FIT, "best-fit";
+            /// Only an idle mapping of exactly the rounded size.
+            Exact = 1, FLARE_REUSE_EXACT, "exact";
+            /// Never reuse: a freed mapping is retained (inside a scope) or released. A
+            /// baseline for comparison: a warmup that frees and allocates inside a scope
+            /// keeps every mapping (the warmup-retention bug).
+            None = 2, FLARE_REUSE_NONE, "none";
+        }
+    };
+}
+pub(crate) use reuse_policies;
+
+/// [`ReusePolicy`] and [`ReusePolicy::name`] from the rows of [`reuse_policies`].
+macro_rules! rust_reuse_policy {
+    (
+        $(#[doc = $doc:literal])*
+        pub enum ReusePolicy;
+        $( $(#[doc = $vdoc:literal])* $v:ident = $n:literal, $c:ident, $s:literal; )*
+    ) => {
+        $(#[doc = $doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum ReusePolicy {
+            $( $(#[doc = $vdoc])* $v = $n, )*
+        }
+
+        impl ReusePolicy {
+            /// Every policy, in number order.
+            const BY_NUMBER: [ReusePolicy; [$($n),*].len()] = [$(ReusePolicy::$v),*];
+
+            /// The policy's name on the command line and in reports (`"best-fit"`).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( ReusePolicy::$v => $s, )*
+                }
+            }
+        }
+
+        const _: () = assert!($crate::numbered_from_zero(&[$($n),*]));
+    };
 }
 
-impl ReusePolicy {
-    /// Every policy, in the order reports print them.
-    pub const ALL: [ReusePolicy; 3] = [ReusePolicy::None, ReusePolicy::Exact, ReusePolicy::BestFit];
+reuse_policies!(rust_reuse_policy! {
+    /// How a freed (idle) mapping is reused by a later allocation.
+    pub enum ReusePolicy;
+});
 
-    /// The policy's name on the command line and in reports (`"best-fit"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            ReusePolicy::BestFit => "best-fit",
-            ReusePolicy::Exact => "exact",
-            ReusePolicy::None => "none",
+impl ReusePolicy {
+    /// Every policy, in the order reports print them: from no reuse to the most (the
+    /// reverse of their numbers).
+    pub const ALL: [ReusePolicy; ReusePolicy::BY_NUMBER.len()] = {
+        let mut all = ReusePolicy::BY_NUMBER;
+        let mut i = 0;
+        while i < all.len() / 2 {
+            let j = all.len() - 1 - i;
+            let a = all[i];
+            all[i] = all[j];
+            all[j] = a;
+            i += 1;
         }
+        all
+    };
+}
+
+impl Default for ReusePolicy {
+    /// [`ReusePolicy::BestFit`].
+    fn default() -> Self {
+        ReusePolicy::BestFit
     }
 }
 
 impl std::str::FromStr for ReusePolicy {
     type Err = String;
+    /// A policy from its [`ReusePolicy::name`]; `bestfit` and `best_fit` are taken
+    /// for `best-fit` too.
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "best-fit" | "bestfit" | "best_fit" => Ok(ReusePolicy::BestFit),
-            "exact" => Ok(ReusePolicy::Exact),
-            "none" => Ok(ReusePolicy::None),
-            _ => Err(format!(
-                "unknown reuse policy {s:?} (none, exact, best-fit)"
-            )),
-        }
+        let name = match s {
+            "bestfit" | "best_fit" => ReusePolicy::BestFit.name(),
+            s => s,
+        };
+        ReusePolicy::ALL
+            .into_iter()
+            .find(|p| p.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = ReusePolicy::ALL.iter().map(|p| p.name()).collect();
+                format!("unknown reuse policy {s:?} ({})", names.join(", "))
+            })
     }
 }
 

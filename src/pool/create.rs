@@ -3,7 +3,6 @@
 //! refuses to undo is booked pending and retried at the next release point.
 
 use super::books::{Mapping, MappingState};
-use super::release::count_failure;
 use super::Pool;
 use crate::driver::{DevicePtr, DriverCall, DriverError, PhysicalHandle, Reservation};
 use crate::sync::lock;
@@ -86,7 +85,7 @@ impl Pool {
                 }
                 let mut st = lock(&self.state);
                 for call in failures.iter().flatten() {
-                    count_failure(&mut st.counters, *call);
+                    st.counters.count_failure(*call);
                 }
                 if handle_live || reservation_live {
                     // Keep what the driver still holds; retried at the next release

@@ -10,6 +10,7 @@
 //! index) or pending (a release step failed; kept and retried). The books sit under
 //! one lock, which is never held across a driver call that creates or releases
 //! memory.
+#![forbid(unsafe_code)]
 
 mod books;
 mod config;
@@ -19,8 +20,10 @@ mod index;
 mod release;
 mod snapshot;
 
+pub(crate) use config::reuse_policies;
 pub use config::{Backend, PoolConfig, ReusePolicy, DEFAULT_BEST_FIT_MAX_WASTE_PERCENT};
 pub use guards::{Allocation, RetentionScope};
+pub(crate) use snapshot::snapshot_counters;
 pub use snapshot::Snapshot;
 
 use crate::driver::sim::SimDriver;

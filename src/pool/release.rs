@@ -5,7 +5,7 @@
 //! kept idle-for-retry or pending and retried at the next release point.
 
 use super::books::{Mapping, MappingState, State};
-use super::{Pool, Snapshot};
+use super::Pool;
 use crate::driver::{DriverCall, DriverError};
 use crate::error::{Error, Result};
 use crate::sync::lock;
@@ -34,20 +34,6 @@ pub(super) struct Batch {
 impl Batch {
     pub(super) fn is_empty(&self) -> bool {
         self.mappings.is_empty() && self.pending.is_empty()
-    }
-}
-
-pub(super) fn count_failure(c: &mut Snapshot, call: DriverCall) {
-    match call {
-        DriverCall::Create => c.create_failures += 1,
-        DriverCall::Reserve => c.reserve_failures += 1,
-        DriverCall::Map => c.map_failures += 1,
-        DriverCall::SetAccess => c.access_failures += 1,
-        DriverCall::Unmap => c.unmap_failures += 1,
-        DriverCall::Release => c.release_failures += 1,
-        DriverCall::FreeReservation => c.reservation_free_failures += 1,
-        DriverCall::Synchronize => c.sync_failures += 1,
-        DriverCall::Granularity | DriverCall::MemGetInfo | DriverCall::Init => {}
     }
 }
 
@@ -247,7 +233,7 @@ impl Pool {
             self.releases_done.notify_all();
         }
         for call in failed {
-            count_failure(&mut st.counters, call);
+            st.counters.count_failure(call);
         }
         for (slot, outcome) in outcomes {
             st.apply_release(slot, outcome);

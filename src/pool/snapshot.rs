@@ -1,82 +1,132 @@
 //! Snapshot accounting.
 
-/// A consistent copy of the pool's counters, taken under the pool's lock.
+use crate::driver::DriverCall;
+
+/// The snapshot's counters, one row each: `/// doc`, the field, and for a failure
+/// counter `counts Call`, the [`DriverCall`] whose failures it counts.
 ///
-/// Byte fields are bytes; `*_count` fields count mappings; the rest count events
-/// since the pool was created. Invariants (checked by the tests after every
-/// operation): `physical_bytes == live_mapped_bytes + idle_bytes + pending_bytes`;
-/// `physical_bytes <= peak_physical_bytes`; `live_mapped_bytes <= peak_live_mapped_bytes`;
-/// `live_requested_bytes <= live_mapped_bytes`;
-/// `allocations == frees + live_count`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Snapshot {
-    /// Whether a retention scope is open.
-    pub scope_open: bool,
-    /// The driver's allocation granularity, bytes; every mapping is a multiple.
-    pub granularity_bytes: u64,
-    /// Live allocations (handed out, not yet freed).
-    pub live_count: u64,
-    /// Bytes the callers asked for, summed over live allocations (not rounded).
-    pub live_requested_bytes: u64,
-    /// Bytes mapped for live allocations (rounded to mappings' sizes).
-    pub live_mapped_bytes: u64,
-    /// Idle mappings: retained in a scope or cached, mapped, reusable.
-    pub idle_count: u64,
-    /// Bytes of idle mappings.
-    pub idle_bytes: u64,
-    /// Mappings whose release failed part-way and will be retried.
-    pub pending_count: u64,
-    /// Physical bytes of pending mappings whose handle is not yet released.
-    pub pending_bytes: u64,
-    /// Physical bytes the pool holds on the device (each handle counted once).
-    pub physical_bytes: u64,
-    /// Bytes of virtual address space the pool holds reserved.
-    pub reserved_bytes: u64,
-    /// High watermark of `physical_bytes`.
-    pub peak_physical_bytes: u64,
-    /// High watermark of `live_mapped_bytes`.
-    pub peak_live_mapped_bytes: u64,
-    /// Successful allocations.
-    pub allocations: u64,
-    /// Successful frees.
-    pub frees: u64,
-    /// Allocations served from an idle mapping (no driver call).
-    pub reuse_hits: u64,
-    /// Of `reuse_hits`, those whose mapping had exactly the rounded size.
-    pub reuse_exact_hits: u64,
-    /// Of `reuse_hits`, those forced by an out-of-memory: no idle mapping fitted
-    /// under the policy (exact size, or the best-fit waste bound), the device was
-    /// full, and the smallest idle mapping that fits was taken whatever its size
-    /// rather than failing or releasing memory.
-    pub reuse_forced_hits: u64,
-    /// Mappings created (create, reserve, map, set access all succeeded).
-    pub mappings_created: u64,
-    /// Mappings fully released (unmapped, handle released, reservation freed).
-    pub mappings_released: u64,
-    /// Out-of-memory failures outside a scope answered by releasing idle mappings and
-    /// retrying once.
-    pub oom_retries: u64,
-    /// Failed `cuMemCreate` calls (out of memory included).
-    pub create_failures: u64,
-    /// Failed `cuMemAddressReserve` calls.
-    pub reserve_failures: u64,
-    /// Failed `cuMemMap` calls.
-    pub map_failures: u64,
-    /// Failed `cuMemSetAccess` calls.
-    pub access_failures: u64,
-    /// Failed `cuMemUnmap` calls.
-    pub unmap_failures: u64,
-    /// Failed `cuMemRelease` calls.
-    pub release_failures: u64,
-    /// Failed `cuMemAddressFree` calls.
-    pub reservation_free_failures: u64,
-    /// Failed `cuCtxSynchronize` calls (a capture in progress, a lost context).
-    pub sync_failures: u64,
-    /// Retention scopes closed with finish.
-    pub scopes_finished: u64,
-    /// Retention scopes closed with abort.
-    pub scopes_aborted: u64,
+/// Written once: the Rust [`Snapshot`] (here), the C ABI's `FlareSnapshot` (its
+/// `struct_size` and `scope_open`, then these fields in this order), the conversion
+/// between them, the C struct's field offsets (`ffi/types.rs`) and
+/// [`Snapshot::count_failure`] are generated from it. The order is the C struct's
+/// layout: a new counter goes at the end only.
+///
+/// `snapshot_counters!(generator! { head })` expands to `generator! { head rows }`.
+macro_rules! snapshot_counters {
+    ($gen:ident! { $($head:tt)* }) => {
+        $gen! {
+            $($head)*
+            /// The driver's allocation granularity, bytes; every mapping is a multiple.
+            granularity_bytes,
+            /// Live allocations (handed out, not yet freed).
+            live_count,
+            /// Bytes the callers asked for, summed over live allocations (not rounded).
+            live_requested_bytes,
+            /// Bytes mapped for live allocations (rounded to the mappings' sizes).
+            live_mapped_bytes,
+            /// Idle mappings: retained in a scope or cached; mapped and reusable.
+            idle_count,
+            /// Bytes of idle mappings.
+            idle_bytes,
+            /// Mappings whose release failed part-way and will be retried.
+            pending_count,
+            /// Physical bytes of pending mappings whose handle is not yet released.
+            pending_bytes,
+            /// Physical bytes the pool holds on the device.
+            physical_bytes,
+            /// Bytes of virtual address space the pool holds reserved.
+            reserved_bytes,
+            /// High watermark of `physical_bytes`.
+            peak_physical_bytes,
+            /// High watermark of `live_mapped_bytes`.
+            peak_live_mapped_bytes,
+            /// Successful allocations.
+            allocations,
+            /// Successful frees.
+            frees,
+            /// Allocations served from an idle mapping (no driver call).
+            reuse_hits,
+            /// Of `reuse_hits`, those whose mapping had exactly the rounded size.
+            reuse_exact_hits,
+            /// Mappings created (create, reserve, map, set access all succeeded).
+            mappings_created,
+            /// Mappings fully released (unmapped, handle released, reservation freed).
+            mappings_released,
+            /// Out-of-memory failures outside a scope answered by releasing idle mappings and
+            /// retrying once.
+            oom_retries,
+            /// Failed `cuMemMap` calls.
+            map_failures counts Map,
+            /// Failed `cuMemSetAccess` calls.
+            access_failures counts SetAccess,
+            /// Failed `cuMemUnmap` calls.
+            unmap_failures counts Unmap,
+            /// Failed `cuMemRelease` calls.
+            release_failures counts Release,
+            /// Failed `cuMemAddressFree` calls.
+            reservation_free_failures counts FreeReservation,
+            /// Failed `cuCtxSynchronize` calls (a capture in progress, a lost context).
+            sync_failures counts Synchronize,
+            /// Retention scopes closed with finish.
+            scopes_finished,
+            /// Retention scopes closed with abort.
+            scopes_aborted,
+            /// Failed `cuMemCreate` calls (out of memory included).
+            create_failures counts Create,
+            /// Failed `cuMemAddressReserve` calls.
+            reserve_failures counts Reserve,
+            /// Of `reuse_hits`, those forced by an out-of-memory: no idle mapping fitted
+            /// under the policy (exact size, or the best-fit waste bound), the device was
+            /// full, and the smallest idle mapping that fits was taken whatever its size
+            /// rather than failing or releasing memory.
+            reuse_forced_hits,
+        }
+    };
 }
+pub(crate) use snapshot_counters;
+
+/// [`Snapshot`] and [`Snapshot::count_failure`] from the rows of
+/// [`snapshot_counters`].
+macro_rules! rust_snapshot {
+    (
+        $(#[doc = $doc:literal])*
+        pub struct Snapshot;
+        $( $(#[doc = $fdoc:literal])* $f:ident $(counts $call:ident)?, )*
+    ) => {
+        $(#[doc = $doc])*
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct Snapshot {
+            /// Whether a retention scope is open.
+            pub scope_open: bool,
+            $( $(#[doc = $fdoc])* pub $f: u64, )*
+        }
+
+        impl Snapshot {
+            /// Counts a failed driver call of kind `call` in the counter of its kind,
+            /// if there is one (for the calls of [`DriverCall::MEMORY_CALLS`]).
+            pub(crate) fn count_failure(&mut self, call: DriverCall) {
+                let counter = match call {
+                    $($( DriverCall::$call => &mut self.$f, )?)*
+                    _ => return,
+                };
+                *counter += 1;
+            }
+        }
+    };
+}
+
+snapshot_counters!(rust_snapshot! {
+    /// A consistent copy of the pool's counters, taken under the pool's lock.
+    ///
+    /// Byte fields are bytes; `*_count` fields count mappings; the rest count events
+    /// since the pool was created; `physical_bytes` counts each physical handle once.
+    /// Invariants (checked by the tests after every operation):
+    /// `physical_bytes == live_mapped_bytes + idle_bytes + pending_bytes`;
+    /// `physical_bytes <= peak_physical_bytes`; `live_mapped_bytes <= peak_live_mapped_bytes`;
+    /// `live_requested_bytes <= live_mapped_bytes`;
+    /// `allocations == frees + live_count`.
+    pub struct Snapshot;
+});
 
 impl Snapshot {
     /// Checks the accounting invariants; returns a description of the first one
@@ -129,5 +179,53 @@ impl Snapshot {
             return Err("idle count and idle bytes disagree".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fields of `s` that are not 0, as `name: value`, from its `Debug` form.
+    fn nonzero_fields(s: &Snapshot) -> Vec<String> {
+        let text = format!("{s:?}");
+        let inner = text
+            .trim_start_matches("Snapshot { ")
+            .trim_end_matches(" }");
+        inner
+            .split(", ")
+            .filter(|f| !f.ends_with(": 0") && !f.ends_with(": false"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn each_memory_call_fails_into_its_own_counter() {
+        // The counters' names, written out (each field's doc names its call).
+        let want = [
+            (DriverCall::Create, "create_failures: 1"),
+            (DriverCall::Release, "release_failures: 1"),
+            (DriverCall::Reserve, "reserve_failures: 1"),
+            (DriverCall::FreeReservation, "reservation_free_failures: 1"),
+            (DriverCall::Map, "map_failures: 1"),
+            (DriverCall::SetAccess, "access_failures: 1"),
+            (DriverCall::Unmap, "unmap_failures: 1"),
+            (DriverCall::Synchronize, "sync_failures: 1"),
+        ];
+        for call in DriverCall::ALL {
+            let mut s = Snapshot::default();
+            s.count_failure(call);
+            let moved = nonzero_fields(&s);
+            match want.iter().find(|(c, _)| *c == call) {
+                Some((_, field)) => assert_eq!(moved, [*field], "{call:?}"),
+                None => assert!(moved.is_empty(), "{call:?} is counted nowhere: {moved:?}"),
+            }
+        }
+        assert_eq!(want.map(|(c, _)| c), DriverCall::MEMORY_CALLS);
+        // A second failure adds to the first.
+        let mut s = Snapshot::default();
+        s.count_failure(DriverCall::Unmap);
+        s.count_failure(DriverCall::Unmap);
+        assert_eq!(nonzero_fields(&s), ["unmap_failures: 2"]);
     }
 }

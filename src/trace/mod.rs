@@ -16,6 +16,7 @@
 //! - [`Trace::lower_bound_bytes`] and [`Trace::no_reuse_bytes`] are the two reference
 //!   figures of a trace that any replay can be judged against.
 //! - [`replay`] runs a trace on a pool and returns a [`ReplayReport`] (`replay.rs`).
+#![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 use std::fmt;

@@ -353,16 +353,16 @@ impl Drop for CudaDriver {
 /// must be initialised (`cuInit`).
 fn retain_primary(device: i32) -> Result<(sys::CUdevice, sys::CUcontext), DriverError> {
     let mut cu_device: sys::CUdevice = 0;
-    // SAFETY: `cu_device` is a valid out-pointer; the caller initialised the driver.
     check(
         DriverCall::Init,
+        // SAFETY: `cu_device` is a valid out-pointer; the caller initialised the driver.
         code(unsafe { sys::cuDeviceGet(&mut cu_device, device) }),
     )?;
     let mut context: sys::CUcontext = ptr::null_mut();
-    // SAFETY: `context` is a valid out-pointer and `cu_device` a device handle the
-    // driver just returned. The caller balances the retain with a release.
     check(
         DriverCall::Init,
+        // SAFETY: `context` is a valid out-pointer and `cu_device` a device handle the
+        // driver just returned. The caller balances the retain with a release.
         code(unsafe { sys::cuDevicePrimaryCtxRetain(&mut context, cu_device) }),
     )?;
     Ok((cu_device, context))

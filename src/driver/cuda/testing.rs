@@ -288,9 +288,9 @@ impl CudaDriver {
             return true;
         }
         let mut current: sys::CUcontext = ptr::null_mut();
-        // SAFETY: libcuda is present; `current` is a valid out-pointer. A panic
-        // (a symbol missing) is caught and read as "no context".
+        // A panic (a symbol missing) is caught and read as "no context".
         let r = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: libcuda is present; `current` is a valid out-pointer.
             code(unsafe { sys::cuCtxGetCurrent(&mut current) })
         }));
         match r {

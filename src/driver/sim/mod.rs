@@ -31,6 +31,7 @@
 //! order (the k-th driver of a process starts at `SIM_VA_BASE + k * SIM_VA_WINDOW`)
 //! and a driver reserves less than a window (1 TiB) in its lifetime; past that it
 //! takes the next free window, whose place depends on what other drivers took.
+#![forbid(unsafe_code)]
 
 use std::fmt;
 

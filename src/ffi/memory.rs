@@ -1,0 +1,192 @@
+//! The calls on a live pool: allocate and free, the retention scope (begin, finish,
+//! abort), trim, and the snapshot of its counters.
+
+use std::ffi::c_void;
+
+use super::boundary::{check_out, pool_boundary, pool_ref};
+use super::pool::FlarePool;
+use super::types::{out_prefix, write_prefix, FlareSnapshot, FlareStatus};
+use crate::pool::Pool;
+use crate::Error;
+
+/// A call on `pool` with no output: `op`, then the panic `flare_sim_inject_panic` may
+/// have asked for, in [`pool_boundary`].
+///
+/// # Safety
+/// `pool` is NULL or a live pool.
+unsafe fn pool_call(
+    name: &'static str,
+    pool: *const FlarePool,
+    op: impl FnOnce(&Pool) -> Result<(), Error>,
+) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    pool_boundary(name, unsafe { pool_ref(pool) }, |pool| {
+        let result = op(&pool.pool);
+        pool.injected_panic_point();
+        result
+    })
+}
+
+/// Allocates `size` bytes of device memory and writes its device address
+/// (a `CUdeviceptr`, aligned to the granularity) to `*out_ptr`.
+///
+/// The size is rounded up to the granularity (2 MiB on an H200). An idle mapping that
+/// fits under the reuse policy is taken with no driver call; otherwise a new mapping is
+/// created (create, reserve, map, set access).
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL argument or a size of 0 (or one
+/// whose rounding overflows); `FLARE_STATUS_REQUEST_TOO_LARGE` when the rounded size
+/// is more than the device's total memory (refused at once, nothing counted);
+/// `FLARE_STATUS_OUT_OF_MEMORY` when the device is full now;
+/// `FLARE_STATUS_DRIVER_ERROR` for another failed driver call (nothing leaked; the
+/// pool stays usable); `FLARE_STATUS_INTERNAL` on a poisoned pool.
+///
+/// Ownership: the memory belongs to the pool; free it with `flare_package_free` on
+/// the same pool, or it is released by `flare_pool_destroy`. Thread-safe.
+///
+/// # Safety
+/// `pool` is NULL or a live pool; `out_ptr` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn flare_package_allocate(
+    pool: *mut FlarePool,
+    size: usize,
+    out_ptr: *mut *mut c_void,
+) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    pool_boundary(
+        "flare_package_allocate",
+        unsafe { pool_ref(pool) },
+        |pool| {
+            check_out(out_ptr, "out_ptr")?;
+            let result = pool.pool.allocate_raw(size as u64);
+            pool.injected_panic_point();
+            let ptr = result?;
+            let addr = match usize::try_from(ptr) {
+                Ok(addr) => addr,
+                Err(_) => {
+                    // Cannot happen on the 64-bit targets CUDA supports; give it back.
+                    let _ = pool.pool.free_raw(ptr);
+                    return Err(Error::NotSupported("device address wider than a pointer"));
+                }
+            };
+            // SAFETY: non-NULL, aligned, and writable by the caller's contract.
+            unsafe { out_ptr.write(addr as *mut c_void) };
+            Ok(())
+        },
+    )
+}
+
+/// Frees an allocation of this pool, given the exact address `flare_package_allocate`
+/// returned. Inside a retention scope the mapping is retained idle; outside, it is
+/// cached up to the release threshold, else released. A release step the driver
+/// refuses is kept, counted in the snapshot and retried later: it does not fail the
+/// free.
+///
+/// `ptr` NULL: `FLARE_STATUS_SUCCESS`, nothing happens (with a valid pool).
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool;
+/// `FLARE_STATUS_UNKNOWN_POINTER` for a pointer this pool did not hand out, an interior
+/// pointer or a second free (nothing changes). Thread-safe.
+///
+/// # Safety
+/// `pool` is NULL or a live pool. `ptr` is only compared, never dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn flare_package_free(pool: *mut FlarePool, ptr: *mut c_void) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    pool_boundary("flare_package_free", unsafe { pool_ref(pool) }, |pool| {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let result = pool.pool.free_raw(ptr as usize as u64);
+        pool.injected_panic_point();
+        result
+    })
+}
+
+/// Opens the pool's retention scope: until it closes, freed mappings are retained
+/// idle (reusable) and nothing is released, so no unmap races queued or captured
+/// work. Open it around warmup and CUDA-graph capture. Scopes do not nest.
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL; `FLARE_STATUS_SCOPE_STATE` when
+/// a scope is already open. Thread-safe.
+///
+/// # Safety
+/// `pool` is NULL or a live pool.
+#[no_mangle]
+pub unsafe extern "C" fn flare_retention_begin(pool: *mut FlarePool) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    unsafe { pool_call("flare_retention_begin", pool, Pool::retention_begin) }
+}
+
+/// Closes the retention scope and releases every idle mapping (one synchronize, then
+/// unmap, release and free each). Live allocations stay live.
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL; `FLARE_STATUS_SCOPE_STATE` with no
+/// scope open; `FLARE_STATUS_DRIVER_ERROR` with the first release step the driver
+/// refused (the scope is closed all the same; what was refused is kept and retried at
+/// the next release point). Thread-safe.
+///
+/// # Safety
+/// `pool` is NULL or a live pool.
+#[no_mangle]
+pub unsafe extern "C" fn flare_retention_finish(pool: *mut FlarePool) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    unsafe { pool_call("flare_retention_finish", pool, Pool::retention_finish) }
+}
+
+/// Closes the retention scope as failed (a warmup or capture that went wrong): the
+/// same release as `flare_retention_finish`, counted in `scopes_aborted`.
+///
+/// Errors: as `flare_retention_finish`. Thread-safe.
+///
+/// # Safety
+/// `pool` is NULL or a live pool.
+#[no_mangle]
+pub unsafe extern "C" fn flare_retention_abort(pool: *mut FlarePool) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    unsafe { pool_call("flare_retention_abort", pool, Pool::retention_abort) }
+}
+
+/// Releases every idle (cached) mapping now and retries pending releases.
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL; `FLARE_STATUS_SCOPE_STATE` inside
+/// a retention scope; `FLARE_STATUS_DRIVER_ERROR` with the first step the driver
+/// refused (kept and retried at the next release point). Thread-safe.
+///
+/// # Safety
+/// `pool` is NULL or a live pool.
+#[no_mangle]
+pub unsafe extern "C" fn flare_pool_trim(pool: *mut FlarePool) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    unsafe { pool_call("flare_pool_trim", pool, Pool::trim) }
+}
+
+/// Writes a consistent copy of the pool's counters to `*out`. The caller sets
+/// `out->struct_size` first (`sizeof(FlareSnapshot)`); only fields lying wholly
+/// inside it are written.
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL argument or a bad
+/// `struct_size` (nothing written). Thread-safe.
+///
+/// # Safety
+/// `pool` is NULL or a live pool; `out` is NULL or points to at least
+/// `out->struct_size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn flare_pool_snapshot(
+    pool: *const FlarePool,
+    out: *mut FlareSnapshot,
+) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    pool_boundary("flare_pool_snapshot", unsafe { pool_ref(pool) }, |pool| {
+        // SAFETY: `out` is NULL or a caller's snapshot, by the caller's contract.
+        let prefix = unsafe { out_prefix(out, "out", "snapshot", &FlareSnapshot::FIELD_ENDS) }?;
+        let snap = FlareSnapshot::from_snapshot(&pool.pool.snapshot());
+        pool.injected_panic_point();
+        // SAFETY: `out` is non-NULL and aligned, and the caller's struct has
+        // `struct_size >= prefix` writable bytes; `FlareSnapshot` has no padding and
+        // starts with `struct_size`, and the prefix (at least 8) ends on a field
+        // boundary, at most its size.
+        unsafe { write_prefix(&snap, out, prefix) };
+        Ok(())
+    })
+}

@@ -1,0 +1,370 @@
+//! A pool's life through the C ABI: the handle ([`FlarePool`]), its configuration
+//! (`flare_pool_config_init`, read by `flare_pool_create`), and its end
+//! (`flare_pool_destroy`, `flare_pool_destroy_report`).
+
+use std::mem::size_of;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+use super::boundary::{
+    append_last_error, boundary, boundary_value, check_out, null_error, set_last_error,
+};
+use super::types::{
+    out_prefix, struct_prefix, write_prefix, FlareBackend, FlareDestroyReport, FlarePoolConfig,
+    FlareReusePolicy, FlareStatus,
+};
+use crate::driver::sim::SimConfig;
+use crate::pool::{Backend, Pool, PoolConfig, ReusePolicy, DEFAULT_BEST_FIT_MAX_WASTE_PERCENT};
+use crate::{fmt_bytes, Error};
+
+/// A pool of CUDA virtual-memory mappings on one device. Opaque: created by
+/// `flare_pool_create`, released by `flare_pool_destroy`.
+///
+/// Threading: every function may be called on the same pool from any number of
+/// threads at once, except `flare_pool_destroy`, which must be the last call on the
+/// pool and must not run concurrently with any other call on it.
+pub struct FlarePool {
+    pub(crate) pool: Pool,
+    /// Set (to the function and the panic's text) when a panic was caught in a call
+    /// on this pool: the books may be half-updated, so every later call but destroy
+    /// is refused with `FLARE_STATUS_INTERNAL`.
+    pub(crate) poisoned: OnceLock<String>,
+    /// `flare_sim_inject_panic`: the next call on this pool panics once its pool
+    /// operation is done, before it writes its outputs.
+    pub(crate) panic_next: AtomicBool,
+}
+
+impl FlarePool {
+    fn new(pool: Pool) -> Self {
+        FlarePool {
+            pool,
+            poisoned: OnceLock::new(),
+            panic_next: AtomicBool::new(false),
+        }
+    }
+
+    /// The panic `flare_sim_inject_panic` asked for, if it did. Called by every
+    /// function on a pool right after its pool operation, before its outputs.
+    pub(crate) fn injected_panic_point(&self) {
+        // The load first: the common case reads the flag without writing it.
+        if self.panic_next.load(Ordering::Relaxed) && self.panic_next.swap(false, Ordering::Relaxed)
+        {
+            panic!("injected by flare_sim_inject_panic");
+        }
+    }
+}
+
+/// The most peer devices a configuration may name.
+const MAX_PEER_DEVICES: u32 = 1024;
+
+/// `n`, or `default` when `n` is 0 (the configuration's "0: the default").
+fn or_default<T: PartialEq + Default>(n: T, default: T) -> T {
+    if n == T::default() {
+        default
+    } else {
+        n
+    }
+}
+
+/// Reads a caller's configuration (only the fields inside its `struct_size`) and
+/// converts it.
+///
+/// # Safety
+/// `config` is non-NULL and points to at least `config->struct_size` readable bytes
+/// (when `struct_size` is valid), and `peer_devices` to `peer_device_count` values.
+unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolConfig, Error> {
+    if !config.is_aligned() {
+        return Err(Error::InvalidArgument("config is misaligned".into()));
+    }
+    // SAFETY: `config` is non-NULL and aligned, and every caller's struct has at least
+    // its first field (the header's struct starts with it).
+    let struct_size = unsafe { ptr::addr_of!((*config).struct_size).read() };
+    let prefix =
+        struct_prefix::<FlarePoolConfig>("config", struct_size, &FlarePoolConfig::FIELD_ENDS)?;
+    let mut c = FlarePoolConfig::default_for_layout();
+    // SAFETY: the caller's struct has `struct_size >= prefix` readable bytes; `c` is a
+    // local of the same layout with `size_of::<FlarePoolConfig>() >= prefix` bytes; every
+    // field is an integer or a raw pointer, so any bytes are a valid value, and the
+    // prefix ends on a field boundary, so no field is half copied.
+    unsafe {
+        ptr::copy_nonoverlapping(
+            config.cast::<u8>(),
+            ptr::addr_of_mut!(c).cast::<u8>(),
+            prefix,
+        )
+    };
+    let reuse_policy = ReusePolicy::from(FlareReusePolicy::parse(c.reuse_policy, "reuse_policy")?);
+    if c.peer_device_count > MAX_PEER_DEVICES {
+        return Err(Error::InvalidArgument(format!(
+            "peer_device_count {} is above {MAX_PEER_DEVICES}",
+            c.peer_device_count
+        )));
+    }
+    let peer_devices = if c.peer_device_count == 0 {
+        Vec::new()
+    } else if c.peer_devices.is_null() {
+        return Err(null_error("peer_devices (with peer_device_count > 0)"));
+    } else if !c.peer_devices.is_aligned() {
+        return Err(Error::InvalidArgument("peer_devices is misaligned".into()));
+    } else {
+        // SAFETY: non-NULL and aligned; the caller guarantees `peer_device_count`
+        // readable `int32_t` values that are not written during this call.
+        unsafe { std::slice::from_raw_parts(c.peer_devices, c.peer_device_count as usize) }.to_vec()
+    };
+    let backend = match FlareBackend::parse(c.backend, "backend")? {
+        FlareBackend::FLARE_BACKEND_CUDA => Backend::Cuda,
+        FlareBackend::FLARE_BACKEND_SIMULATED => {
+            let defaults = SimConfig::default();
+            Backend::Simulated(SimConfig {
+                capacity_bytes: or_default(c.sim_capacity_bytes, defaults.capacity_bytes),
+                granularity_bytes: or_default(c.sim_granularity_bytes, defaults.granularity_bytes),
+                device_count: or_default(c.sim_device_count, defaults.device_count),
+            })
+        }
+    };
+    Ok(PoolConfig {
+        backend,
+        device: c.device,
+        reuse_policy,
+        release_threshold_bytes: c.release_threshold_bytes,
+        peer_devices,
+        best_fit_max_waste_percent: or_default(
+            c.best_fit_max_waste_percent,
+            DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
+        ),
+    })
+}
+
+/// Fills the caller's configuration with the defaults. Call it as
+/// `flare_pool_config_init(&cfg, sizeof cfg)`: `config_size` is the size of the
+/// caller's struct. Defaults: `struct_size = min(config_size,
+/// sizeof(FlarePoolConfig))`, `FLARE_BACKEND_SIMULATED` (set `FLARE_BACKEND_CUDA` for
+/// real memory), device 0, `FLARE_REUSE_BEST_FIT`, release threshold 0, no peers,
+/// simulated capacity, granularity and device count 0 (their defaults: 140 GiB,
+/// 2 MiB, 1 device), best-fit waste bound 30%.
+///
+/// Writes at most `config_size` bytes: only the fields lying wholly inside the first
+/// `config_size` bytes (and inside this library's struct) are written, so an older
+/// caller's smaller struct is never overrun, and the bytes of a newer caller's larger
+/// struct past this library's fields are left as they are (a create by this library
+/// does not read them). Padding between the written fields is zeroed. NULL, a
+/// misaligned pointer or a `config_size` below 4: nothing is written. Thread-safe.
+///
+/// # Safety
+/// `config` is NULL or points to at least `config_size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn flare_pool_config_init(config: *mut FlarePoolConfig, config_size: usize) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        if config.is_null() || !config.is_aligned() {
+            return;
+        }
+        let size = config_size.min(size_of::<FlarePoolConfig>());
+        let Some(prefix) = FlarePoolConfig::FIELD_ENDS
+            .into_iter()
+            .filter(|&end| end <= size)
+            .max()
+        else {
+            return;
+        };
+        let mut defaults = std::mem::MaybeUninit::<FlarePoolConfig>::zeroed();
+        // SAFETY: all-zero bytes are a valid `FlarePoolConfig` (integers and a NULL
+        // pointer).
+        let d = unsafe { defaults.assume_init_mut() };
+        // Field by field, so that the padding stays zero.
+        let FlarePoolConfig {
+            backend,
+            device,
+            reuse_policy,
+            release_threshold_bytes,
+            peer_devices,
+            peer_device_count,
+            sim_capacity_bytes,
+            sim_granularity_bytes,
+            sim_device_count,
+            best_fit_max_waste_percent,
+            struct_size: _,
+        } = FlarePoolConfig::default_for_layout();
+        d.struct_size = size as u32; // at most size_of::<FlarePoolConfig>()
+        d.backend = backend;
+        d.device = device;
+        d.reuse_policy = reuse_policy;
+        d.release_threshold_bytes = release_threshold_bytes;
+        d.peer_devices = peer_devices;
+        d.peer_device_count = peer_device_count;
+        d.sim_capacity_bytes = sim_capacity_bytes;
+        d.sim_granularity_bytes = sim_granularity_bytes;
+        d.sim_device_count = sim_device_count;
+        d.best_fit_max_waste_percent = best_fit_max_waste_percent;
+        // SAFETY: the caller guarantees `config_size >= prefix` writable bytes at
+        // `config`; `defaults` has `size_of::<FlarePoolConfig>() >= prefix` initialised
+        // bytes (zeroed, then whole fields written) and is a separate local.
+        unsafe {
+            ptr::copy_nonoverlapping(defaults.as_ptr().cast::<u8>(), config.cast::<u8>(), prefix)
+        };
+    }));
+}
+
+/// Creates a pool from `*config` and writes it to `*out_pool`.
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL argument, a bad `struct_size`,
+/// an unknown backend or reuse policy, a negative device or peer ordinal, NULL
+/// `peer_devices` with a non-zero count; `FLARE_STATUS_NO_DRIVER` when the CUDA
+/// backend is asked for and libcuda cannot be loaded or initialised;
+/// `FLARE_STATUS_DRIVER_ERROR` when the granularity query fails.
+///
+/// Ownership: the caller owns the pool and releases it with `flare_pool_destroy`.
+/// `config` and `peer_devices` are only read during the call. Thread-safe.
+///
+/// # Safety
+/// `config` is NULL or points to a `FlarePoolConfig` of at least `struct_size`
+/// readable bytes; `out_pool` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn flare_pool_create(
+    config: *const FlarePoolConfig,
+    out_pool: *mut *mut FlarePool,
+) -> FlareStatus {
+    boundary("flare_pool_create", || {
+        if config.is_null() {
+            return Err(null_error("config"));
+        }
+        check_out(out_pool, "out_pool")?;
+        // SAFETY: non-NULL; the caller guarantees the rest (see this function's
+        // contract, which is `read_config`'s).
+        let config = unsafe { read_config(config) }?;
+        let pool = Box::new(FlarePool::new(Pool::new(config)?));
+        // SAFETY: non-NULL, aligned, and writable by the caller's contract.
+        unsafe { out_pool.write(Box::into_raw(pool)) };
+        Ok(())
+    })
+}
+
+/// Releases everything the pool holds, live allocations included (one synchronize,
+/// then unmap, release and free each mapping, refused steps retried once), and frees
+/// the pool. `pool` is invalid afterwards, whatever the status.
+///
+/// Live allocations are a leak on the caller's side (or a deliberate teardown): when
+/// there were any, the thread's last error message says how many and how many bytes
+/// were released (`"flare_pool_destroy: released 2 live allocation(s): 3145729 bytes
+/// requested, 6291456 bytes (6.0 MiB) mapped"`), even on success (the only success
+/// that sets the message). `flare_pool_destroy_report` gives the same figures as
+/// numbers.
+///
+/// A poisoned pool (a panic was caught in an earlier call on it) is destroyed all the
+/// same: what its books name is released.
+///
+/// NULL: `FLARE_STATUS_SUCCESS`, nothing happens.
+///
+/// Errors: `FLARE_STATUS_DRIVER_ERROR` with the first step the driver still refused
+/// after the retry (that memory is left to the driver; the pool is freed all the
+/// same).
+///
+/// Threading: must not run concurrently with any other call on this pool.
+///
+/// # Safety
+/// `pool` is NULL or was returned by `flare_pool_create` and not yet destroyed.
+#[no_mangle]
+pub unsafe extern "C" fn flare_pool_destroy(pool: *mut FlarePool) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    unsafe { destroy("flare_pool_destroy", pool, |_| {}) }
+}
+
+/// `flare_pool_destroy`, and writes what it released to `*out_report`: the live
+/// allocations (count, requested and mapped bytes), whether a scope was open, and the
+/// physical bytes the pool held. The caller sets `out_report->struct_size` first
+/// (`sizeof(FlareDestroyReport)`).
+///
+/// The report is written whenever the pool was destroyed: on `FLARE_STATUS_SUCCESS`
+/// and on `FLARE_STATUS_DRIVER_ERROR` (the pool is freed then too). `pool` NULL:
+/// `FLARE_STATUS_SUCCESS` and an all-zero report (nothing released).
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL or misaligned `out_report` or a
+/// bad `struct_size`: nothing is written, and the pool is NOT destroyed (it stays
+/// usable); `FLARE_STATUS_DRIVER_ERROR` as for `flare_pool_destroy`.
+///
+/// Threading: must not run concurrently with any other call on this pool.
+///
+/// # Safety
+/// `pool` is NULL or was returned by `flare_pool_create` and not yet destroyed;
+/// `out_report` is NULL or points to at least `out_report->struct_size` writable
+/// bytes.
+#[no_mangle]
+pub unsafe extern "C" fn flare_pool_destroy_report(
+    pool: *mut FlarePool,
+    out_report: *mut FlareDestroyReport,
+) -> FlareStatus {
+    const NAME: &str = "flare_pool_destroy_report";
+    // SAFETY: by the caller's contract.
+    let prefix = boundary_value(NAME, || unsafe {
+        out_prefix(
+            out_report,
+            "out_report",
+            "report",
+            &FlareDestroyReport::FIELD_ENDS,
+        )
+    });
+    let prefix = match prefix {
+        Ok(prefix) => prefix,
+        Err(status) => return status,
+    };
+    let write = |report: &FlareDestroyReport| {
+        // SAFETY: `out_report` is non-NULL, aligned and has `struct_size >= prefix`
+        // writable bytes (checked above, by the caller's contract); `report` has no
+        // padding and `size_of::<FlareDestroyReport>() >= prefix` bytes; the prefix
+        // ends on a field boundary; `struct_size` stays the caller's.
+        unsafe { write_prefix(report, out_report, prefix) }
+    };
+    if pool.is_null() {
+        write(&FlareDestroyReport::default());
+        return FlareStatus::FLARE_STATUS_SUCCESS;
+    }
+    // SAFETY: by the caller's contract.
+    unsafe { destroy(NAME, pool, write) }
+}
+
+/// Destroys `pool` (non-NULL is not required: NULL is a no-op success); `report`
+/// receives what was released whenever the pool was freed.
+///
+/// # Safety
+/// `pool` is NULL or was returned by `flare_pool_create` and not yet destroyed, and
+/// no other call on it runs concurrently.
+unsafe fn destroy(
+    name: &'static str,
+    pool: *mut FlarePool,
+    report: impl FnOnce(&FlareDestroyReport),
+) -> FlareStatus {
+    if pool.is_null() {
+        return FlareStatus::FLARE_STATUS_SUCCESS;
+    }
+    // SAFETY: non-NULL and, by the caller's contract, the `Box<FlarePool>` that
+    // `flare_pool_create` leaked, not yet destroyed and not in use elsewhere.
+    let FlarePool { pool, .. } = *unsafe { Box::from_raw(pool) };
+    // The counters before the release (no other call runs now): what is released.
+    // A poisoned pool is destroyed all the same, from its books as they are.
+    let released = FlareDestroyReport::before_destroy(&pool.snapshot());
+    let leaked = (released.live_count > 0).then(|| {
+        format!(
+            "released {} live allocation(s): {} bytes requested, {} bytes ({}) mapped",
+            released.live_count,
+            released.live_requested_bytes,
+            released.live_mapped_bytes,
+            fmt_bytes(released.live_mapped_bytes)
+        )
+    });
+    let status = boundary(name, || pool.destroy());
+    if status == FlareStatus::FLARE_STATUS_SUCCESS
+        || status == FlareStatus::FLARE_STATUS_DRIVER_ERROR
+    {
+        report(&released);
+    }
+    if let Some(leaked) = leaked {
+        if status == FlareStatus::FLARE_STATUS_SUCCESS {
+            set_last_error(format!("{name}: {leaked}"));
+        } else {
+            // Keep the failure's message first, then what was live.
+            append_last_error(&leaked);
+        }
+    }
+    status
+}

@@ -1,0 +1,432 @@
+//! The C ABI's types: the enums (status, backend, reuse policy, driver call), the
+//! versioned structs (configuration, snapshot, destroy report) with their layouts,
+//! and the `struct_size` prefix rule every versioned struct follows.
+//!
+//! The enums and structs are generated ([`super::generate`]) from lists written once:
+//! the status and backend values here, the reuse policies, driver calls and
+//! snapshot counters with the Rust types they mirror.
+
+use std::mem::size_of;
+use std::ptr;
+
+use super::boundary::check_out;
+use super::generate::{c_enum, c_snapshot, versioned_struct};
+use crate::driver::{driver_calls, DriverCall};
+use crate::pool::{
+    reuse_policies, snapshot_counters, ReusePolicy, Snapshot, DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
+};
+use crate::Error;
+
+c_enum! {
+    /// The outcome of a call. The numbers are stable. On a status other than
+    /// `FLARE_STATUS_SUCCESS`, `flare_last_error_message` gives the detail.
+    pub enum FlareStatus from Error;
+    /// The call did what it says; its outputs are written.
+    FLARE_STATUS_SUCCESS = 0;
+    /// A NULL pointer, a size of 0 bytes, a bad `struct_size`, an unknown enum value,
+    /// a negative device ordinal. Nothing changed.
+    FLARE_STATUS_INVALID_ARGUMENT = 1 <- InvalidArgument;
+    /// The device has no room for the request now. Outside a retention scope the pool
+    /// already released its idle mappings and retried once; inside one, nothing
+    /// retained was released. Freeing memory can make the request succeed (a request
+    /// that never can is `FLARE_STATUS_REQUEST_TOO_LARGE`).
+    FLARE_STATUS_OUT_OF_MEMORY = 2 <- OutOfMemory;
+    /// The operation is not available on this backend (fault injection on a CUDA
+    /// pool).
+    FLARE_STATUS_NOT_SUPPORTED = 3 <- NotSupported;
+    /// The pointer was not handed out by this pool, is interior to an allocation, or
+    /// was already freed. Nothing changed.
+    FLARE_STATUS_UNKNOWN_POINTER = 4 <- UnknownPointer;
+    /// A retention-scope call in the wrong state: begin while a scope is open,
+    /// finish/abort with none open, trim inside a scope. Nothing changed.
+    FLARE_STATUS_SCOPE_STATE = 5 <- ScopeState;
+    /// A CUDA driver call failed; the message names the call, its `CUresult` and the
+    /// size. The pool stays usable: what the driver refused to release is kept and
+    /// retried at the next release point (finish, abort, trim, a free outside a
+    /// scope).
+    FLARE_STATUS_DRIVER_ERROR = 6 <- Driver;
+    /// No CUDA driver could be loaded or initialised (libcuda absent, no device).
+    FLARE_STATUS_NO_DRIVER = 7 <- NoDriver;
+    /// A bug in the library (a panic caught at the C boundary). The message has the
+    /// panic's text. The pool the call was on is poisoned: every later call on it
+    /// returns this status too (the message says the pool is poisoned), except
+    /// `flare_pool_destroy`, which still releases what the pool holds.
+    FLARE_STATUS_INTERNAL = 8;
+    /// The request, rounded up to the granularity, is more than the device's total
+    /// memory: it can never succeed, whatever is freed. Refused at once: no driver
+    /// call, nothing released, nothing counted.
+    FLARE_STATUS_REQUEST_TOO_LARGE = 9 <- RequestTooLarge;
+}
+
+c_enum! {
+    /// The driver a pool runs on.
+    pub enum FlareBackend;
+    /// The real CUDA driver (libcuda.so.1, loaded at run time), device `device`.
+    FLARE_BACKEND_CUDA = 0;
+    /// A deterministic simulated device (no GPU needed), sized by `sim_capacity_bytes`
+    /// and `sim_granularity_bytes`. Supports fault injection.
+    FLARE_BACKEND_SIMULATED = 1;
+}
+
+reuse_policies!(c_enum! {
+    /// How a freed (idle) mapping is reused by a later allocation.
+    pub enum FlareReusePolicy for ReusePolicy;
+});
+
+driver_calls!(c_enum! {
+    /// The driver calls a pool makes, for `flare_sim_inject_failure`. The numbers are
+    /// stable.
+    pub enum FlareDriverCall for DriverCall;
+});
+
+/// A `FlareStatus` as C passes it: read as its integer so that any value is
+/// defined. Rendered as `FlareStatus` in the header.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawStatus(pub u32);
+
+/// A `FlareDriverCall` as C passes it (see [`RawStatus`]).
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawDriverCall(pub u32);
+
+versioned_struct! {
+    /// Settings of a pool. Initialise with `flare_pool_config_init`, then change fields.
+    ///
+    /// Versioning: `struct_size` is `sizeof(FlarePoolConfig)` of the header the caller
+    /// was compiled with (`flare_pool_config_init` sets it). A smaller value (an older
+    /// caller) is accepted: the fields lying wholly inside `struct_size` bytes are read,
+    /// the others take their defaults. It must cover at least `struct_size` and `backend`
+    /// (8 bytes) and be at most 4096, else `FLARE_STATUS_INVALID_ARGUMENT`.
+    ///
+    /// Enum-valued fields are `uint32_t` (a C enum's size is the compiler's choice); set
+    /// them with the named constants.
+    #[derive(Clone, Copy, Debug)]
+    pub struct FlarePoolConfig {
+        /// `sizeof(FlarePoolConfig)`, bytes.
+        pub struct_size: u32,
+        /// The driver, a `FlareBackend` value (default `FLARE_BACKEND_SIMULATED`, as in
+        /// the Rust API: set `FLARE_BACKEND_CUDA` for real memory).
+        pub backend: u32,
+        /// CUDA device ordinal whose memory the pool allocates (default 0; negative is
+        /// `FLARE_STATUS_INVALID_ARGUMENT`).
+        pub device: i32,
+        /// Reuse policy, a `FlareReusePolicy` value (default `FLARE_REUSE_BEST_FIT`).
+        pub reuse_policy: u32,
+        /// Outside a retention scope, a freed mapping stays cached (idle, reusable) while
+        /// the pool's idle bytes stay at or under this many bytes; above it, it is
+        /// released. Default 0: release at once.
+        pub release_threshold_bytes: u64,
+        /// Other device ordinals that get read/write access to every mapping; read during
+        /// `flare_pool_create` only (the caller keeps ownership). May be NULL when
+        /// `peer_device_count` is 0 (the default).
+        pub peer_devices: *const i32,
+        /// Number of entries in `peer_devices` (at most 1024).
+        pub peer_device_count: u32,
+        /// Simulated backend: device capacity, bytes (0: the default, 140 GiB, an H200).
+        pub sim_capacity_bytes: u64,
+        /// Simulated backend: allocation granularity, bytes (0: the default, 2 MiB, as
+        /// measured on an H200). Must be a power of two.
+        pub sim_granularity_bytes: u64,
+        /// Simulated backend: number of devices of the simulated machine (ordinals
+        /// `0..sim_device_count`; 0: the default, 1). `device` and every peer must be
+        /// below it, as on a real machine, else `FLARE_STATUS_INVALID_ARGUMENT`. Added in
+        /// 0.1.0 after the fields above; an older caller's `struct_size` leaves it at
+        /// its default.
+        pub sim_device_count: u32,
+        /// `FLARE_REUSE_BEST_FIT` only: the largest excess of an idle mapping over the
+        /// rounded request that a reuse accepts, percent of the request (100: up to twice
+        /// the size). `flare_pool_config_init` writes the default, 30 (chosen by
+        /// replaying real traces, BENCHMARKS.md); 0 is also taken as that default (a
+        /// bound of 0% is `FLARE_REUSE_EXACT`). Added in 0.1.0 after `sim_device_count`,
+        /// in what was the struct's tail padding (`sizeof` stays 64): a caller compiled
+        /// with an older header must have initialised or zeroed the whole struct.
+        pub best_fit_max_waste_percent: u32,
+    }
+}
+
+snapshot_counters!(c_snapshot! {
+    /// A consistent copy of a pool's counters (taken under the pool's lock).
+    ///
+    /// Byte fields are bytes; `*_count` fields count mappings; the other counters count
+    /// events since the pool was created. `physical_bytes == live_mapped_bytes +
+    /// idle_bytes + pending_bytes` always holds.
+    ///
+    /// Versioning: the caller sets `struct_size` to `sizeof(FlareSnapshot)` of its
+    /// header; only the fields lying wholly inside `struct_size` bytes are written, and
+    /// `struct_size` itself is left as it is. It must cover at least `struct_size` and
+    /// `scope_open` (8 bytes) and be at most 4096, else `FLARE_STATUS_INVALID_ARGUMENT`.
+    /// Fields are only ever added at the end: `reuse_forced_hits` was added in 0.1.0
+    /// after `reserve_failures` (an older caller's `struct_size` leaves it out).
+    pub struct FlareSnapshot;
+});
+
+versioned_struct! {
+    /// What `flare_pool_destroy_report` released: the allocations that were still live
+    /// when the pool was destroyed (a leak on the caller's side, or a deliberate
+    /// teardown), and everything the pool held.
+    ///
+    /// Versioning: as for `FlareSnapshot`, the caller sets `struct_size` to
+    /// `sizeof(FlareDestroyReport)`; only the fields lying wholly inside `struct_size`
+    /// bytes are written, `struct_size` itself is left as it is. It must cover at least
+    /// `struct_size` and `scope_was_open` (8 bytes) and be at most 4096.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct FlareDestroyReport {
+        /// `sizeof(FlareDestroyReport)`, bytes; set by the caller.
+        pub struct_size: u32,
+        /// 1 when a retention scope was still open (the destroy closed it), else 0.
+        pub scope_was_open: u32,
+        /// Allocations still live, released with the pool.
+        pub live_count: u64,
+        /// Bytes the callers had asked for, summed over those allocations (not rounded).
+        pub live_requested_bytes: u64,
+        /// Bytes mapped for those allocations (rounded to the mappings' sizes).
+        pub live_mapped_bytes: u64,
+        /// Physical bytes the pool held on the device (live, idle and pending), all
+        /// released, unless the status is `FLARE_STATUS_DRIVER_ERROR`: then what the
+        /// driver refused is left to it.
+        pub physical_bytes: u64,
+    }
+}
+
+// The layouts the C tests assert too (`sizeof` 64, 248 and 40 on 64-bit targets).
+const _: () = assert!(size_of::<FlareStatus>() == 4 && size_of::<FlareBackend>() == 4);
+const _: () = assert!(size_of::<FlareReusePolicy>() == 4 && size_of::<FlareDriverCall>() == 4);
+const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 30 * 8);
+const _: () = assert!(size_of::<FlarePoolConfig>() == 64);
+const _: () = assert!(size_of::<FlareDestroyReport>() == 8 + 4 * 8);
+
+/// The largest `struct_size` accepted from a caller.
+const MAX_STRUCT_SIZE: u32 = 4096;
+
+impl FlarePoolConfig {
+    /// The defaults `flare_pool_config_init` writes (with `struct_size` the whole
+    /// struct).
+    pub(crate) fn default_for_layout() -> Self {
+        FlarePoolConfig {
+            struct_size: size_of::<FlarePoolConfig>() as u32,
+            backend: FlareBackend::FLARE_BACKEND_SIMULATED as u32,
+            device: 0,
+            reuse_policy: FlareReusePolicy::FLARE_REUSE_BEST_FIT as u32,
+            release_threshold_bytes: 0,
+            peer_devices: ptr::null(),
+            peer_device_count: 0,
+            sim_capacity_bytes: 0,
+            sim_granularity_bytes: 0,
+            sim_device_count: 0,
+            best_fit_max_waste_percent: DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
+        }
+    }
+}
+
+impl FlareDestroyReport {
+    /// What destroying a pool in state `s` releases.
+    pub(crate) fn before_destroy(s: &Snapshot) -> Self {
+        FlareDestroyReport {
+            struct_size: size_of::<FlareDestroyReport>() as u32,
+            scope_was_open: u32::from(s.scope_open),
+            live_count: s.live_count,
+            live_requested_bytes: s.live_requested_bytes,
+            live_mapped_bytes: s.live_mapped_bytes,
+            physical_bytes: s.physical_bytes,
+        }
+    }
+}
+
+/// Checks a caller's `struct_size` and returns how many leading bytes of the struct
+/// to read or write: the end of the last field lying wholly inside it (at most the
+/// library's own size). `field_ends` is in layout order (`FIELD_ENDS`).
+pub(crate) fn struct_prefix<T>(
+    what: &str,
+    struct_size: u32,
+    field_ends: &[usize],
+) -> Result<usize, Error> {
+    let min = field_ends.get(1).copied().unwrap_or(size_of::<T>());
+    if (struct_size as usize) < min || struct_size > MAX_STRUCT_SIZE {
+        return Err(Error::InvalidArgument(format!(
+            "{what}.struct_size is {struct_size}: must be between {min} and {MAX_STRUCT_SIZE} (sizeof is {})",
+            size_of::<T>()
+        )));
+    }
+    Ok(field_ends
+        .iter()
+        .copied()
+        .filter(|&end| end <= struct_size as usize)
+        .max()
+        .unwrap_or(min))
+}
+
+/// Checks a caller's versioned output struct, the argument `arg` (a `what`): non-NULL,
+/// aligned, a valid `struct_size`; returns how many leading bytes to write
+/// ([`struct_prefix`]).
+///
+/// # Safety
+/// `out` is NULL or points to a struct of at least its first field (`struct_size`, a
+/// `uint32_t`).
+pub(crate) unsafe fn out_prefix<T>(
+    out: *mut T,
+    arg: &str,
+    what: &str,
+    field_ends: &[usize],
+) -> Result<usize, Error> {
+    check_out(out, arg)?;
+    // SAFETY: non-NULL and aligned; every caller's struct has at least its first
+    // field, a `u32`.
+    let struct_size = unsafe { out.cast::<u32>().read() };
+    struct_prefix::<T>(what, struct_size, field_ends)
+}
+
+/// Copies the first `prefix` bytes of `value` to `out`, except its leading `u32`
+/// (`struct_size`, which stays the caller's).
+///
+/// # Safety
+/// `out` is non-NULL, aligned and has at least `prefix` writable bytes; `T` has no
+/// padding, starts with a `u32` and `prefix` is at most `size_of::<T>()`, at least 4,
+/// on a field boundary.
+pub(crate) unsafe fn write_prefix<T>(value: &T, out: *mut T, prefix: usize) {
+    let skip = size_of::<u32>();
+    // SAFETY: by this function's contract; `value` is a separate Rust value.
+    unsafe {
+        ptr::copy_nonoverlapping(
+            ptr::from_ref(value).cast::<u8>().add(skip),
+            out.cast::<u8>().add(skip),
+            prefix - skip,
+        )
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+    use std::mem::offset_of;
+
+    /// `struct_prefix` of `T` for each `(struct_size, prefix)`; `None`: refused.
+    fn check_prefixes<T>(ends: &[usize], cases: &[(u32, Option<usize>)]) {
+        for &(size, want) in cases {
+            assert_eq!(
+                struct_prefix::<T>("s", size, ends).ok(),
+                want,
+                "struct_size {size}"
+            );
+        }
+    }
+
+    #[test]
+    fn struct_prefix_rounds_down_to_field_boundaries() {
+        assert_eq!(
+            FlareSnapshot::FIELD_ENDS.last().copied(),
+            Some(size_of::<FlareSnapshot>())
+        );
+        check_prefixes::<FlareSnapshot>(
+            &FlareSnapshot::FIELD_ENDS,
+            &[
+                (0, None),
+                (7, None),
+                (4097, None),
+                (8, Some(8)),
+                (23, Some(16)),
+                // A caller compiled before reuse_forced_hits (240 bytes) gets the
+                // fields up to reserve_failures; this header's 248 bytes, all.
+                (240, Some(240)),
+                (247, Some(240)),
+                (4096, Some(248)),
+            ],
+        );
+        // best_fit_max_waste_percent (4 bytes at 60) fills what was the tail padding.
+        assert_eq!(FlarePoolConfig::FIELD_ENDS.last().copied(), Some(64));
+        assert_eq!(size_of::<FlarePoolConfig>(), 64);
+        check_prefixes::<FlarePoolConfig>(
+            &FlarePoolConfig::FIELD_ENDS,
+            &[
+                (64, Some(64)),
+                // An older caller whose struct ended with sim_device_count (at 60).
+                (60, Some(60)),
+                // peer_device_count ends at 36; 40 has padding, then
+                // sim_capacity_bytes.
+                (40, Some(36)),
+            ],
+        );
+        assert_eq!(FlareDestroyReport::FIELD_ENDS, [4, 8, 16, 24, 32, 40]);
+    }
+
+    #[test]
+    fn snapshot_layout_keeps_its_order_and_adds_at_the_end() {
+        // The offsets of the C struct as 0.1.0's first header had them, by hand: the
+        // new field goes after them, nothing moves.
+        assert_eq!(offset_of!(FlareSnapshot, scope_open), 4);
+        assert_eq!(offset_of!(FlareSnapshot, granularity_bytes), 8);
+        assert_eq!(offset_of!(FlareSnapshot, oom_retries), 8 + 18 * 8);
+        assert_eq!(offset_of!(FlareSnapshot, map_failures), 8 + 19 * 8);
+        assert_eq!(offset_of!(FlareSnapshot, scopes_aborted), 8 + 26 * 8);
+        assert_eq!(offset_of!(FlareSnapshot, create_failures), 224);
+        assert_eq!(offset_of!(FlareSnapshot, reserve_failures), 232);
+        assert_eq!(offset_of!(FlareSnapshot, reuse_forced_hits), 240);
+        assert_eq!(size_of::<FlareSnapshot>(), 248);
+    }
+
+    #[test]
+    fn snapshot_conversion_copies_each_counter_to_its_own_field() {
+        // Counters of each kind set to distinct values, the others left 0.
+        let s = Snapshot {
+            scope_open: true,
+            granularity_bytes: 2 << 20,
+            live_count: 3,
+            live_requested_bytes: 5,
+            reuse_hits: 7,
+            reuse_exact_hits: 11,
+            map_failures: 13,
+            reserve_failures: 17,
+            reuse_forced_hits: 19,
+            ..Snapshot::default()
+        };
+        let c = FlareSnapshot::from_snapshot(&s);
+        assert_eq!((c.struct_size, c.scope_open), (248, 1));
+        assert_eq!(
+            (c.granularity_bytes, c.live_count, c.live_requested_bytes),
+            (2 << 20, 3, 5)
+        );
+        assert_eq!(
+            (c.reuse_hits, c.reuse_exact_hits, c.reuse_forced_hits),
+            (7, 11, 19)
+        );
+        assert_eq!((c.map_failures, c.reserve_failures), (13, 17));
+        assert_eq!((c.frees, c.sync_failures, c.create_failures), (0, 0, 0));
+    }
+
+    #[test]
+    fn enums_convert_from_their_numbers() {
+        // The contract's numbers, written out.
+        use FlareReusePolicy as P;
+        assert_eq!(
+            FlareBackend::from_raw(1),
+            Some(FlareBackend::FLARE_BACKEND_SIMULATED)
+        );
+        assert_eq!(FlareBackend::from_raw(2), None);
+        assert_eq!(P::from_raw(2), Some(P::FLARE_REUSE_NONE));
+        assert_eq!(
+            ReusePolicy::from(P::FLARE_REUSE_BEST_FIT),
+            ReusePolicy::BestFit
+        );
+        assert_eq!(ReusePolicy::from(P::FLARE_REUSE_EXACT), ReusePolicy::Exact);
+        assert_eq!(ReusePolicy::from(P::FLARE_REUSE_NONE), ReusePolicy::None);
+        let call = FlareDriverCall::from_raw(4).map(DriverCall::from);
+        assert_eq!(call, Some(DriverCall::Map));
+        assert_eq!(
+            FlareDriverCall::from_raw(8),
+            None,
+            "granularity is not in C"
+        );
+        assert_eq!(FlareDriverCall::ALL.len(), DriverCall::MEMORY_CALLS.len());
+        assert_eq!(
+            P::parse(3, "reuse_policy").map_err(|e| e.to_string()),
+            Err("invalid argument: reuse_policy 3 is not a FlareReusePolicy (0..2)".into())
+        );
+        assert_eq!(
+            FlareDriverCall::FLARE_CALL_SYNCHRONIZE.name(),
+            c"FLARE_CALL_SYNCHRONIZE"
+        );
+        let name: &CStr = FlareBackend::FLARE_BACKEND_CUDA.name();
+        assert_eq!(name, c"FLARE_BACKEND_CUDA");
+    }
+}

@@ -78,15 +78,7 @@ fn invariants(s: &Snapshot) {
 /// counted), and every mapping created was released or is still held.
 #[track_caller]
 fn no_failures(s: &Snapshot) {
-    let failures = s.create_failures
-        + s.reserve_failures
-        + s.map_failures
-        + s.access_failures
-        + s.unmap_failures
-        + s.release_failures
-        + s.reservation_free_failures
-        + s.sync_failures;
-    assert_eq!(failures, 0, "a driver call failed\n{s:#?}");
+    assert_eq!(s.driver_failures(), 0, "a driver call failed\n{s:#?}");
     assert_eq!(s.pending_count, 0, "{s:#?}");
 }
 

@@ -111,6 +111,12 @@ macro_rules! rust_snapshot {
                 };
                 *counter += 1;
             }
+
+            /// Failed driver calls of every kind the snapshot counts (the sum of the
+            /// `*_failures` counters): 0 on a run where the driver refused nothing.
+            pub fn driver_failures(&self) -> u64 {
+                0 $($( + { let _ = DriverCall::$call; self.$f } )?)*
+            }
         }
     };
 }
@@ -184,6 +190,27 @@ impl Snapshot {
 
 #[cfg(test)]
 mod tests {
+    /// The sum covers the eight failure counters and nothing else: each set to a
+    /// distinct power of two, the other counters to a value that would show.
+    #[test]
+    fn driver_failures_sums_the_eight_failure_counters() {
+        let s = Snapshot {
+            create_failures: 1,
+            release_failures: 2,
+            reserve_failures: 4,
+            reservation_free_failures: 8,
+            map_failures: 16,
+            access_failures: 32,
+            unmap_failures: 64,
+            sync_failures: 128,
+            allocations: 1 << 20,
+            oom_retries: 1 << 21,
+            reuse_hits: 1 << 22,
+            ..Snapshot::default()
+        };
+        assert_eq!(s.driver_failures(), 255);
+    }
+
     use super::*;
 
     /// The fields of `s` that are not 0, as `name: value`, from its `Debug` form.

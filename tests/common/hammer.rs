@@ -9,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::{GIB, MIB};
-use flare_package::{DevicePtr, Error, Pool, Snapshot};
+use flare_package::{DevicePtr, Error, Pool};
 
 /// How hard to hammer.
 #[derive(Clone, Copy, Debug)]
@@ -160,17 +160,6 @@ fn worker(pool: &Pool, seed: u64, p: Params, scope_thread: bool) -> Totals {
     t
 }
 
-fn failures(s: &Snapshot) -> u64 {
-    s.create_failures
-        + s.reserve_failures
-        + s.map_failures
-        + s.access_failures
-        + s.unmap_failures
-        + s.release_failures
-        + s.reservation_free_failures
-        + s.sync_failures
-}
-
 /// Runs the workers against `pool`, with a checker thread taking snapshots all
 /// along; fails if they do not all finish within `p.limit`. Then closes a scope left
 /// open, trims, and checks that the pool holds nothing and that the threads' totals
@@ -258,7 +247,7 @@ pub fn hammer(pool: Arc<Pool>, p: Params) -> Report {
     assert_eq!(s.live_count, 0);
     assert_eq!(s.scopes_finished, total.scope_finishes);
     assert_eq!(s.scopes_aborted, total.scope_aborts);
-    assert_eq!(failures(&s), 0, "driver calls failed\n{s:#?}");
+    assert_eq!(s.driver_failures(), 0, "driver calls failed\n{s:#?}");
     // Close a scope left open, then release everything cached.
     match pool.retention_finish() {
         Ok(()) | Err(Error::ScopeState(_)) => {}

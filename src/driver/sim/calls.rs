@@ -296,8 +296,10 @@ impl SimDriver {
     /// a range that is already unmapped, or whose tail is unmapped: success"); one
     /// call may cover several adjacent mappings (row "one range covering two adjacent
     /// whole mappings: success"). Does not wait for work in flight: overlapping a
-    /// range marked busy still succeeds but records [`SimFault::UnmapWhileBusy`].
-    /// Counts as [`DriverCall::Unmap`].
+    /// range marked busy still succeeds but records [`SimFault::UnmapWhileBusy`], and
+    /// one that work queued on a stream still touches ([`SimDriver::launch`])
+    /// [`SimFault::UnmapWhileQueued`] (one fault per call). Counts as
+    /// [`DriverCall::Unmap`].
     ///
     /// Errors: `CUDA_ERROR_INVALID_VALUE` for size 0, `ptr` or `size` not a multiple
     /// of the granularity (row "unmap with a size that is not a multiple of G"), or a
@@ -328,6 +330,9 @@ impl SimDriver {
         }
         if st.busy.iter().any(|&(_, b, bs)| overlaps(b, bs, ptr, size)) {
             st.faults.push(SimFault::UnmapWhileBusy { ptr, size });
+        } else if let Some(stream) = st.streams.queued_over(ptr, size) {
+            st.faults
+                .push(SimFault::UnmapWhileQueued { ptr, size, stream });
         }
         while let Some((&s, _)) = st.mappings.range(ptr..end).next() {
             st.remove_mapping(s);
@@ -336,13 +341,19 @@ impl SimDriver {
     }
 
     /// `cuCtxSynchronize` with `device`'s primary context current: waits for all the
-    /// work of that device, which clears its busy marks and no other device's.
+    /// work of that device, which clears its busy marks and completes the work queued
+    /// on its streams (and what that work waited on), and no other device's.
     /// Counts as [`DriverCall::Synchronize`].
     ///
     /// Errors: `CUDA_ERROR_INVALID_DEVICE` for an ordinal that is not one of the
-    /// simulated devices; `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` while a capture is
-    /// open: the capture is then invalidated and busy marks stay (row
-    /// "cuCtxSynchronize during a global-mode stream capture").
+    /// simulated devices; `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` while any capture is
+    /// open (the stream-less one or a stream capture in any mode, begun on any thread,
+    /// even with the caller in relaxed mode): every open capture is then invalidated,
+    /// busy marks and queued work stay, and a stream capture broken is a
+    /// [`SimFault::CaptureBroken`] (rows "cuCtxSynchronize during a global-mode stream
+    /// capture" and the paragraph after it, section "Stream capture"). Whether a
+    /// capture on another device's stream would break too was not measured; the
+    /// simulator says it does.
     pub fn ctx_synchronize(&self, device: i32) -> CuResult {
         let mut st = lock(&self.inner);
         if let Some(code) = st.begin(DriverCall::Synchronize) {
@@ -351,11 +362,13 @@ impl SimDriver {
         if device < 0 || i64::from(device) >= i64::from(st.config.device_count) {
             return CuResult::INVALID_DEVICE;
         }
-        if let Some(c) = st.capture.as_mut() {
-            c.invalidated = true;
-            return CuResult::STREAM_CAPTURE_UNSUPPORTED;
+        let captures = st.all_captures();
+        if !captures.is_empty() {
+            let code = CuResult::STREAM_CAPTURE_UNSUPPORTED;
+            return st.break_captures("cuCtxSynchronize", &captures, code);
         }
         st.busy.retain(|&(d, _, _)| d != device);
+        st.streams.complete_device(device);
         CuResult::SUCCESS
     }
 

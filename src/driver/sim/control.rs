@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::model::{claim_va_window, Capture, Inner};
+use super::streams::Streams;
 use super::{
     SimConfig, SimDriver, SimFault, SimState, CUDA_ERROR_ILLEGAL_STATE, DEFAULT_GRANULARITY,
     SIM_MAX_DEVICES, SIM_VA_WINDOW,
@@ -42,6 +43,7 @@ impl SimDriver {
                 busy: Vec::new(),
                 faults: Vec::new(),
                 capture: None,
+                streams: Streams::new(),
             }),
         }
     }
@@ -108,8 +110,9 @@ impl SimDriver {
             .collect()
     }
 
-    /// Every fault recorded so far, oldest first. Tests of a correct pool assert this
-    /// stays empty.
+    /// Every fault recorded so far, oldest first (as many as
+    /// [`SimDriver::contract_faults`]). Tests of a correct pool assert this stays
+    /// empty.
     pub fn faults(&self) -> Vec<SimFault> {
         lock(&self.inner).faults.clone()
     }
@@ -146,28 +149,21 @@ impl SimDriver {
     /// `device` (a size of 0 touches nothing), else `CUDA_ERROR_INVALID_VALUE` (row
     /// "any access before cuMemSetAccess on a new mapping").
     pub fn touch(&self, ptr: DevicePtr, size: u64, device: i32) -> CuResult {
-        let st = lock(&self.inner);
-        if device < 0 || i64::from(device) >= i64::from(st.config.device_count) {
-            return CuResult::INVALID_VALUE;
+        if lock(&self.inner).accessible(ptr, size, device) {
+            CuResult::SUCCESS
+        } else {
+            CuResult::INVALID_VALUE
         }
-        let Some(end) = ptr.checked_add(size) else {
-            return CuResult::INVALID_VALUE;
-        };
-        let mut cursor = ptr;
-        while cursor < end {
-            match st.mapping_at(cursor) {
-                Some((s, m)) if m.access.contains(device) => {
-                    cursor = s.saturating_add(m.size);
-                }
-                _ => return CuResult::INVALID_VALUE,
-            }
-        }
-        CuResult::SUCCESS
     }
 
-    /// Opens a global-mode stream capture (`cuStreamBeginCapture`). While it is open
-    /// every VMM call behaves as outside one; [`SimDriver::ctx_synchronize`] fails
-    /// and invalidates it. Not counted.
+    /// Opens the stream-less global-mode capture (`cuStreamBeginCapture` on a stream
+    /// the test does not name, by a thread it does not name). While it is open every
+    /// VMM call behaves as outside one; [`SimDriver::ctx_synchronize`] fails and
+    /// invalidates it; for the capture rules of event and stream queries it counts as
+    /// another thread's global-mode capture. It models the phase-1 contract (a
+    /// synchronize refused during a capture is expected, and retried by the pool
+    /// later), so what breaks it is not a contract fault; a capture on a stream, with
+    /// a mode and a thread, is [`SimDriver::stream_begin_capture`]. Not counted.
     ///
     /// Returns `CUDA_SUCCESS`, or [`CUDA_ERROR_ILLEGAL_STATE`] when a capture is
     /// already open.
@@ -193,9 +189,17 @@ impl SimDriver {
         }
     }
 
-    /// Whether a capture is open.
+    /// Whether the stream-less capture ([`SimDriver::begin_capture`]) is open. Stream
+    /// captures ([`SimDriver::stream_begin_capture`]) are not counted here:
+    /// [`SimDriver::stream_captures_open`].
     pub fn is_capturing(&self) -> bool {
         lock(&self.inner).capture.is_some()
+    }
+
+    /// How many stream captures ([`SimDriver::stream_begin_capture`]) are open now,
+    /// valid or invalidated (not the stream-less one of [`SimDriver::begin_capture`]).
+    pub fn stream_captures_open(&self) -> u64 {
+        lock(&self.inner).streams.captures.len() as u64
     }
 
     /// Device ordinals granted access on the mapping containing `ptr`, ascending;

@@ -9,6 +9,13 @@
 //! busy on one device until the next synchronize of that device) and a global-mode
 //! stream capture.
 //!
+//! It also models streams, the work queued on them, events and stream captures per
+//! calling thread (`stream_calls.rs`, the model in `streams.rs`): the rows of the
+//! sections "Stream capture" and "Events and stream queries while another stream is
+//! captured" of `docs/vmm-semantics.md`, and a contract-fault counter
+//! ([`SimDriver::contract_faults`]) for what would make work on the real device fault
+//! or a capture fail.
+//!
 //! Two layers:
 //!
 //! - raw, CUDA-shaped inherent methods ([`SimDriver::mem_create`],
@@ -54,10 +61,193 @@ pub const SIM_VA_BASE: DevicePtr = 0x7f00_0000_0000;
 /// does when its address space is exhausted.
 pub const SIM_VA_WINDOW: u64 = 1 << 40;
 
-/// `CUDA_ERROR_ILLEGAL_STATE` (401): what [`SimDriver::begin_capture`] returns while a
-/// capture is already open and [`SimDriver::end_capture`] returns with none open, as
-/// `cuStreamBeginCapture` / `cuStreamEndCapture` do.
+/// `CUDA_ERROR_ILLEGAL_STATE` (401): what [`SimDriver::begin_capture`] and
+/// [`SimDriver::stream_begin_capture`] return while that capture is already open and
+/// [`SimDriver::end_capture`] / [`SimDriver::stream_end_capture`] return with none
+/// open, as `cuStreamBeginCapture` / `cuStreamEndCapture` do.
 pub const CUDA_ERROR_ILLEGAL_STATE: CuResult = CuResult(401);
+
+/// `CUDA_ERROR_INVALID_HANDLE` (400): a stream or event handle that was never created
+/// or is destroyed, as `cuStream*` / `cuEvent*` return for one.
+pub const CUDA_ERROR_INVALID_HANDLE: CuResult = CuResult(400);
+
+/// `CUDA_ERROR_NOT_READY` (600): what [`SimDriver::event_query`] and
+/// [`SimDriver::stream_query`] return while the work they cover is not complete, as
+/// `cuEventQuery` / `cuStreamQuery` do.
+pub const CUDA_ERROR_NOT_READY: CuResult = CuResult(600);
+
+/// `CUDA_ERROR_STREAM_CAPTURE_MERGE` (902): a stream being captured waited on an event
+/// recorded in another capture (two capture sequences would merge).
+pub const CUDA_ERROR_STREAM_CAPTURE_MERGE: CuResult = CuResult(902);
+
+/// `CUDA_ERROR_STREAM_CAPTURE_UNMATCHED` (903): `cuStreamEndCapture` on a stream that
+/// joined a capture but did not begin it.
+pub const CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: CuResult = CuResult(903);
+
+/// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` (906): the legacy stream was asked about or
+/// used while a blocking stream of its device is captured (row
+/// "`cuStreamIsCapturing(CU_STREAM_LEGACY)` ... `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`
+/// only for a blocking one"). (The crate's `CuResult::name` table calls 904 by this
+/// name; CUDA's header gives 904 to `..._UNJOINED` and 906 to `..._IMPLICIT`.)
+pub const CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: CuResult = CuResult(906);
+
+/// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` (908): a capture not begun in relaxed mode
+/// ended from another thread than the one that began it.
+pub const CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: CuResult = CuResult(908);
+
+/// `CU_STREAM_DEFAULT` (0), a [`SimDriver::stream_create_with_flags`] flag value: a
+/// blocking stream, which synchronizes with the legacy default stream of its device.
+pub const CU_STREAM_DEFAULT: u32 = 0;
+
+/// `CU_STREAM_NON_BLOCKING` (1), a [`SimDriver::stream_create_with_flags`] flag: the
+/// stream does not synchronize with the legacy default stream (what PyTorch's streams
+/// and the measured captures of `docs/vmm-semantics.md` use).
+pub const CU_STREAM_NON_BLOCKING: u32 = 1;
+
+/// The legacy default stream of the calling thread's current device, as a stream
+/// handle (`NULL`, a `CUstream` of 0; CUDA's `CU_STREAM_LEGACY`, 1, is accepted too).
+pub const SIM_LEGACY_STREAM: u64 = 0;
+
+/// A thread's or a capture's interaction mode with potentially unsafe calls
+/// (`CUstreamCaptureMode`; the discriminants are CUDA's values).
+///
+/// The rule the simulator applies (CUDA's documentation of
+/// `cuThreadExchangeStreamCaptureMode`, and what the H200 did, section "Events and
+/// stream queries while another stream is captured" of `docs/vmm-semantics.md`): a
+/// thread in [`CaptureMode::Global`] may not make a potentially unsafe call (event
+/// query and synchronize, stream query and synchronize) while it has a capture of its
+/// own not begun in relaxed mode, or any other thread has a capture begun in global
+/// mode; a thread in [`CaptureMode::ThreadLocal`] only while it has one of its own not
+/// begun in relaxed mode; a thread in [`CaptureMode::Relaxed`] never.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CaptureMode {
+    /// `CU_STREAM_CAPTURE_MODE_GLOBAL` (0): every thread's default mode, and PyTorch's
+    /// for `torch.cuda.graph`.
+    #[default]
+    Global = 0,
+    /// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL` (1).
+    ThreadLocal = 1,
+    /// `CU_STREAM_CAPTURE_MODE_RELAXED` (2).
+    Relaxed = 2,
+}
+
+/// Capture status of a stream (`CUstreamCaptureStatus`; CUDA's values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CaptureStatus {
+    /// `CU_STREAM_CAPTURE_STATUS_NONE` (0): not being captured.
+    None = 0,
+    /// `CU_STREAM_CAPTURE_STATUS_ACTIVE` (1): being captured, still valid.
+    Active = 1,
+    /// `CU_STREAM_CAPTURE_STATUS_INVALIDATED` (2): being captured, but something broke
+    /// the capture; its `cuStreamEndCapture` returns
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
+    Invalidated = 2,
+}
+
+/// What [`SimDriver::stream_get_capture_info`] reports (`cuStreamGetCaptureInfo`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimCaptureInfo {
+    /// The stream's capture status.
+    pub status: CaptureStatus,
+    /// The capture's id (unique within this driver, from 1), 0 when not capturing.
+    pub id: u64,
+    /// The mode the capture was begun with ([`CaptureMode::Global`] when not
+    /// capturing).
+    pub mode: CaptureMode,
+    /// Launches recorded into the capture so far (graph kernel nodes), 0 when not
+    /// capturing.
+    pub launches: u64,
+}
+
+/// One range that queued work still touches ([`SimDriver::queued_work`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimWork {
+    /// The stream it was launched on ([`SIM_LEGACY_STREAM`] for a legacy stream).
+    pub stream: u64,
+    /// The stream's device ordinal.
+    pub device: i32,
+    /// First byte touched.
+    pub ptr: DevicePtr,
+    /// Bytes touched.
+    pub bytes: u64,
+}
+
+/// The stream, event and capture calls of the simulated driver, each counted
+/// ([`SimDriver::stream_call_count`]) and, but for
+/// [`SimStreamCall::ThreadExchangeCaptureMode`], able to be failed by
+/// [`SimDriver::inject_stream_failure`]. Not [`DriverCall`](crate::driver::DriverCall)
+/// kinds: the [`Driver`](crate::driver::Driver) trait has no stream calls yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SimStreamCall {
+    /// `cuStreamCreate`.
+    StreamCreate = 0,
+    /// `cuStreamDestroy`.
+    StreamDestroy = 1,
+    /// `cuStreamQuery`.
+    StreamQuery = 2,
+    /// `cuStreamSynchronize`.
+    StreamSynchronize = 3,
+    /// `cuStreamWaitEvent`.
+    StreamWaitEvent = 4,
+    /// `cuStreamBeginCapture`.
+    StreamBeginCapture = 5,
+    /// `cuStreamEndCapture`.
+    StreamEndCapture = 6,
+    /// `cuStreamGetCaptureInfo` and `cuStreamIsCapturing`.
+    StreamGetCaptureInfo = 7,
+    /// `cuEventCreate`.
+    EventCreate = 8,
+    /// `cuEventDestroy`.
+    EventDestroy = 9,
+    /// `cuEventRecord`.
+    EventRecord = 10,
+    /// `cuEventQuery`.
+    EventQuery = 11,
+    /// `cuEventSynchronize`.
+    EventSynchronize = 12,
+    /// `cuThreadExchangeStreamCaptureMode` (counted, never failed).
+    ThreadExchangeCaptureMode = 13,
+}
+
+impl SimStreamCall {
+    /// Every stream call kind, in number order.
+    pub const ALL: [SimStreamCall; 14] = [
+        SimStreamCall::StreamCreate,
+        SimStreamCall::StreamDestroy,
+        SimStreamCall::StreamQuery,
+        SimStreamCall::StreamSynchronize,
+        SimStreamCall::StreamWaitEvent,
+        SimStreamCall::StreamBeginCapture,
+        SimStreamCall::StreamEndCapture,
+        SimStreamCall::StreamGetCaptureInfo,
+        SimStreamCall::EventCreate,
+        SimStreamCall::EventDestroy,
+        SimStreamCall::EventRecord,
+        SimStreamCall::EventQuery,
+        SimStreamCall::EventSynchronize,
+        SimStreamCall::ThreadExchangeCaptureMode,
+    ];
+
+    /// The CUDA driver function this call stands for (`"cuEventQuery"`).
+    pub fn cuda_name(self) -> &'static str {
+        match self {
+            SimStreamCall::StreamCreate => "cuStreamCreate",
+            SimStreamCall::StreamDestroy => "cuStreamDestroy",
+            SimStreamCall::StreamQuery => "cuStreamQuery",
+            SimStreamCall::StreamSynchronize => "cuStreamSynchronize",
+            SimStreamCall::StreamWaitEvent => "cuStreamWaitEvent",
+            SimStreamCall::StreamBeginCapture => "cuStreamBeginCapture",
+            SimStreamCall::StreamEndCapture => "cuStreamEndCapture",
+            SimStreamCall::StreamGetCaptureInfo => "cuStreamGetCaptureInfo",
+            SimStreamCall::EventCreate => "cuEventCreate",
+            SimStreamCall::EventDestroy => "cuEventDestroy",
+            SimStreamCall::EventRecord => "cuEventRecord",
+            SimStreamCall::EventQuery => "cuEventQuery",
+            SimStreamCall::EventSynchronize => "cuEventSynchronize",
+            SimStreamCall::ThreadExchangeCaptureMode => "cuThreadExchangeStreamCaptureMode",
+        }
+    }
+}
 
 /// 2 MiB: the granularity measured on an H200 (MINIMUM and RECOMMENDED alike).
 const DEFAULT_GRANULARITY: u64 = 2 << 20;
@@ -121,6 +311,49 @@ pub enum SimFault {
         /// Size of the unmapped range (the `cuMemUnmap` argument), bytes.
         size: u64,
     },
+    /// A range that work queued on a stream still touches ([`SimDriver::launch`], not
+    /// yet completed) was unmapped. The same fault on the real device as
+    /// [`SimFault::UnmapWhileBusy`]; releasing a handle while mapped is not one (its
+    /// memory lives until the last unmap, row "cuMemRelease while the handle is still
+    /// mapped"), the unmap that frees it is.
+    UnmapWhileQueued {
+        /// Start of the unmapped range, bytes.
+        ptr: DevicePtr,
+        /// Size of the unmapped range, bytes.
+        size: u64,
+        /// The stream whose queued work touches it (the first found, in handle
+        /// order; [`SIM_LEGACY_STREAM`] for a legacy stream).
+        stream: u64,
+    },
+    /// Memory was handed to `stream` ([`SimDriver::note_handoff`]) while work queued
+    /// on `other` still touches it and is not ordered before `stream`'s later work
+    /// (not completed, no `cuStreamWaitEvent` on an event covering it, no implicit
+    /// legacy-stream ordering): the two streams' kernels could run at the same time on
+    /// the same bytes.
+    HandoffWhileQueued {
+        /// The stream the memory was handed to.
+        stream: u64,
+        /// Start of the range handed over, bytes.
+        ptr: DevicePtr,
+        /// Size of the range handed over, bytes.
+        size: u64,
+        /// The stream whose unordered queued work touches it.
+        other: u64,
+    },
+    /// A call broke a stream capture ([`SimDriver::stream_begin_capture`]) that was
+    /// open: it was refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` (or
+    /// [`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`]) and the capture's end will return
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`. (A synchronize refused during the
+    /// stream-less capture of [`SimDriver::begin_capture`] is not one: that capture
+    /// models the phase-1 contract, where a refused synchronize is expected and
+    /// retried later.)
+    CaptureBroken {
+        /// The CUDA function that broke it (`"cuCtxSynchronize"`, `"cuEventQuery"`,
+        /// ...).
+        call: &'static str,
+        /// Id of the (lowest-numbered) stream capture it broke.
+        capture: u64,
+    },
 }
 
 /// The most devices a simulated machine has (128: a set of device ordinals is one
@@ -151,6 +384,8 @@ impl Default for SimDriver {
 mod calls;
 mod control;
 mod model;
+mod stream_calls;
+mod streams;
 mod trait_impl;
 
 use model::Inner;

@@ -1,10 +1,12 @@
 //! The simulated device's state behind its one lock: handles, reservations,
 //! mappings with their access grants, call counts, pending injections, work in
-//! flight, faults, the capture; and the process-wide address windows.
+//! flight, faults, the stream-less capture, streams, events and stream captures
+//! (`streams.rs`); and the process-wide address windows.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::streams::Streams;
 use super::{SimConfig, SimFault, SIM_MAX_DEVICES, SIM_VA_BASE, SIM_VA_WINDOW};
 use crate::driver::{CuResult, DevicePtr, DriverCall};
 
@@ -72,7 +74,7 @@ pub(super) struct MappingRec {
     pub(super) access: DeviceSet,
 }
 
-/// An open stream capture.
+/// The open stream-less capture ([`SimDriver::begin_capture`](super::SimDriver::begin_capture)).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Capture {
     /// Whether a synchronize invalidated it.
@@ -97,8 +99,12 @@ pub(super) struct Inner {
     pub(super) injections: Vec<(DriverCall, u64, CuResult)>,
     /// Work in flight: (device, ptr, size).
     pub(super) busy: Vec<(i32, DevicePtr, u64)>,
+    /// Every contract fault, oldest first ([`SimDriver::contract_faults`](super::SimDriver::contract_faults) counts them).
     pub(super) faults: Vec<SimFault>,
+    /// The stream-less capture.
     pub(super) capture: Option<Capture>,
+    /// Streams, queued work, events, stream captures, per-thread modes.
+    pub(super) streams: Streams,
 }
 
 pub(super) fn align_up(v: u64, align: u64) -> Option<u64> {

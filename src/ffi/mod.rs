@@ -39,7 +39,8 @@ mod boundary;
 
 mod sim;
 
-#[cfg(test)]
+// The loom build runs the loom models alone (these tests make pools outside a model).
+#[cfg(all(test, not(flare_loom)))]
 mod tests;
 
 pub use boundary::{flare_last_error_message, flare_status_name};

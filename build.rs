@@ -4,6 +4,9 @@
 //! Re-emitting the cfg from here gives it to both.
 
 fn main() {
+    // Only this file decides what the script prints (cfgs come from RUSTFLAGS, which
+    // Cargo tracks itself): without this, any new file in the package reruns it.
+    println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rustc-check-cfg=cfg(flare_loom)");
     if std::env::var_os("CARGO_CFG_FLARE_LOOM").is_some() {
         println!("cargo::rustc-cfg=flare_loom");

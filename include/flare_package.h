@@ -217,6 +217,8 @@ typedef struct FlarePoolConfig {
     uint32_t peer_device_count;
     /**
      * Simulated backend: device capacity, bytes (0: the default, 140 GiB, an H200).
+     * At least one granule (`sim_granularity_bytes`), else
+     * `FLARE_STATUS_INVALID_ARGUMENT`: a smaller device could never hold a mapping.
      */
     uint64_t sim_capacity_bytes;
     /**
@@ -226,8 +228,9 @@ typedef struct FlarePoolConfig {
     uint64_t sim_granularity_bytes;
     /**
      * Simulated backend: number of devices of the simulated machine (ordinals
-     * `0..sim_device_count`; 0: the default, 1). `device` and every peer must be
-     * below it, as on a real machine, else `FLARE_STATUS_INVALID_ARGUMENT`. Added in
+     * `0..sim_device_count`; 0: the default, 1; at most 128). `device` and every
+     * peer must be below it, as on a real machine, else
+     * `FLARE_STATUS_INVALID_ARGUMENT` (also for more than 128). Added in
      * 0.1.0 after the fields above; an older caller's `struct_size` leaves it at
      * its default.
      */

@@ -57,9 +57,10 @@ pub fn open(config: &PoolConfig) -> Result<Arc<dyn Driver>> {
     }
 }
 
-/// The simulated machine must be one a real engine could run on: a capacity, a
-/// power-of-two granularity (as every CUDA granularity is), and the device and every
-/// peer among its devices.
+/// The simulated machine must be one a real engine could run on: a capacity of at
+/// least one granule, a power-of-two granularity (as every CUDA granularity is), at
+/// most [`SIM_MAX_DEVICES`](crate::driver::sim::SIM_MAX_DEVICES) devices, and the
+/// device and every peer among them.
 fn validate_sim(config: &PoolConfig, sim: &SimConfig) -> Result<()> {
     if sim.capacity_bytes == 0 {
         return Err(Error::InvalidArgument(
@@ -72,7 +73,27 @@ fn validate_sim(config: &PoolConfig, sim: &SimConfig) -> Result<()> {
             sim.granularity_bytes
         )));
     }
-    let count = sim.device_count.min(crate::driver::sim::SIM_MAX_DEVICES);
+    // A device smaller than one granule could never hold a mapping.
+    let granularity = match sim.granularity_bytes {
+        0 => SimConfig::default().granularity_bytes,
+        g => g,
+    };
+    if sim.capacity_bytes < granularity {
+        return Err(Error::InvalidArgument(format!(
+            "the simulated device's capacity, {} bytes, is less than one granule ({} \
+             bytes): it could never hold a mapping",
+            sim.capacity_bytes, granularity
+        )));
+    }
+    let max = crate::driver::sim::SIM_MAX_DEVICES;
+    if sim.device_count > max {
+        return Err(Error::InvalidArgument(format!(
+            "the simulated machine has {} devices: at most {max} can be simulated \
+             (SIM_MAX_DEVICES)",
+            sim.device_count
+        )));
+    }
+    let count = sim.device_count;
     let missing = std::iter::once(("device", config.device))
         .chain(config.peer_devices.iter().map(|&p| ("peer device", p)))
         .find(|&(_, d)| d as u32 >= count);

@@ -465,6 +465,31 @@ fn the_simulated_machine_must_be_a_real_one() {
         ..SimConfig::default()
     }))
     .contains("not a power of two"));
+    // Below one granule nothing could ever be mapped (found by a new user: such a
+    // pool was accepted and every allocation failed). One granule is enough.
+    assert!(msg(sim(SimConfig {
+        capacity_bytes: (2 << 20) - 1,
+        ..SimConfig::default()
+    }))
+    .contains("less than one granule (2097152 bytes)"));
+    assert!(msg(sim(SimConfig {
+        capacity_bytes: 1 << 20,
+        granularity_bytes: 1 << 21,
+        ..SimConfig::default()
+    }))
+    .contains("less than one granule"));
+    let one = sim(SimConfig {
+        capacity_bytes: 2 << 20,
+        ..SimConfig::default()
+    })
+    .unwrap();
+    one.allocate_raw(1).unwrap();
+    // More devices than can be simulated is refused, not silently capped.
+    assert!(msg(sim(SimConfig {
+        device_count: 129,
+        ..SimConfig::default()
+    }))
+    .contains("at most 128"));
     assert!(msg(Pool::new(PoolConfig {
         device: 1,
         ..PoolConfig::default()

@@ -124,13 +124,16 @@ versioned_struct! {
         /// Number of entries in `peer_devices` (at most 1024).
         pub peer_device_count: u32,
         /// Simulated backend: device capacity, bytes (0: the default, 140 GiB, an H200).
+        /// At least one granule (`sim_granularity_bytes`), else
+        /// `FLARE_STATUS_INVALID_ARGUMENT`: a smaller device could never hold a mapping.
         pub sim_capacity_bytes: u64,
         /// Simulated backend: allocation granularity, bytes (0: the default, 2 MiB, as
         /// measured on an H200). Must be a power of two.
         pub sim_granularity_bytes: u64,
         /// Simulated backend: number of devices of the simulated machine (ordinals
-        /// `0..sim_device_count`; 0: the default, 1). `device` and every peer must be
-        /// below it, as on a real machine, else `FLARE_STATUS_INVALID_ARGUMENT`. Added in
+        /// `0..sim_device_count`; 0: the default, 1; at most 128). `device` and every
+        /// peer must be below it, as on a real machine, else
+        /// `FLARE_STATUS_INVALID_ARGUMENT` (also for more than 128). Added in
         /// 0.1.0 after the fields above; an older caller's `struct_size` leaves it at
         /// its default.
         pub sim_device_count: u32,

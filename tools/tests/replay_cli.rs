@@ -312,7 +312,7 @@ fn version_and_help_name_the_tool() {
     assert!(help.contains("Exit status:"), "{help}");
     for line in [
         "0  every replay ran",
-        "1  a pool could not be created or a replay failed",
+        "1  a pool could not be created, a replay failed, or writing the output failed",
         "2  bad input",
     ] {
         assert!(help.contains(line), "{line:?} in {help}");

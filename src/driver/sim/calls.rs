@@ -154,6 +154,7 @@ impl SimDriver {
                     return Err(CuResult::OUT_OF_MEMORY);
                 };
                 st.va_end = end;
+                st.windows.push((start, end));
                 (start, start + size)
             }
         };

@@ -26,12 +26,13 @@ impl SimDriver {
         // The first window is taken now, so that a driver's addresses depend only on
         // the order drivers are created in. With the address space exhausted (16
         // million drivers), the window is empty and every reservation fails.
-        let (next_va, va_end) =
-            claim_va_window(SIM_VA_WINDOW, config.granularity_bytes).unwrap_or((0, 0));
+        let first = claim_va_window(SIM_VA_WINDOW, config.granularity_bytes);
+        let (next_va, va_end) = first.unwrap_or((0, 0));
         SimDriver {
             inner: Mutex::new(Inner {
                 config,
                 next_handle: 1,
+                windows: first.into_iter().collect(),
                 next_va,
                 va_end,
                 handles: BTreeMap::new(),

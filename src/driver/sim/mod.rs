@@ -30,14 +30,14 @@
 //!
 //! Addresses are unique per process, as on the real driver (one virtual address space
 //! per process): every simulated driver reserves from its own windows of
-//! [`SIM_VA_WINDOW`] bytes, handed out by one process-wide counter starting at
-//! [`SIM_VA_BASE`], so no two drivers (no two pools) ever hand out the same address,
-//! and a pointer freed on the wrong pool is an unknown pointer there. Reproducibility:
-//! a driver's first window is taken when it is created, so the addresses a driver
-//! hands out are the same from run to run as long as drivers are created in the same
-//! order (the k-th driver of a process starts at `SIM_VA_BASE + k * SIM_VA_WINDOW`)
-//! and a driver reserves less than a window (1 TiB) in its lifetime; past that it
-//! takes the next free window, whose place depends on what other drivers took.
+//! [`SIM_VA_WINDOW`] bytes, the lowest free ones from [`SIM_VA_BASE`] up, taken from
+//! one process-wide registry and given back when the driver is dropped: no two live
+//! drivers (no two pools) ever hand out the same address, a pointer freed on the
+//! wrong pool is an unknown pointer there, and pools made one after another (the
+//! replays of `flare-replay`) do not use up the address space. Reproducibility: a
+//! driver's first window is taken when it is created, so the addresses a driver hands
+//! out are the same from run to run as long as the same drivers are alive in the same
+//! order and a driver reserves less than a window (1 TiB) in its lifetime.
 #![forbid(unsafe_code)]
 
 use std::fmt;
@@ -47,18 +47,19 @@ use crate::sync::Mutex;
 
 /// First virtual address the simulated reservations of a process are handed out
 /// from: high and far from zero, like the driver's own VA space. The first simulated
-/// driver of a process reserves from here; each later one from its own window above
-/// (see [`SIM_VA_WINDOW`]).
+/// driver of a process reserves from here; each other live one from its own window
+/// above (see [`SIM_VA_WINDOW`]).
 pub const SIM_VA_BASE: DevicePtr = 0x7f00_0000_0000;
 
 /// Size of the address window each simulated driver reserves from, bytes (1 TiB, a
 /// multiple of every granularity up to 1 TiB; [`SIM_VA_BASE`] is a multiple of it).
-/// Windows come from one process-wide counter, so the drivers of a process never
-/// share an address. A driver that has used up its window (reservations are never
-/// reused) takes the next free one, and a reservation larger than a window takes as
-/// many whole windows as it needs. About 16 million windows fit below 2^64; when they
-/// are gone, a reservation fails with `CUDA_ERROR_OUT_OF_MEMORY`, as the driver's
-/// does when its address space is exhausted.
+/// Windows come from one process-wide registry, so the live drivers of a process never
+/// share an address. A driver that has used up its window (its reservations are
+/// never reused) takes the lowest free one, and a reservation larger than a window
+/// takes as many whole windows as it needs; a dropped driver gives its windows back.
+/// About 16 million windows fit below 2^64; when the free ones cannot hold a
+/// reservation, it fails with `CUDA_ERROR_OUT_OF_MEMORY`, as the driver's does when
+/// its address space is exhausted.
 pub const SIM_VA_WINDOW: u64 = 1 << 40;
 
 /// `CUDA_ERROR_ILLEGAL_STATE` (401): what [`SimDriver::begin_capture`] and
@@ -378,6 +379,15 @@ impl Default for SimDriver {
     /// A simulated H200 ([`SimConfig::default`]).
     fn default() -> Self {
         SimDriver::new(SimConfig::default())
+    }
+}
+
+impl Drop for SimDriver {
+    /// Gives the driver's address windows back to the process, as the real driver's
+    /// address space is freed with its reservations.
+    fn drop(&mut self) {
+        let windows = std::mem::take(&mut crate::sync::lock(&self.inner).windows);
+        model::release_va_windows(&windows);
     }
 }
 

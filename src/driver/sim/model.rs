@@ -4,32 +4,48 @@
 //! (`streams.rs`); and the process-wide address windows.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::streams::Streams;
 use super::{SimConfig, SimFault, SIM_MAX_DEVICES, SIM_VA_BASE, SIM_VA_WINDOW};
 use crate::driver::{CuResult, DevicePtr, DriverCall};
 
-/// Start of the next free address window, shared by every simulated driver of the
-/// process. A plain std atomic, also under loom: it only hands out disjoint ranges
-/// and orders nothing else.
-pub(super) static NEXT_VA_WINDOW: AtomicU64 = AtomicU64::new(SIM_VA_BASE);
+/// The address windows the simulated drivers of the process hold now, `start ->
+/// end`: a driver takes windows when it is created and when its window is used up,
+/// and gives them back when it is dropped, as a process's reservations are freed
+/// when the driver frees them. A plain std mutex, also under loom: it only hands out
+/// disjoint ranges and orders nothing else.
+static WINDOWS: std::sync::Mutex<BTreeMap<DevicePtr, DevicePtr>> =
+    std::sync::Mutex::new(BTreeMap::new());
 
-/// Takes whole windows from the process-wide counter: `[start, end)` with `start` a
-/// multiple of `align` (at least [`SIM_VA_WINDOW`]) and at least `size` bytes (at
-/// least one window). `None` when the 64-bit address space is exhausted.
+/// Takes the lowest free run of whole windows: `[start, end)` with `start` a
+/// multiple of `align` (at least [`SIM_VA_WINDOW`]), at or above [`SIM_VA_BASE`], and
+/// at least `size` bytes (at least one window), disjoint from every window another
+/// driver holds. `None` when no such run is left below 2^64.
 pub(super) fn claim_va_window(size: u64, align: u64) -> Option<(DevicePtr, DevicePtr)> {
     let align = align.max(SIM_VA_WINDOW);
-    let mut claimed = None;
-    NEXT_VA_WINDOW
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
-            let start = align_up(next, align)?;
-            let end = align_up(start.checked_add(size.max(1))?, SIM_VA_WINDOW)?;
-            claimed = Some((start, end));
-            Some(end)
-        })
-        .ok()?;
-    claimed
+    let mut held = WINDOWS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut start = align_up(SIM_VA_BASE, align)?;
+    let mut end = align_up(start.checked_add(size.max(1))?, SIM_VA_WINDOW)?;
+    for (&s, &e) in held.iter() {
+        if e <= start {
+            continue;
+        }
+        if end <= s {
+            break;
+        }
+        start = align_up(e, align)?;
+        end = align_up(start.checked_add(size.max(1))?, SIM_VA_WINDOW)?;
+    }
+    held.insert(start, end);
+    Some((start, end))
+}
+
+/// Gives back windows taken with [`claim_va_window`].
+pub(super) fn release_va_windows(windows: &[(DevicePtr, DevicePtr)]) {
+    let mut held = WINDOWS.lock().unwrap_or_else(|e| e.into_inner());
+    for (start, _) in windows {
+        held.remove(start);
+    }
 }
 
 /// A set of device ordinals below [`SIM_MAX_DEVICES`].
@@ -86,6 +102,9 @@ pub(super) struct Capture {
 pub(super) struct Inner {
     pub(super) config: SimConfig,
     pub(super) next_handle: u64,
+    /// The address windows this driver holds (`[start, end)`), given back when it
+    /// is dropped.
+    pub(super) windows: Vec<(DevicePtr, DevicePtr)>,
     /// The next address to reserve from, in the current window `..va_end`.
     pub(super) next_va: u64,
     /// End of this driver's current address window (exclusive).

@@ -6,8 +6,8 @@
 //! what every figure, policy and JSON key means.
 //!
 //! Exit status: 0 when every replay ran (running out of memory is a result, shown in
-//! the table), 1 when a pool could not be created or a replay failed, 2 for bad
-//! input (arguments, a missing or malformed trace). When standard output is closed
+//! the table), 1 when a pool could not be created, a replay or writing the output
+//! failed, 2 for bad input (arguments, a missing or malformed trace). When standard output is closed
 //! early (`flare-replay ... | head -1`), it stops replaying and exits 0, quietly.
 
 use std::cell::Cell;
@@ -31,7 +31,8 @@ the policies, the table's figures and the --json keys mean.
 
 Exit status:
   0  every replay ran (running out of memory is a result, shown in the table)
-  1  a pool could not be created or a replay failed
+  1  a pool could not be created, a replay failed, or writing the output failed
+     (other than a closed pipe)
   2  bad input: arguments, a missing or malformed trace";
 
 /// What `--help` says after the options.
@@ -62,8 +63,9 @@ then one row per policy:
                     closed the scope and trimmed (0 B when every release worked)
   mappings created  allocations that created a mapping (driver calls)
   reuse hits        allocations served from an idle mapping (no driver call)
-  out of memory     the line whose allocation found the device full, which stopped
-                    the replay (- when the whole trace ran)
+  out of memory     the line whose allocation found the device full, or asked for
+                    more than the whole device, which stopped the replay (- when
+                    the whole trace ran)
   live at end       allocations still live when the replay stopped (the trace's
                     end or the out-of-memory line); the replay then frees them
   wall time         the replay's own time, parsing excluded
@@ -86,7 +88,8 @@ policy), with exactly these keys:
 Exit status:
   0  every replay ran (running out of memory is a result, shown in the table);
      also when standard output is closed early (`| head`): the tool stops quietly
-  1  a pool could not be created or a replay failed
+  1  a pool could not be created, a replay failed, or writing the output failed
+     (other than a closed pipe)
   2  bad input: arguments, a missing or malformed trace";
 
 /// `--help` on `--capacity`.
@@ -100,8 +103,11 @@ MB, GB, TB powers of 1000. A decimal number is rounded down to a whole byte
 /// `--help` on `--best-fit-waste-percent`.
 const WASTE_HELP: &str = "\
 Best-fit only: the largest excess of a reused idle mapping over the rounded request,
-a whole number of percent of the request (100: up to twice its size). The default
-is the library's, chosen on the shipped traces.";
+a whole number of percent of the request (100: up to twice its size); 0 reuses
+only mappings of exactly the rounded size, as `exact` does. The default is the
+library's, chosen on the shipped traces. (The C ABI's `best_fit_max_waste_percent`
+reads 0 as that default instead, because an older caller's zeroed struct padding
+reads 0 there.) Ignored by the other policies.";
 
 #[derive(Debug, Parser)]
 #[command(

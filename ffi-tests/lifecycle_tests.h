@@ -1,4 +1,6 @@
 /*
+ * One concern in one file: the C ABI's contract, checked from C and C++.
+ *
  * The C ABI tests shared by lifecycle.c (C11) and lifecycle.cpp (C++17): the same
  * checks compile as both languages. The including file defines
  *

@@ -1,3 +1,5 @@
+//! One concern in one file: the failure classes.
+//!
 //! One regression test per failure class that public VMM allocators get wrong, on the
 //! simulated driver: each a short sequence with the exact counters the contract
 //! (docs/ARCHITECTURE.md, "Operations and their contracts" and the release ordering)

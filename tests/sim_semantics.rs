@@ -1,6 +1,7 @@
 //! The simulated driver reproduces every row of `docs/vmm-semantics.md`, with the
 //! `CUresult` codes the document gives (measured on an H200), plus its own contract:
-//! capacity, counts, fault injection, work in flight.
+//! capacity, counts, fault injection, work in flight. One concern in one file: one
+//! test per measured row.
 //!
 //! Each test names the document row it checks. Expected values come from the
 //! document, not from running the simulator.

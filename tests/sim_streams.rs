@@ -1,3 +1,5 @@
+//! One concern in one file: one test per measured stream, event and capture row.
+//!
 //! The simulated driver's streams, queued work, events and captures reproduce the rows
 //! of `docs/vmm-semantics.md`, sections "Stream capture" and "Events and stream
 //! queries while another stream is captured" (measured on an H200), and the rules of

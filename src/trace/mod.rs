@@ -1,4 +1,6 @@
 //! flare-trace v1: the parser of allocation traces and their replay on a [`Pool`](crate::Pool).
+//! One concern in one file (the format: its events, its errors and their excerpts, the
+//! parser and the reference figures); the replay is in `replay.rs`.
 //!
 //! The format is described in `docs/trace-format.md`: one event per line
 //! (`a ID BYTES`, `f ID`, `begin`, `finish`, `abort`, `trim`), `#` comment lines,

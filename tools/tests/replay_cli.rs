@@ -1,5 +1,5 @@
-//! The `flare-replay` command line: exit statuses, error messages, `--json` output.
-//! Tests that replay need the simulated driver and are ignored until it is merged.
+//! The `flare-replay` command line: exit statuses, error messages, `--json` output,
+//! the table. One concern in one file: what a user of the command sees.
 #![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 #[path = "../../tests/common/mod.rs"]

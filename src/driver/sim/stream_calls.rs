@@ -1,3 +1,6 @@
+//! One concern in one file: the stream, event and capture calls of the simulated
+//! driver, each a row of docs/vmm-semantics.md.
+//!
 //! The stream, event and capture calls of the simulated driver, CUDA-shaped (raw
 //! `CUresult` answers), and the controls a test uses to stand in for the device
 //! (launching work, finishing it) and to tell the driver that memory changes streams.

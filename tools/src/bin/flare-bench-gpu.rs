@@ -1,5 +1,7 @@
 //! `flare-bench-gpu`: flare-package against the allocators an engine would otherwise
-//! use, measured side by side in one process on one GPU.
+//! use, measured side by side in one process on one GPU. One concern in one file: the
+//! comparison benchmark (each section a measurement; the baselines are in
+//! `cuda_baseline.rs`).
 //!
 //! 1. Reuse pair (allocate + free served from an idle mapping, inside a retention
 //!    scope) against the stream-ordered pool's warm pair (`cuMemAllocFromPoolAsync` +

@@ -485,6 +485,13 @@ fn the_simulated_machine_must_be_a_real_one() {
     })
     .unwrap();
     one.allocate_raw(1).unwrap();
+    // A granularity of 0 is the documented default, 2 MiB (SimConfig), not an error.
+    let zero = sim(SimConfig {
+        granularity_bytes: 0,
+        ..SimConfig::default()
+    })
+    .unwrap();
+    assert_eq!(zero.granularity(), 2 << 20);
     // More devices than can be simulated is refused, not silently capped.
     assert!(msg(sim(SimConfig {
         device_count: 129,

@@ -492,6 +492,19 @@ fn the_simulated_machine_must_be_a_real_one() {
     })
     .unwrap();
     assert_eq!(zero.granularity(), 2 << 20);
+    // Exactly 128 devices is allowed (SIM_MAX_DEVICES is "at most"): the last one is
+    // a device like any other.
+    let last = Pool::new(PoolConfig {
+        device: 127,
+        ..PoolConfig::simulated(SimConfig {
+            device_count: 128,
+            ..SimConfig::default()
+        })
+    })
+    .unwrap();
+    let p = last.allocate_raw(1).unwrap();
+    assert_eq!(last.sim_driver().unwrap().access_of(p), vec![127]);
+    last.free_raw(p).unwrap();
     // More devices than can be simulated is refused, not silently capped.
     assert!(msg(sim(SimConfig {
         device_count: 129,

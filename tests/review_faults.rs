@@ -19,10 +19,11 @@ use flare_package::{
     ReusePolicy, SimConfig, SimDriver,
 };
 
-/// A simulated driver whose synchronize can be held: once armed, the next
-/// synchronize tells the test it has started and then waits until the test opens
+/// A simulated driver whose synchronize (or create) can be held: once armed, the
+/// next such call tells the test it has started and then waits until the test opens
 /// the gate, before it reaches the simulated driver. That holds a release mid-way
-/// (between the pool's unlock and its synchronize) for as long as the test likes.
+/// (between the pool's unlock and its synchronize), or a miss at its create, for as
+/// long as the test likes.
 struct Gated {
     sim: Arc<SimDriver>,
     gate: Mutex<GateState>,
@@ -31,7 +32,7 @@ struct Gated {
 
 #[derive(Default)]
 struct GateState {
-    armed: bool,
+    armed: Option<DriverCall>,
     open: bool,
     started: Option<mpsc::Sender<()>>,
 }
@@ -45,11 +46,16 @@ impl Gated {
         })
     }
 
-    /// Arms the gate; the receiver hears when the held synchronize has started.
+    /// Arms the gate for the next synchronize; the receiver hears when it started.
     fn arm(&self) -> mpsc::Receiver<()> {
+        self.arm_for(DriverCall::Synchronize)
+    }
+
+    /// Arms the gate for the next call of kind `call`.
+    fn arm_for(&self, call: DriverCall) -> mpsc::Receiver<()> {
         let (tx, rx) = mpsc::channel();
         let mut g = self.gate.lock().unwrap();
-        g.armed = true;
+        g.armed = Some(call);
         g.open = false;
         g.started = Some(tx);
         rx
@@ -66,6 +72,7 @@ impl Driver for Gated {
         self.sim.granularity()
     }
     fn create(&self, size: u64) -> Result<PhysicalHandle, DriverError> {
+        self.hold(DriverCall::Create);
         self.sim.create(size)
     }
     fn release(&self, handle: PhysicalHandle) -> Result<(), DriverError> {
@@ -87,9 +94,20 @@ impl Driver for Gated {
         self.sim.unmap(ptr, size)
     }
     fn synchronize(&self, device: i32) -> Result<(), DriverError> {
+        self.hold(DriverCall::Synchronize);
+        self.sim.synchronize(device)
+    }
+    fn mem_info(&self) -> Result<MemInfo, DriverError> {
+        self.sim.mem_info()
+    }
+}
+
+impl Gated {
+    /// Waits at the gate if it is armed for `call`.
+    fn hold(&self, call: DriverCall) {
         let mut g = self.gate.lock().unwrap();
-        if g.armed {
-            g.armed = false;
+        if g.armed == Some(call) {
+            g.armed = None;
             if let Some(tx) = g.started.take() {
                 let _ = tx.send(());
             }
@@ -97,11 +115,6 @@ impl Driver for Gated {
                 g = self.opened.wait(g).unwrap();
             }
         }
-        drop(g);
-        self.sim.synchronize(device)
-    }
-    fn mem_info(&self) -> Result<MemInfo, DriverError> {
-        self.sim.mem_info()
     }
 }
 
@@ -418,4 +431,47 @@ fn a_failed_peer_synchronize_keeps_the_mapping() {
     pool.trim().unwrap();
     assert_eq!(check(&pool).mappings_released, 1);
     assert!(sim.faults().is_empty());
+}
+
+/// A forced reuse that finds a mapping of exactly the rounded size counts it as an
+/// exact hit too (`reuse_exact_hits` counts hits whose mapping had exactly the
+/// rounded size, however they were found). Single-threaded that cannot happen (the
+/// policy would have taken it), so a race makes it: a miss is held at its create
+/// while another thread frees a mapping of the same size; the create then finds the
+/// device full and the forced reuse takes that mapping.
+#[test]
+fn a_forced_reuse_of_the_exact_size_is_an_exact_hit() {
+    let gated = Gated::new(sim_config(4 * MIB));
+    let config = PoolConfig {
+        reuse_policy: ReusePolicy::Exact,
+        ..PoolConfig::default()
+    };
+    let pool = Arc::new(Pool::with_driver(config, gated.clone()).unwrap());
+    pool.retention_begin().unwrap();
+    let a = pool.allocate_raw(2 * MIB).unwrap();
+    let b = pool.allocate_raw(2 * MIB).unwrap();
+    // The device is full (4 of 4 MiB live): a third 2 MiB request misses, and its
+    // create is held.
+    let started = gated.arm_for(DriverCall::Create);
+    let miss = {
+        let pool = pool.clone();
+        thread::spawn(move || pool.allocate_raw(2 * MIB))
+    };
+    started
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the miss reached its create");
+    // Meanwhile `b` is freed: retained idle, exactly 2 MiB.
+    pool.free_raw(b).unwrap();
+    gated.open();
+    let c = miss.join().unwrap().unwrap();
+    assert_eq!(c, b, "the freed mapping serves the held miss");
+    let s = pool.snapshot();
+    assert_eq!(
+        (s.reuse_hits, s.reuse_forced_hits, s.reuse_exact_hits),
+        (1, 1, 1)
+    );
+    assert_eq!((s.create_failures, s.mappings_created), (1, 2));
+    pool.free_raw(a).unwrap();
+    pool.free_raw(c).unwrap();
+    pool.retention_finish().unwrap();
 }

@@ -347,17 +347,22 @@ fn policy_names_are_exact() {
     }
 }
 
+/// Starts flare-replay with `stdin` and piped stdout and stderr.
+fn spawn(args: &[&str], stdin: Stdio) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_flare-replay"))
+        .args(args)
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run flare-replay")
+}
+
 /// Runs flare-replay with stdout a pipe that is closed after its first line has been
 /// read (as `flare-replay ... | head -1` does); returns that line and the output
 /// (status, stderr).
 fn closed_after_first_line(args: &[&str]) -> (String, Output) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flare-replay"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run flare-replay");
+    let mut child = spawn(args, Stdio::null());
     let mut reader = BufReader::new(child.stdout.take().unwrap());
     let mut first = String::new();
     reader.read_line(&mut first).unwrap();
@@ -474,13 +479,7 @@ fn fractional_waste_percent_is_a_clear_error() {
 
 /// Runs flare-replay with `input` on its standard input.
 fn flare_replay_stdin(args: &[&str], input: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flare-replay"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run flare-replay");
+    let mut child = spawn(args, Stdio::piped());
     let mut stdin = child.stdin.take().unwrap();
     // A rejected run may exit before reading: a failed write is not the test's point.
     let _ = stdin.write_all(input);

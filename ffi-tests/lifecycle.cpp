@@ -10,7 +10,7 @@
 
 static_assert(std::is_standard_layout<FlareSnapshot>::value, "FlareSnapshot is plain C");
 static_assert(sizeof(FlarePoolConfig) == 64, "FlarePoolConfig layout");
-static_assert(sizeof(FlareSnapshot) == 248, "FlareSnapshot layout");
+static_assert(sizeof(FlareSnapshot) == 304, "FlareSnapshot layout");
 static_assert(offsetof(FlareSnapshot, reuse_forced_hits) == 240, "FlareSnapshot layout");
 static_assert(sizeof(FlareDestroyReport) == 40, "FlareDestroyReport layout");
 static_assert(offsetof(FlarePoolConfig, best_fit_max_waste_percent) == 60, "FlarePoolConfig layout");

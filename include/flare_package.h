@@ -433,6 +433,48 @@ typedef struct FlareSnapshot {
      * rather than failing or releasing memory.
      */
     uint64_t reuse_forced_hits;
+    /**
+     * Fence events recorded (after frees on a stream, `cuEventRecord`) and not
+     * yet seen complete.
+     */
+    uint64_t events_outstanding;
+    /**
+     * Bytes of idle mappings freed on a stream (`free_async`) whose stream work
+     * up to the free is not yet known complete: reusable on that stream at once,
+     * by another stream or for release only after a fence event completes.
+     * Includes mappings freed with streams from `record_stream`, which wait for
+     * those streams first.
+     */
+    uint64_t event_wait_bytes;
+    /**
+     * Cross-stream reuses made by ordering the new stream after a fence
+     * (`cuStreamWaitEvent`, [`CrossStreamReuse::Wait`](crate::CrossStreamReuse::Wait)).
+     */
+    uint64_t cross_stream_waits;
+    /**
+     * Of `reuse_hits`, those handed to a stream other than the one the memory
+     * was last freed on (after its fence completed, or with a wait).
+     */
+    uint64_t cross_stream_hits;
+    /**
+     * Stream captures the pool saw an allocation or a free in.
+     */
+    uint64_t captures_seen;
+    /**
+     * Bytes of idle mappings freed during a stream capture: reused only by
+     * later allocations in the same capture, kept (a graph may replay into
+     * them) until the retention scope open at capture time closes, or with none
+     * open until trim or destroy.
+     */
+    uint64_t capture_held_bytes;
+    /**
+     * Failed stream and event calls (`cuEventRecord`, `cuEventQuery`,
+     * `cuEventSynchronize`, `cuStreamWaitEvent`, `cuStreamGetCaptureInfo`,
+     * `cuEventCreate`, `cuStreamCreate`): the memory involved is kept and waited
+     * for with a device synchronize at the next release point that may
+     * synchronize (trim, finish, destroy, out-of-memory).
+     */
+    uint64_t stream_call_failures;
 } FlareSnapshot;
 
 #ifdef __cplusplus

@@ -16,9 +16,11 @@ pub mod trace;
 pub(crate) mod sync;
 
 pub use driver::sim::{SimConfig, SimDriver};
-pub use driver::{CuResult, DevicePtr, Driver, DriverCall, DriverError};
+pub use driver::{CaptureMode, CuResult, DevicePtr, Driver, DriverCall, DriverError, Stream};
 pub use error::{Error, Result};
-pub use pool::{Allocation, Backend, Pool, PoolConfig, RetentionScope, ReusePolicy, Snapshot};
+pub use pool::{
+    Allocation, Backend, CrossStreamReuse, Pool, PoolConfig, RetentionScope, ReusePolicy, Snapshot,
+};
 
 /// Formats a byte count the way error messages and reports print it: `"1.0 GiB"`,
 /// `"2.0 MiB"`, `"512 B"` (binary units, one decimal).

@@ -154,6 +154,30 @@ macro_rules! driver_calls {
                 MemGetInfo = 9, "cuMemGetInfo";
                 /// Driver load, `cuInit`, device and primary-context set-up.
                 Init = 10, "cuInit";
+                /// `cuEventCreate` (timing disabled): a fence event for stream order.
+                EventCreate = 11, "cuEventCreate";
+                /// `cuEventDestroy`.
+                EventDestroy = 12, "cuEventDestroy";
+                /// `cuEventRecord`: a fence after frees on a stream.
+                EventRecord = 13, "cuEventRecord";
+                /// `cuEventQuery`: polling a fence (the calling thread in relaxed
+                /// capture mode).
+                EventQuery = 14, "cuEventQuery";
+                /// `cuEventSynchronize`: waiting on a fence when memory must be
+                /// released now (the calling thread in relaxed capture mode).
+                EventSynchronize = 15, "cuEventSynchronize";
+                /// `cuStreamWaitEvent`: a cross-stream reuse that orders the new
+                /// stream after the old one.
+                StreamWaitEvent = 16, "cuStreamWaitEvent";
+                /// `cuStreamGetCaptureInfo`: whether a stream is being captured.
+                StreamGetCaptureInfo = 17, "cuStreamGetCaptureInfo";
+                /// `cuThreadExchangeStreamCaptureMode`.
+                ThreadExchangeCaptureMode = 18, "cuThreadExchangeStreamCaptureMode";
+                /// `cuStreamCreate`: the pool's own blocking stream for fences after
+                /// frees on the legacy stream.
+                StreamCreate = 19, "cuStreamCreate";
+                /// `cuStreamDestroy`.
+                StreamDestroy = 20, "cuStreamDestroy";
             }
         }
     };
@@ -250,6 +274,36 @@ pub fn check(call: DriverCall, code: CuResult) -> Result<(), DriverError> {
     }
 }
 
+/// A CUDA stream (`CUstream`) as its raw handle value. [`Stream::LEGACY`] (0, and
+/// CUDA's `CU_STREAM_LEGACY`, 1) is the legacy default stream of the current context;
+/// `CU_STREAM_PER_THREAD` (2) and created streams are passed through unchanged. The
+/// pool never dereferences it: it is handed to the driver's stream and event calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Stream(pub u64);
+
+impl Stream {
+    /// The legacy default stream (`NULL` in the C ABI).
+    pub const LEGACY: Stream = Stream(0);
+
+    /// A stream from a raw `CUstream` / `cudaStream_t` value.
+    pub fn from_raw(raw: usize) -> Stream {
+        Stream(raw as u64)
+    }
+
+    /// The raw handle value.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// Whether this names the legacy default stream (0 or `CU_STREAM_LEGACY`, 1).
+    pub fn is_legacy(self) -> bool {
+        self.0 <= 1
+    }
+}
+
+/// A CUDA event (`CUevent`) as its raw handle value.
+pub type Event = u64;
+
 /// A physical allocation (`CUmemGenericAllocationHandle`) and its size in bytes
 /// (a multiple of the granularity). The size travels with the handle so that
 /// [`Driver::map`] always maps the whole handle.
@@ -277,6 +331,42 @@ pub struct MemInfo {
     pub free: u64,
     /// Total bytes of the device.
     pub total: u64,
+}
+
+/// A thread's or a capture's interaction mode with potentially unsafe calls
+/// (`CUstreamCaptureMode`; the discriminants are CUDA's values).
+///
+/// The rule the simulated driver applies (CUDA's documentation of
+/// `cuThreadExchangeStreamCaptureMode`, and what the H200 did, section "Events and
+/// stream queries while another stream is captured" of `docs/vmm-semantics.md`): a
+/// thread in [`CaptureMode::Global`] may not make a potentially unsafe call (event
+/// query and synchronize, stream query and synchronize) while it has a capture of its
+/// own not begun in relaxed mode, or any other thread has a capture begun in global
+/// mode; a thread in [`CaptureMode::ThreadLocal`] only while it has one of its own not
+/// begun in relaxed mode; a thread in [`CaptureMode::Relaxed`] never.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CaptureMode {
+    /// `CU_STREAM_CAPTURE_MODE_GLOBAL` (0): every thread's default mode, and PyTorch's
+    /// for `torch.cuda.graph`.
+    #[default]
+    Global = 0,
+    /// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL` (1).
+    ThreadLocal = 1,
+    /// `CU_STREAM_CAPTURE_MODE_RELAXED` (2).
+    Relaxed = 2,
+}
+
+/// Capture status of a stream (`CUstreamCaptureStatus`; CUDA's values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CaptureStatus {
+    /// `CU_STREAM_CAPTURE_STATUS_NONE` (0): not being captured.
+    None = 0,
+    /// `CU_STREAM_CAPTURE_STATUS_ACTIVE` (1): being captured, still valid.
+    Active = 1,
+    /// `CU_STREAM_CAPTURE_STATUS_INVALIDATED` (2): being captured, but something broke
+    /// the capture; its `cuStreamEndCapture` returns
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
+    Invalidated = 2,
 }
 
 /// The CUDA virtual-memory calls the pool needs, one method each. Every method is
@@ -335,6 +425,97 @@ pub trait Driver: std::any::Any + Send + Sync {
 
     /// Free and total device memory, bytes (`cuMemGetInfo`).
     fn mem_info(&self) -> Result<MemInfo, DriverError>;
+
+    // ---- stream order (issue 11). A backend without streams keeps the defaults:
+    // every call fails with `CUDA_ERROR_NOT_SUPPORTED`, and only the pool's stream
+    // functions (`allocate_async`, `free_async`, `record_stream`) call them.
+
+    /// Creates an event with timing disabled (`cuEventCreate`,
+    /// `CU_EVENT_DISABLE_TIMING`) in the pool's device's context.
+    fn event_create(&self) -> Result<Event, DriverError> {
+        Err(not_supported(DriverCall::EventCreate))
+    }
+
+    /// Destroys an event (`cuEventDestroy`).
+    fn event_destroy(&self, event: Event) -> Result<(), DriverError> {
+        let _ = event;
+        Err(not_supported(DriverCall::EventDestroy))
+    }
+
+    /// Records `event` on `stream` (`cuEventRecord`): it completes when the work
+    /// queued on `stream` so far has. Legal during any capture (on a stream being
+    /// captured it is a graph node instead: the pool never records a fence there).
+    fn event_record(&self, event: Event, stream: Stream) -> Result<(), DriverError> {
+        let _ = (event, stream);
+        Err(not_supported(DriverCall::EventRecord))
+    }
+
+    /// Whether the work `event` covers has completed (`cuEventQuery`:
+    /// `CUDA_SUCCESS` is `Ok(true)`, `CUDA_ERROR_NOT_READY` is `Ok(false)`). The pool
+    /// calls it with the calling thread in relaxed capture mode
+    /// ([`Driver::exchange_capture_mode`]): in global mode it would invalidate a
+    /// capture open on any stream (measured on an H200, `docs/vmm-semantics.md`).
+    fn event_query(&self, event: Event) -> Result<bool, DriverError> {
+        let _ = event;
+        Err(not_supported(DriverCall::EventQuery))
+    }
+
+    /// Waits for the work `event` covers (`cuEventSynchronize`); called in relaxed
+    /// capture mode, like [`Driver::event_query`].
+    fn event_synchronize(&self, event: Event) -> Result<(), DriverError> {
+        let _ = event;
+        Err(not_supported(DriverCall::EventSynchronize))
+    }
+
+    /// Orders later work on `stream` after the work `event` covers
+    /// (`cuStreamWaitEvent`, flags 0). Legal during any capture.
+    fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<(), DriverError> {
+        let _ = (stream, event);
+        Err(not_supported(DriverCall::StreamWaitEvent))
+    }
+
+    /// The id of the capture `stream` belongs to (`cuStreamGetCaptureInfo`):
+    /// `Some(id)` while it is being captured (active or invalidated), `None` when
+    /// not. Legal during any capture, from any thread.
+    fn stream_capture(&self, stream: Stream) -> Result<Option<u64>, DriverError> {
+        let _ = stream;
+        Err(not_supported(DriverCall::StreamGetCaptureInfo))
+    }
+
+    /// Sets the calling thread's capture interaction mode; returns the previous one
+    /// (`cuThreadExchangeStreamCaptureMode`).
+    fn exchange_capture_mode(&self, mode: CaptureMode) -> Result<CaptureMode, DriverError> {
+        let _ = mode;
+        Err(not_supported(DriverCall::ThreadExchangeCaptureMode))
+    }
+
+    /// Creates a blocking stream (`cuStreamCreate`, `CU_STREAM_DEFAULT`) in the pool's
+    /// device's context: work on it is ordered after earlier work on the legacy
+    /// stream, so an event recorded on it fences frees made on the legacy stream
+    /// without recording on the legacy stream itself (whose events break every open
+    /// capture when queried, `docs/vmm-semantics.md`).
+    fn stream_create_blocking(&self) -> Result<Stream, DriverError> {
+        Err(not_supported(DriverCall::StreamCreate))
+    }
+
+    /// Destroys a stream made by [`Driver::stream_create_blocking`] (`cuStreamDestroy`).
+    fn stream_destroy(&self, stream: Stream) -> Result<(), DriverError> {
+        let _ = stream;
+        Err(not_supported(DriverCall::StreamDestroy))
+    }
+
+    /// A checking hook, no driver call: the pool hands `[ptr, ptr + size)` to
+    /// `stream` (a stream-ordered allocation). The simulated driver records a
+    /// contract fault when another stream's unordered queued work still touches the
+    /// range; the CUDA driver does nothing.
+    fn note_handoff(&self, stream: Stream, ptr: DevicePtr, size: u64) {
+        let _ = (stream, ptr, size);
+    }
+}
+
+/// `CUDA_ERROR_NOT_SUPPORTED` for `call`: a backend without stream support.
+fn not_supported(call: DriverCall) -> DriverError {
+    DriverError::new(call, CuResult::NOT_SUPPORTED)
 }
 
 #[cfg(test)]

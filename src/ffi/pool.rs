@@ -134,6 +134,8 @@ unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolConfig, Erro
             c.best_fit_max_waste_percent,
             DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
         ),
+        // The C field arrives with issue 11's C ABI.
+        cross_stream_reuse: crate::CrossStreamReuse::default(),
     })
 }
 

@@ -192,10 +192,10 @@ versioned_struct! {
     }
 }
 
-// The layouts the C tests assert too (`sizeof` 64, 248 and 40 on 64-bit targets).
+// The layouts the C tests assert too (`sizeof` 64, 304 and 40 on 64-bit targets).
 const _: () = assert!(size_of::<FlareStatus>() == 4 && size_of::<FlareBackend>() == 4);
 const _: () = assert!(size_of::<FlareReusePolicy>() == 4 && size_of::<FlareDriverCall>() == 4);
-const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 30 * 8);
+const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 37 * 8);
 const _: () = assert!(size_of::<FlarePoolConfig>() == 64);
 const _: () = assert!(size_of::<FlareDestroyReport>() == 8 + 4 * 8);
 
@@ -330,10 +330,10 @@ mod tests {
                 (8, Some(8)),
                 (23, Some(16)),
                 // A caller compiled before reuse_forced_hits (240 bytes) gets the
-                // fields up to reserve_failures; this header's 248 bytes, all.
+                // fields up to reserve_failures; this header's 304 bytes, all.
                 (240, Some(240)),
                 (247, Some(240)),
-                (4096, Some(248)),
+                (4096, Some(304)),
             ],
         );
         // best_fit_max_waste_percent (4 bytes at 60) fills what was the tail padding.
@@ -365,7 +365,7 @@ mod tests {
         assert_eq!(offset_of!(FlareSnapshot, create_failures), 224);
         assert_eq!(offset_of!(FlareSnapshot, reserve_failures), 232);
         assert_eq!(offset_of!(FlareSnapshot, reuse_forced_hits), 240);
-        assert_eq!(size_of::<FlareSnapshot>(), 248);
+        assert_eq!(size_of::<FlareSnapshot>(), 304);
     }
 
     #[test]
@@ -384,7 +384,7 @@ mod tests {
             ..Snapshot::default()
         };
         let c = FlareSnapshot::from_snapshot(&s);
-        assert_eq!((c.struct_size, c.scope_open), (248, 1));
+        assert_eq!((c.struct_size, c.scope_open), (304, 1));
         assert_eq!(
             (c.granularity_bytes, c.live_count, c.live_requested_bytes),
             (2 << 20, 3, 5)

@@ -125,6 +125,87 @@ impl std::str::FromStr for ReusePolicy {
 /// the middle of that band.
 pub const DEFAULT_BEST_FIT_MAX_WASTE_PERCENT: u32 = 30;
 
+/// The cross-stream reuse modes, one row each, as [`reuse_policies`] (C ABI
+/// `FlareCrossStreamReuse`, same numbers; 0 is the default, so a zeroed C field
+/// means it).
+macro_rules! cross_stream_modes {
+    ($gen:ident! { $($head:tt)* }) => {
+        $gen! {
+            $($head)*
+            /// Memory freed on stream T is handed to an allocation on another stream
+            /// S only once T's work up to the free has completed (a fence event
+            /// recorded on T and polled with `cuEventQuery`). The default: no stream
+            /// ever waits on another because of the pool.
+            WhenComplete = 0, FLARE_CROSS_STREAM_WHEN_COMPLETE, "when-complete";
+            /// Memory freed on T is reused only by allocations on T (or once a
+            /// release point has seen T's work complete).
+            Never = 1, FLARE_CROSS_STREAM_NEVER, "never";
+            /// Memory freed on T is handed to S at once, after making S wait on a
+            /// fence event recorded on T (`cuStreamWaitEvent`): the least memory, at
+            /// the price of a cross-stream dependency.
+            Wait = 2, FLARE_CROSS_STREAM_WAIT, "wait";
+        }
+    };
+}
+pub(crate) use cross_stream_modes;
+
+/// [`CrossStreamReuse`] and its name from the rows of [`cross_stream_modes`].
+macro_rules! rust_cross_stream {
+    (
+        $(#[doc = $doc:literal])*
+        pub enum CrossStreamReuse;
+        $( $(#[doc = $vdoc:literal])* $v:ident = $n:literal, $c:ident, $s:literal; )*
+    ) => {
+        $(#[doc = $doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum CrossStreamReuse {
+            $( $(#[doc = $vdoc])* $v = $n, )*
+        }
+
+        impl CrossStreamReuse {
+            /// Every mode, in number order.
+            pub const ALL: [CrossStreamReuse; [$($n),*].len()] = [$(CrossStreamReuse::$v),*];
+
+            /// The mode's name on the command line and in reports (`"when-complete"`).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( CrossStreamReuse::$v => $s, )*
+                }
+            }
+        }
+
+        const _: () = assert!($crate::numbered_from_zero(&[$($n),*]));
+    };
+}
+
+cross_stream_modes!(rust_cross_stream! {
+    /// When memory freed on one stream (`free_async`) may be handed to an allocation
+    /// on another (`allocate_async`). Memory freed on the allocating stream itself is
+    /// always reused at once: stream order makes it safe.
+    pub enum CrossStreamReuse;
+});
+
+impl Default for CrossStreamReuse {
+    /// [`CrossStreamReuse::WhenComplete`].
+    fn default() -> Self {
+        CrossStreamReuse::WhenComplete
+    }
+}
+
+impl std::str::FromStr for CrossStreamReuse {
+    type Err = String;
+    /// A mode from its [`CrossStreamReuse::name`].
+    fn from_str(s: &str) -> Result<Self, String> {
+        CrossStreamReuse::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = CrossStreamReuse::ALL.iter().map(|m| m.name()).collect();
+                format!("unknown cross-stream reuse mode {s:?} ({})", names.join(", "))
+            })
+    }
+}
+
 /// Settings of a [`Pool`](crate::Pool).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolConfig {
@@ -145,6 +226,9 @@ pub struct PoolConfig {
     /// in percent of the request, that a reuse accepts (100: up to twice the size).
     /// Default [`DEFAULT_BEST_FIT_MAX_WASTE_PERCENT`].
     pub best_fit_max_waste_percent: u32,
+    /// When memory freed on one stream may serve an allocation on another (default
+    /// [`CrossStreamReuse::WhenComplete`]).
+    pub cross_stream_reuse: CrossStreamReuse,
 }
 
 impl Default for PoolConfig {
@@ -156,6 +240,7 @@ impl Default for PoolConfig {
             release_threshold_bytes: 0,
             peer_devices: Vec::new(),
             best_fit_max_waste_percent: DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
+            cross_stream_reuse: CrossStreamReuse::WhenComplete,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! aborts its scope on drop; each acts only on what it made.
 
 use super::Pool;
-use crate::driver::DevicePtr;
+use crate::driver::{DevicePtr, Stream};
 use crate::error::Result;
 
 /// A live allocation that frees itself when dropped.
@@ -15,9 +15,18 @@ pub struct Allocation<'a> {
     /// only while it is still this allocation (not after a `free_raw` of it and a
     /// later allocation that reused the address).
     pub(super) id: u64,
+    /// The stream it was allocated on ([`Pool::allocate_async`]): dropping the
+    /// guard frees it there, stream-ordered. `None`: freed with [`Pool::free_raw`]'s
+    /// rules.
+    pub(super) stream: Option<Stream>,
 }
 
 impl Allocation<'_> {
+    /// The stream the allocation was made on (`None` for [`Pool::allocate`]).
+    pub fn stream(&self) -> Option<Stream> {
+        self.stream
+    }
+
     /// The device address, aligned to the granularity.
     pub fn ptr(&self) -> DevicePtr {
         self.ptr
@@ -41,7 +50,10 @@ impl Drop for Allocation<'_> {
     fn drop(&mut self) {
         // Refused only when the caller already freed this allocation with
         // `free_raw`: then there is nothing left to free.
-        let _ = self.pool.free_inner(self.ptr, Some(self.id));
+        let _ = match self.stream {
+            Some(s) => self.pool.free_async_inner(self.ptr, s, Some(self.id)),
+            None => self.pool.free_inner(self.ptr, Some(self.id)),
+        };
     }
 }
 

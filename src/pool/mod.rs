@@ -21,13 +21,17 @@ mod release;
 mod snapshot;
 
 pub(crate) use config::reuse_policies;
-pub use config::{Backend, PoolConfig, ReusePolicy, DEFAULT_BEST_FIT_MAX_WASTE_PERCENT};
+#[allow(unused_imports)] // used by the C ABI (issue 11, in progress)
+pub(crate) use config::cross_stream_modes;
+pub use config::{
+    Backend, CrossStreamReuse, PoolConfig, ReusePolicy, DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
+};
 pub use guards::{Allocation, RetentionScope};
 pub(crate) use snapshot::snapshot_counters;
 pub use snapshot::Snapshot;
 
 use crate::driver::sim::SimDriver;
-use crate::driver::{DevicePtr, Driver, DriverError};
+use crate::driver::{DevicePtr, Driver, DriverError, Stream};
 use crate::error::{Error, Result};
 use crate::sync::{lock, wait, Condvar, Mutex};
 use books::{MappingState, State};
@@ -151,16 +155,13 @@ impl Pool {
     /// See [`Pool::allocate_raw`] for the rules and errors.
     pub fn allocate(&self, bytes: u64) -> Result<Allocation<'_>> {
         let ptr = self.allocate_raw(bytes)?;
-        let st = lock(&self.state);
-        let id = st
-            .live
-            .get(&ptr)
-            .map_or(0, |&slot| st.mapping(slot).alloc_id);
+        let id = self.alloc_id_of(ptr);
         Ok(Allocation {
             pool: self,
             ptr,
             bytes,
             id,
+            stream: None,
         })
     }
 
@@ -306,6 +307,56 @@ impl Pool {
         }
         let _ = self.release_batch(batch);
         Ok(())
+    }
+
+    /// Allocates `bytes` on `stream` (stream-ordered, like `cuMemAllocAsync`);
+    /// returns a guard that frees it on the same stream ([`Pool::free_async_raw`])
+    /// when dropped. See [`Pool::allocate_async_raw`] for the rules and errors.
+    pub fn allocate_async(&self, bytes: u64, stream: Stream) -> Result<Allocation<'_>> {
+        let ptr = self.allocate_async_raw(bytes, stream)?;
+        let id = self.alloc_id_of(ptr);
+        Ok(Allocation {
+            pool: self,
+            ptr,
+            bytes,
+            id,
+            stream: Some(stream),
+        })
+    }
+
+    /// Allocates `bytes` for use on `stream`, stream-ordered: the memory may be used
+    /// by work queued on `stream` from now on. STUB: issue 11 in progress.
+    pub fn allocate_async_raw(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
+        let _ = stream;
+        self.allocate_raw(bytes)
+    }
+
+    /// Frees `ptr` on `stream`, stream-ordered. STUB: issue 11 in progress.
+    pub fn free_async_raw(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
+        self.free_async_inner(ptr, stream, None)
+    }
+
+    fn free_async_inner(&self, ptr: DevicePtr, stream: Stream, id: Option<u64>) -> Result<()> {
+        let _ = stream;
+        self.free_inner(ptr, id)
+    }
+
+    /// Marks `ptr` as used by work on `stream` too. STUB: issue 11 in progress.
+    pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
+        let _ = stream;
+        if lock(&self.state).live.contains_key(&ptr) {
+            Ok(())
+        } else {
+            Err(Error::UnknownPointer { ptr })
+        }
+    }
+
+    /// The allocation id of live `ptr` (0 if not live).
+    fn alloc_id_of(&self, ptr: DevicePtr) -> u64 {
+        let st = lock(&self.state);
+        st.live
+            .get(&ptr)
+            .map_or(0, |&slot| st.mapping(slot).alloc_id)
     }
 
     /// Opens the pool's retention scope: until it closes, freed mappings are retained

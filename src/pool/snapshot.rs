@@ -80,6 +80,34 @@ macro_rules! snapshot_counters {
             /// full, and the smallest idle mapping that fits was taken whatever its size
             /// rather than failing or releasing memory.
             reuse_forced_hits,
+            /// Fence events recorded (after frees on a stream, `cuEventRecord`) and not
+            /// yet seen complete.
+            events_outstanding,
+            /// Bytes of idle mappings freed on a stream (`free_async`) whose stream work
+            /// up to the free is not yet known complete: reusable on that stream at once,
+            /// by another stream or for release only after a fence event completes.
+            /// Includes mappings freed with streams from `record_stream`, which wait for
+            /// those streams first.
+            event_wait_bytes,
+            /// Cross-stream reuses made by ordering the new stream after a fence
+            /// (`cuStreamWaitEvent`, [`CrossStreamReuse::Wait`](crate::CrossStreamReuse::Wait)).
+            cross_stream_waits,
+            /// Of `reuse_hits`, those handed to a stream other than the one the memory
+            /// was last freed on (after its fence completed, or with a wait).
+            cross_stream_hits,
+            /// Stream captures the pool saw an allocation or a free in.
+            captures_seen,
+            /// Bytes of idle mappings freed during a stream capture: reused only by
+            /// later allocations in the same capture, kept (a graph may replay into
+            /// them) until the retention scope open at capture time closes, or with none
+            /// open until trim or destroy.
+            capture_held_bytes,
+            /// Failed stream and event calls (`cuEventRecord`, `cuEventQuery`,
+            /// `cuEventSynchronize`, `cuStreamWaitEvent`, `cuStreamGetCaptureInfo`,
+            /// `cuEventCreate`, `cuStreamCreate`): the memory involved is kept and waited
+            /// for with a device synchronize at the next release point that may
+            /// synchronize (trim, finish, destroy, out-of-memory).
+            stream_call_failures,
         }
     };
 }
@@ -130,7 +158,9 @@ snapshot_counters!(rust_snapshot! {
     /// `physical_bytes == live_mapped_bytes + idle_bytes + pending_bytes`;
     /// `physical_bytes <= peak_physical_bytes`; `live_mapped_bytes <= peak_live_mapped_bytes`;
     /// `live_requested_bytes <= live_mapped_bytes`;
-    /// `allocations == frees + live_count`.
+    /// `allocations == frees + live_count`;
+    /// `event_wait_bytes + capture_held_bytes <= idle_bytes`;
+    /// `cross_stream_waits <= cross_stream_hits <= reuse_hits`.
     pub struct Snapshot;
 });
 
@@ -159,6 +189,18 @@ impl Snapshot {
         if self.reuse_forced_hits > self.reuse_hits {
             return Err("more forced reuse hits than reuse hits".into());
         }
+        if self.event_wait_bytes + self.capture_held_bytes > self.idle_bytes {
+            return Err(format!(
+                "event-wait bytes {} + capture-held bytes {} above idle bytes {}",
+                self.event_wait_bytes, self.capture_held_bytes, self.idle_bytes
+            ));
+        }
+        if self.cross_stream_hits > self.reuse_hits {
+            return Err("more cross-stream hits than reuse hits".into());
+        }
+        if self.cross_stream_waits > self.cross_stream_hits {
+            return Err("more cross-stream waits than cross-stream hits".into());
+        }
         if self.allocations != self.frees + self.live_count {
             return Err(format!(
                 "allocations {} != frees {} + live {}",
@@ -171,6 +213,8 @@ impl Snapshot {
             ("idle", self.idle_bytes),
             ("pending", self.pending_bytes),
             ("reserved", self.reserved_bytes),
+            ("event-wait", self.event_wait_bytes),
+            ("capture-held", self.capture_held_bytes),
         ] {
             if v % g != 0 {
                 return Err(format!(

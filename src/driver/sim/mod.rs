@@ -109,41 +109,7 @@ pub const CU_STREAM_NON_BLOCKING: u32 = 1;
 /// handle (`NULL`, a `CUstream` of 0; CUDA's `CU_STREAM_LEGACY`, 1, is accepted too).
 pub const SIM_LEGACY_STREAM: u64 = 0;
 
-/// A thread's or a capture's interaction mode with potentially unsafe calls
-/// (`CUstreamCaptureMode`; the discriminants are CUDA's values).
-///
-/// The rule the simulator applies (CUDA's documentation of
-/// `cuThreadExchangeStreamCaptureMode`, and what the H200 did, section "Events and
-/// stream queries while another stream is captured" of `docs/vmm-semantics.md`): a
-/// thread in [`CaptureMode::Global`] may not make a potentially unsafe call (event
-/// query and synchronize, stream query and synchronize) while it has a capture of its
-/// own not begun in relaxed mode, or any other thread has a capture begun in global
-/// mode; a thread in [`CaptureMode::ThreadLocal`] only while it has one of its own not
-/// begun in relaxed mode; a thread in [`CaptureMode::Relaxed`] never.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum CaptureMode {
-    /// `CU_STREAM_CAPTURE_MODE_GLOBAL` (0): every thread's default mode, and PyTorch's
-    /// for `torch.cuda.graph`.
-    #[default]
-    Global = 0,
-    /// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL` (1).
-    ThreadLocal = 1,
-    /// `CU_STREAM_CAPTURE_MODE_RELAXED` (2).
-    Relaxed = 2,
-}
-
-/// Capture status of a stream (`CUstreamCaptureStatus`; CUDA's values).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CaptureStatus {
-    /// `CU_STREAM_CAPTURE_STATUS_NONE` (0): not being captured.
-    None = 0,
-    /// `CU_STREAM_CAPTURE_STATUS_ACTIVE` (1): being captured, still valid.
-    Active = 1,
-    /// `CU_STREAM_CAPTURE_STATUS_INVALIDATED` (2): being captured, but something broke
-    /// the capture; its `cuStreamEndCapture` returns
-    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
-    Invalidated = 2,
-}
+pub use crate::driver::{CaptureMode, CaptureStatus};
 
 /// What [`SimDriver::stream_get_capture_info`] reports (`cuStreamGetCaptureInfo`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,8 +2,10 @@
 //! and wraps a failure as a [`DriverError`] naming the call.
 
 use super::SimDriver;
+use super::{CaptureStatus, CUDA_ERROR_NOT_READY};
 use crate::driver::{
-    CuResult, DevicePtr, Driver, DriverCall, DriverError, MemInfo, PhysicalHandle, Reservation,
+    CaptureMode, CuResult, DevicePtr, Driver, DriverCall, DriverError, Event, MemInfo,
+    PhysicalHandle, Reservation, Stream,
 };
 
 fn wrap(call: DriverCall, code: CuResult) -> Result<(), DriverError> {
@@ -68,6 +70,84 @@ impl Driver for SimDriver {
     /// [`SimDriver::ctx_synchronize`] of `device`.
     fn synchronize(&self, device: i32) -> Result<(), DriverError> {
         wrap(DriverCall::Synchronize, self.ctx_synchronize(device))
+    }
+
+    /// [`SimDriver::event_create`].
+    fn event_create(&self) -> Result<Event, DriverError> {
+        SimDriver::event_create(self).map_err(|c| DriverError::new(DriverCall::EventCreate, c))
+    }
+
+    /// [`SimDriver::event_destroy`].
+    fn event_destroy(&self, event: Event) -> Result<(), DriverError> {
+        wrap(DriverCall::EventDestroy, SimDriver::event_destroy(self, event))
+    }
+
+    /// [`SimDriver::event_record`].
+    fn event_record(&self, event: Event, stream: Stream) -> Result<(), DriverError> {
+        wrap(
+            DriverCall::EventRecord,
+            SimDriver::event_record(self, event, stream.0),
+        )
+    }
+
+    /// [`SimDriver::event_query`]: `CUDA_ERROR_NOT_READY` is `Ok(false)`.
+    fn event_query(&self, event: Event) -> Result<bool, DriverError> {
+        match SimDriver::event_query(self, event) {
+            c if c.is_success() => Ok(true),
+            c if c == CUDA_ERROR_NOT_READY => Ok(false),
+            c => Err(DriverError::new(DriverCall::EventQuery, c)),
+        }
+    }
+
+    /// [`SimDriver::event_synchronize`].
+    fn event_synchronize(&self, event: Event) -> Result<(), DriverError> {
+        wrap(
+            DriverCall::EventSynchronize,
+            SimDriver::event_synchronize(self, event),
+        )
+    }
+
+    /// [`SimDriver::stream_wait_event`].
+    fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<(), DriverError> {
+        wrap(
+            DriverCall::StreamWaitEvent,
+            SimDriver::stream_wait_event(self, stream.0, event),
+        )
+    }
+
+    /// [`SimDriver::stream_get_capture_info`]: the capture's id while active or
+    /// invalidated.
+    fn stream_capture(&self, stream: Stream) -> Result<Option<u64>, DriverError> {
+        match self.stream_get_capture_info(stream.0) {
+            Ok(i) if i.status == CaptureStatus::None => Ok(None),
+            Ok(i) => Ok(Some(i.id)),
+            Err(c) => Err(DriverError::new(DriverCall::StreamGetCaptureInfo, c)),
+        }
+    }
+
+    /// [`SimDriver::thread_exchange_capture_mode`] (never fails).
+    fn exchange_capture_mode(&self, mode: CaptureMode) -> Result<CaptureMode, DriverError> {
+        Ok(self.thread_exchange_capture_mode(mode))
+    }
+
+    /// [`SimDriver::stream_create_with_flags`] with `CU_STREAM_DEFAULT` (0).
+    fn stream_create_blocking(&self) -> Result<Stream, DriverError> {
+        self.stream_create_with_flags(0)
+            .map(Stream)
+            .map_err(|c| DriverError::new(DriverCall::StreamCreate, c))
+    }
+
+    /// [`SimDriver::stream_destroy`].
+    fn stream_destroy(&self, stream: Stream) -> Result<(), DriverError> {
+        wrap(
+            DriverCall::StreamDestroy,
+            SimDriver::stream_destroy(self, stream.0),
+        )
+    }
+
+    /// [`SimDriver::note_handoff`] (a fault is recorded in the driver, not returned).
+    fn note_handoff(&self, stream: Stream, ptr: DevicePtr, size: u64) {
+        let _ = SimDriver::note_handoff(self, stream.0, ptr, size);
     }
 
     /// [`SimDriver::mem_get_info`].

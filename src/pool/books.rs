@@ -3,12 +3,81 @@
 //! calls the driver; the release engine (`release.rs`) and mapping creation
 //! (`create.rs`) book what their driver calls did through these methods.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::index::ReuseIndex;
 use super::{ReusePolicy, Snapshot};
-use crate::driver::{DevicePtr, PhysicalHandle, Reservation};
+use crate::driver::{DevicePtr, Event, PhysicalHandle, Reservation, Stream};
+
+/// The bucket of memory any caller may take at once: freed with the synchronous
+/// `free` (the caller's promise; released after a device synchronize), or freed on a
+/// stream whose work up to the free is known complete.
+pub(super) const ANY: u32 = 0;
+
+/// The bucket of memory nobody may take: freed on a stream whose order the pool
+/// could not track (a stream or event call failed). Released only after a device
+/// synchronize, at trim, finish, destroy or an out-of-memory release.
+pub(super) const HELD: u32 = 1;
+
+/// Who may take the idle mappings of a bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum BucketKind {
+    /// [`ANY`].
+    Any,
+    /// [`HELD`].
+    Held,
+    /// Freed on this stream (`free_async`), not yet known complete: reusable on the
+    /// stream at once, elsewhere after a fence.
+    Stream(Stream),
+    /// Freed during the capture with this id: reused only by allocations in it;
+    /// `epoch` is the retention scope open when it was first seen (0: none), whose
+    /// close releases it.
+    Capture { id: u64, epoch: u64 },
+}
+
+/// An event recorded on a bucket's stream after its first `covers` frees.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Fence {
+    pub(super) event: Event,
+    pub(super) covers: u64,
+}
+
+/// A bucket's stream-order state (see [`BucketKind`]).
+#[derive(Debug)]
+pub(super) struct Bucket {
+    pub(super) kind: BucketKind,
+    /// Frees made on the stream so far (each free's mark is this count after it;
+    /// `record_stream` bumps it too, for the fence it needs).
+    pub(super) marks: u64,
+    /// Marks covered by a recorded fence.
+    pub(super) fenced: u64,
+    /// Marks whose stream work is known complete.
+    pub(super) completed: u64,
+    /// Fences recorded and not yet seen complete, oldest first.
+    pub(super) fences: VecDeque<Fence>,
+}
+
+impl Bucket {
+    pub(super) fn new(kind: BucketKind) -> Bucket {
+        Bucket {
+            kind,
+            marks: 0,
+            fenced: 0,
+            completed: 0,
+            fences: VecDeque::new(),
+        }
+    }
+}
+
+/// A mapping freed with streams from `record_stream`: idle, out of the index until
+/// the fences on those streams complete, then indexed in `bucket`.
+#[derive(Debug)]
+pub(super) struct Deferred {
+    pub(super) slot: u32,
+    /// (bucket of a recorded stream, mark its fence must complete).
+    pub(super) needs: Vec<(u32, u64)>,
+}
 
 /// Where a mapping is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,9 +114,39 @@ pub(super) struct Mapping {
     pub(super) mapped: bool,
     pub(super) handle_live: bool,
     pub(super) reservation_live: bool,
+    /// While idle: the bucket it is (or, deferred, will be) indexed in.
+    pub(super) bucket: u32,
+    /// While idle in a stream bucket: its free's mark on that stream.
+    pub(super) mark: u64,
+    /// Its release must synchronize every device with access first (freed with the
+    /// synchronous `free`, during a capture, or live at destroy); false when its
+    /// stream work is known complete.
+    pub(super) needs_sync: bool,
+    /// The stream of its last free (`None`: the synchronous `free`).
+    pub(super) freed_on: Option<Stream>,
 }
 
 impl Mapping {
+    /// A live mapping just created.
+    pub(super) fn created(reservation: Reservation, handle: PhysicalHandle, requested: u64) -> Self {
+        Mapping {
+            reservation,
+            handle,
+            requested,
+            state: MappingState::Live,
+            retry: false,
+            alloc_id: 0,
+            created: true,
+            mapped: true,
+            handle_live: true,
+            reservation_live: true,
+            bucket: ANY,
+            mark: 0,
+            needs_sync: true,
+            freed_on: None,
+        }
+    }
+
     pub(super) fn size(&self) -> u64 {
         self.handle.size
     }
@@ -90,6 +189,25 @@ pub(super) struct State {
     /// Incremented by every `retention_begin`: names the open scope, so that a
     /// [`RetentionScope`] guard closes only the scope it opened.
     pub(super) scope_epoch: u64,
+    /// Stream-order buckets, indexed by bucket number ([`ANY`], [`HELD`], then
+    /// streams and captures as first seen).
+    pub(super) buckets: Vec<Bucket>,
+    /// Bucket of each stream seen (by raw handle; the legacy stream as 0).
+    pub(super) by_stream: HashMap<u64, u32>,
+    /// Bucket of each capture seen.
+    pub(super) by_capture: HashMap<u64, u32>,
+    /// Streams given to `record_stream`, by live slot.
+    pub(super) recorded: HashMap<u32, Vec<Stream>>,
+    /// Mappings waiting on recorded streams' fences.
+    pub(super) deferred: Vec<Deferred>,
+    /// Events whose fence completed, for reuse.
+    pub(super) spare_events: Vec<Event>,
+    /// The pool's blocking stream, for fences after frees on the legacy stream.
+    pub(super) fence_stream: Option<Stream>,
+    /// Frees over the release threshold until the next event poll.
+    pub(super) poll_countdown: u32,
+    /// Frees between event polls (doubles up to a bound while polls find nothing).
+    pub(super) poll_interval: u32,
     /// Release batches collected and not yet booked: their driver calls (a
     /// synchronize, unmaps, releases) may be running outside the lock. A retention
     /// scope's `begin` waits for this to reach 0 (the scope barrier).
@@ -111,7 +229,88 @@ impl State {
             },
             scope_epoch: 0,
             releases_running: 0,
+            buckets: vec![Bucket::new(BucketKind::Any), Bucket::new(BucketKind::Held)],
+            by_stream: HashMap::new(),
+            by_capture: HashMap::new(),
+            recorded: HashMap::new(),
+            deferred: Vec::new(),
+            spare_events: Vec::new(),
+            fence_stream: None,
+            poll_countdown: 1,
+            poll_interval: 1,
         }
+    }
+
+    /// Indexes idle `slot` in `bucket`, counting its bytes where the bucket's kind
+    /// says.
+    pub(super) fn index_insert(&mut self, slot: u32, bucket: u32) {
+        let m = self.mapping_mut(slot);
+        m.bucket = bucket;
+        let size = m.size();
+        self.idle.insert(slot, bucket, size);
+        self.bucket_bytes(bucket, size, true);
+    }
+
+    /// Takes `slot` out of the index if it is there; returns whether it was.
+    pub(super) fn index_remove(&mut self, slot: u32) -> bool {
+        match self.idle.bucket_of(slot) {
+            Some(bucket) => {
+                self.idle.remove(slot);
+                let size = self.mapping(slot).size();
+                self.bucket_bytes(bucket, size, false);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Adds (or removes) `size` bytes of `bucket` to (from) the snapshot's counter
+    /// for its kind.
+    pub(super) fn bucket_bytes(&mut self, bucket: u32, size: u64, add: bool) {
+        let kind = self.buckets.get(bucket as usize).map(|b| b.kind);
+        let c = &mut self.counters;
+        let counter = match kind {
+            Some(BucketKind::Stream(_) | BucketKind::Held) => &mut c.event_wait_bytes,
+            Some(BucketKind::Capture { .. }) => &mut c.capture_held_bytes,
+            Some(BucketKind::Any) | None => return,
+        };
+        if add {
+            *counter += size;
+        } else {
+            *counter -= size;
+        }
+    }
+
+    /// The bucket of `stream` (the legacy stream's handles 0 and 1 share one),
+    /// made on first use.
+    pub(super) fn stream_bucket(&mut self, stream: Stream) -> u32 {
+        let key = if stream.is_legacy() { 0 } else { stream.0 };
+        if let Some(&b) = self.by_stream.get(&key) {
+            return b;
+        }
+        let b = self.buckets.len() as u32;
+        self.buckets
+            .push(Bucket::new(BucketKind::Stream(Stream(key))));
+        self.by_stream.insert(key, b);
+        b
+    }
+
+    /// The bucket of capture `id`, made (and counted in `captures_seen`) on first
+    /// use, with the retention scope open now.
+    pub(super) fn capture_bucket(&mut self, id: u64) -> u32 {
+        if let Some(&b) = self.by_capture.get(&id) {
+            return b;
+        }
+        let epoch = if self.counters.scope_open {
+            self.scope_epoch
+        } else {
+            0
+        };
+        let b = self.buckets.len() as u32;
+        self.buckets.push(Bucket::new(BucketKind::Capture { id, epoch }));
+        self.by_capture.insert(id, b);
+        self.counters.captures_seen += 1;
+        b
     }
 
     pub(super) fn mapping(&self, slot: u32) -> Mapping {
@@ -152,6 +351,26 @@ impl State {
         c.peak_physical_bytes = c.peak_physical_bytes.max(c.physical_bytes);
     }
 
+    /// Makes live `slot` idle (out of the pointer map, not yet indexed): counted as
+    /// freed, needing a device synchronize before release until a stream free says
+    /// otherwise.
+    pub(super) fn make_idle(&mut self, slot: u32) {
+        let m = self.mapping_mut(slot);
+        m.state = MappingState::Idle;
+        m.needs_sync = true;
+        m.freed_on = None;
+        let (ptr, size, requested) = (m.reservation.ptr, m.size(), m.requested);
+        m.requested = 0;
+        self.live.remove(&ptr);
+        let c = &mut self.counters;
+        c.live_count -= 1;
+        c.live_requested_bytes -= requested;
+        c.live_mapped_bytes -= size;
+        c.frees += 1;
+        c.idle_count += 1;
+        c.idle_bytes += size;
+    }
+
     /// Makes `slot` live for a caller who asked for `requested` bytes; returns its
     /// pointer.
     pub(super) fn make_live(&mut self, slot: u32, requested: u64) -> DevicePtr {
@@ -172,9 +391,11 @@ impl State {
         ptr
     }
 
-    /// Takes an idle mapping that fits `rounded` bytes under `policy`, makes it live.
+    /// Takes an idle mapping of `bucket` that fits `rounded` bytes under `policy`,
+    /// makes it live.
     pub(super) fn take_idle(
         &mut self,
+        bucket: u32,
         rounded: u64,
         requested: u64,
         policy: ReusePolicy,
@@ -182,34 +403,49 @@ impl State {
     ) -> Option<DevicePtr> {
         let (slot, size) = match policy {
             ReusePolicy::None => return None,
-            ReusePolicy::Exact => (self.idle.take_exact(rounded)?, rounded),
-            ReusePolicy::BestFit => self.idle.take_best_fit(rounded, max_size)?,
+            ReusePolicy::Exact => (self.idle.take_exact(bucket, rounded)?, rounded),
+            ReusePolicy::BestFit => self.idle.take_best_fit(bucket, rounded, max_size)?,
         };
-        let c = &mut self.counters;
-        c.idle_count -= 1;
-        c.idle_bytes -= size;
-        c.reuse_hits += 1;
-        if size == rounded {
-            c.reuse_exact_hits += 1;
-        }
-        Some(self.make_live(slot, requested))
+        Some(self.hand_out(slot, size, rounded, requested, false))
     }
 
-    /// Takes the smallest idle mapping of at least `rounded` bytes, whatever its
-    /// size, and makes it live: what the pool does before failing with (or releasing
-    /// memory because of) an out-of-memory, because the policy's bound chooses
-    /// between idle mappings and is no reason to fail while one would serve.
-    pub(super) fn take_forced(&mut self, rounded: u64, requested: u64) -> Option<DevicePtr> {
-        let (slot, size) = self.idle.take_best_fit(rounded, u64::MAX)?;
+    /// Takes the smallest idle mapping of `bucket` of at least `rounded` bytes,
+    /// whatever its size, and makes it live: what the pool does before failing with
+    /// (or releasing memory because of) an out-of-memory, because the policy's bound
+    /// chooses between idle mappings and is no reason to fail while one would serve.
+    pub(super) fn take_forced(
+        &mut self,
+        bucket: u32,
+        rounded: u64,
+        requested: u64,
+    ) -> Option<DevicePtr> {
+        let (slot, size) = self.idle.take_best_fit(bucket, rounded, u64::MAX)?;
+        Some(self.hand_out(slot, size, rounded, requested, true))
+    }
+
+    /// Books a reuse of `slot` (already out of the index, `size` bytes, from its
+    /// bucket) and makes it live.
+    pub(super) fn hand_out(
+        &mut self,
+        slot: u32,
+        size: u64,
+        rounded: u64,
+        requested: u64,
+        forced: bool,
+    ) -> DevicePtr {
+        let bucket = self.mapping(slot).bucket;
+        self.bucket_bytes(bucket, size, false);
         let c = &mut self.counters;
         c.idle_count -= 1;
         c.idle_bytes -= size;
         c.reuse_hits += 1;
-        c.reuse_forced_hits += 1;
+        if forced {
+            c.reuse_forced_hits += 1;
+        }
         if size == rounded {
             c.reuse_exact_hits += 1;
         }
-        Some(self.make_live(slot, requested))
+        self.make_live(slot, requested)
     }
 }
 

@@ -41,18 +41,7 @@ impl Pool {
                 let mut st = lock(&self.state);
                 st.counters.mappings_created += 1;
                 st.add_physical(size, size);
-                let slot = st.add_slot(Mapping {
-                    reservation,
-                    handle,
-                    requested,
-                    state: MappingState::Live,
-                    retry: false,
-                    alloc_id: 0,
-                    created: true,
-                    mapped: true,
-                    handle_live: true,
-                    reservation_live: true,
-                });
+                let slot = st.add_slot(Mapping::created(reservation, handle, requested));
                 Ok(st.make_live(slot, requested))
             }
             Err((err, handle, reservation, mapped)) => {
@@ -103,16 +92,13 @@ impl Pool {
                         c.pending_bytes += h.size;
                     }
                     let slot = st.add_slot(Mapping {
-                        reservation: r,
-                        handle: h,
                         requested: 0,
                         state: MappingState::Pending,
-                        retry: false,
-                        alloc_id: 0,
                         created: false,
                         mapped: still_mapped,
                         handle_live,
                         reservation_live,
+                        ..Mapping::created(r, h, 0)
                     });
                     st.pending.push(slot);
                 }

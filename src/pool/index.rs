@@ -1,34 +1,39 @@
-//! The reuse index: idle mappings by size, for exact and best-fit lookups.
+//! The reuse index: idle mappings by bucket and size, for exact and best-fit lookups.
 //!
-//! One intrusive doubly linked list per distinct size, its head in a `BTreeMap`
-//! keyed by size. Insert, remove and an exact lookup are O(log s) in the number of
-//! distinct idle sizes `s`; best fit is one ordered range query. Nothing on the
-//! reuse path allocates except when a size class is new to the map.
+//! A bucket says who may take a mapping (see `books.rs`: any caller, one stream, one
+//! capture, nobody). One intrusive doubly linked list per distinct (bucket, size),
+//! its head in a `BTreeMap` keyed by (bucket, size). Insert, remove and an exact
+//! lookup are O(log s) in the number of distinct keys `s`; best fit is one ordered
+//! range query within a bucket. Nothing on the reuse path allocates except when a
+//! key is new to the map.
 
 use std::collections::BTreeMap;
 
 /// No slot.
 const NIL: u32 = u32::MAX;
 
+/// (bucket, mapping size in bytes).
+type Key = (u32, u64);
+
 #[derive(Clone, Copy)]
 struct Link {
     prev: u32,
     next: u32,
-    size: u64,
+    key: Key,
     linked: bool,
 }
 
 const UNLINKED: Link = Link {
     prev: NIL,
     next: NIL,
-    size: 0,
+    key: (0, 0),
     linked: false,
 };
 
-/// Idle mapping slots by mapping size (bytes).
+/// Idle mapping slots by bucket and mapping size (bytes).
 #[derive(Default)]
 pub(crate) struct ReuseIndex {
-    heads: BTreeMap<u64, u32>,
+    heads: BTreeMap<Key, u32>,
     links: Vec<Link>,
     len: usize,
 }
@@ -45,21 +50,31 @@ impl ReuseIndex {
         self.links.get(slot as usize).is_some_and(|l| l.linked)
     }
 
-    /// Adds `slot`, a mapping of `size` bytes, at the front of its size class (the
-    /// most recently freed mapping is reused first). `slot` must not be in the index.
-    pub(crate) fn insert(&mut self, slot: u32, size: u64) {
+    /// The bucket `slot` is indexed in, if it is in the index.
+    pub(crate) fn bucket_of(&self, slot: u32) -> Option<u32> {
+        self.links
+            .get(slot as usize)
+            .filter(|l| l.linked)
+            .map(|l| l.key.0)
+    }
+
+    /// Adds `slot`, a mapping of `size` bytes, to `bucket`, at the front of its size
+    /// class (the most recently freed mapping is reused first). `slot` must not be in
+    /// the index.
+    pub(crate) fn insert(&mut self, slot: u32, bucket: u32, size: u64) {
+        let key = (bucket, size);
         let i = slot as usize;
         if self.links.len() <= i {
             self.links.resize(i + 1, UNLINKED);
         }
         debug_assert!(!self.links[i].linked, "slot {slot} indexed twice");
-        let head = self.heads.entry(size).or_insert(NIL);
+        let head = self.heads.entry(key).or_insert(NIL);
         let old = *head;
         *head = slot;
         self.links[i] = Link {
             prev: NIL,
             next: old,
-            size,
+            key,
             linked: true,
         };
         if old != NIL {
@@ -79,9 +94,9 @@ impl ReuseIndex {
         if link.prev != NIL {
             self.links[link.prev as usize].next = link.next;
         } else if link.next != NIL {
-            self.heads.insert(link.size, link.next);
+            self.heads.insert(link.key, link.next);
         } else {
-            self.heads.remove(&link.size);
+            self.heads.remove(&link.key);
         }
         if link.next != NIL {
             self.links[link.next as usize].prev = link.prev;
@@ -91,39 +106,55 @@ impl ReuseIndex {
         true
     }
 
-    /// Takes an idle mapping of exactly `size` bytes.
-    pub(crate) fn take_exact(&mut self, size: u64) -> Option<u32> {
-        let slot = *self.heads.get(&size)?;
+    /// Takes a mapping of exactly `size` bytes from `bucket`.
+    pub(crate) fn take_exact(&mut self, bucket: u32, size: u64) -> Option<u32> {
+        let slot = *self.heads.get(&(bucket, size))?;
         self.remove(slot);
         Some(slot)
     }
 
-    /// Takes the smallest idle mapping of at least `size` and at most `max_size`
-    /// bytes; returns its slot and size.
-    pub(crate) fn take_best_fit(&mut self, size: u64, max_size: u64) -> Option<(u32, u64)> {
+    /// The smallest mapping of `bucket` of at least `size` and at most `max_size`
+    /// bytes: its slot and size, left in the index.
+    pub(crate) fn peek_best_fit(&self, bucket: u32, size: u64, max_size: u64) -> Option<(u32, u64)> {
         if max_size < size {
             return None;
         }
-        let (&found, &slot) = self.heads.range(size..=max_size).next()?;
+        let (&(_, found), &slot) = self.heads.range((bucket, size)..=(bucket, max_size)).next()?;
+        Some((slot, found))
+    }
+
+    /// Takes the smallest mapping of `bucket` of at least `size` and at most
+    /// `max_size` bytes; returns its slot and size.
+    pub(crate) fn take_best_fit(
+        &mut self,
+        bucket: u32,
+        size: u64,
+        max_size: u64,
+    ) -> Option<(u32, u64)> {
+        let (slot, found) = self.peek_best_fit(bucket, size, max_size)?;
         self.remove(slot);
         Some((slot, found))
     }
 
-    /// Removes every slot; returns them.
-    pub(crate) fn drain(&mut self) -> Vec<u32> {
-        let mut out = Vec::with_capacity(self.len);
-        for (_, &head) in self.heads.iter() {
+    /// The slots of `bucket`, left in the index.
+    pub(crate) fn slots_in(&self, bucket: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (_, &head) in self.heads.range((bucket, 0)..=(bucket, u64::MAX)) {
             let mut s = head;
             while s != NIL {
                 out.push(s);
-                let l = self.links[s as usize];
-                self.links[s as usize] = UNLINKED;
-                s = l.next;
+                s = self.links[s as usize].next;
             }
         }
-        self.heads.clear();
-        self.len = 0;
         out
+    }
+
+    /// Whether `bucket` holds any slot.
+    pub(crate) fn bucket_is_empty(&self, bucket: u32) -> bool {
+        self.heads
+            .range((bucket, 0)..=(bucket, u64::MAX))
+            .next()
+            .is_none()
     }
 }
 
@@ -134,21 +165,29 @@ mod tests {
     #[test]
     fn exact_and_best_fit() {
         let mut ix = ReuseIndex::default();
-        ix.insert(0, 4);
-        ix.insert(1, 8);
-        ix.insert(2, 8);
-        ix.insert(3, 32);
-        assert_eq!(ix.len(), 4);
-        assert_eq!(ix.take_exact(6), None);
+        ix.insert(0, 0, 4);
+        ix.insert(1, 0, 8);
+        ix.insert(2, 0, 8);
+        ix.insert(3, 0, 32);
+        ix.insert(4, 1, 8);
+        assert_eq!(ix.len(), 5);
+        assert_eq!(ix.take_exact(0, 6), None);
         assert_eq!(
-            ix.take_best_fit(6, 12),
+            ix.take_best_fit(0, 6, 12),
             Some((2, 8)),
             "most recent of the 8s"
         );
-        assert_eq!(ix.take_best_fit(6, 12), Some((1, 8)));
-        assert_eq!(ix.take_best_fit(6, 12), None, "32 is beyond the bound");
-        assert_eq!(ix.take_best_fit(6, 64), Some((3, 32)));
-        assert_eq!(ix.take_exact(4), Some(0));
+        assert_eq!(ix.take_best_fit(0, 6, 12), Some((1, 8)));
+        assert_eq!(
+            ix.take_best_fit(0, 6, 12),
+            None,
+            "32 is beyond the bound, and bucket 1's 8 is another bucket's"
+        );
+        assert_eq!(ix.take_best_fit(0, 6, 64), Some((3, 32)));
+        assert_eq!(ix.take_exact(0, 4), Some(0));
+        assert_eq!(ix.take_exact(0, 8), None);
+        assert_eq!(ix.bucket_of(4), Some(1));
+        assert_eq!(ix.take_exact(1, 8), Some(4));
         assert_eq!(ix.len(), 0);
     }
 
@@ -156,7 +195,7 @@ mod tests {
     fn remove_middle_head_tail() {
         let mut ix = ReuseIndex::default();
         for s in 0..5 {
-            ix.insert(s, 2);
+            ix.insert(s, 3, 2);
         }
         // list order: 4 3 2 1 0
         assert!(ix.remove(2));
@@ -165,24 +204,35 @@ mod tests {
         assert!(ix.remove(0));
         assert!(!ix.contains(0));
         assert!(ix.contains(3));
-        assert_eq!(ix.take_exact(2), Some(3));
-        assert_eq!(ix.take_exact(2), Some(1));
-        assert_eq!(ix.take_exact(2), None);
+        assert_eq!(ix.take_exact(3, 2), Some(3));
+        assert_eq!(ix.take_exact(3, 2), Some(1));
+        assert_eq!(ix.take_exact(3, 2), None);
         assert_eq!(ix.len(), 0);
     }
 
     #[test]
-    fn drain_returns_all() {
+    fn buckets_drain_and_list_apart() {
         let mut ix = ReuseIndex::default();
-        ix.insert(7, 2);
-        ix.insert(3, 2);
-        ix.insert(9, 6);
-        let mut d = ix.drain();
-        d.sort();
-        assert_eq!(d, vec![3, 7, 9]);
-        assert_eq!(ix.len(), 0);
-        assert_eq!(ix.take_best_fit(0, u64::MAX), None);
-        ix.insert(3, 2);
-        assert_eq!(ix.take_exact(2), Some(3));
+        ix.insert(7, 2, 2);
+        ix.insert(3, 2, 2);
+        ix.insert(9, 2, 6);
+        ix.insert(5, 0, 2);
+        ix.insert(6, 3, u64::MAX);
+        let mut listed = ix.slots_in(2);
+        listed.sort();
+        assert_eq!(listed, vec![3, 7, 9]);
+        assert_eq!(ix.len(), 5, "listing leaves them in");
+        for s in [3, 7, 9] {
+            assert!(ix.remove(s));
+        }
+        assert!(ix.bucket_is_empty(2));
+        assert!(!ix.bucket_is_empty(0));
+        assert_eq!(ix.len(), 2);
+        assert_eq!(ix.peek_best_fit(2, 0, u64::MAX), None);
+        assert_eq!(ix.peek_best_fit(3, 1, u64::MAX), Some((6, u64::MAX)));
+        assert_eq!(ix.len(), 2, "peeking leaves it in");
+        ix.insert(3, 2, 2);
+        assert_eq!(ix.take_exact(2, 2), Some(3));
+        assert_eq!(ix.bucket_of(3), None);
     }
 }

@@ -19,6 +19,7 @@ mod guards;
 mod index;
 mod release;
 mod snapshot;
+mod streams;
 
 pub(crate) use config::reuse_policies;
 #[allow(unused_imports)] // used by the C ABI (issue 11, in progress)
@@ -34,8 +35,8 @@ use crate::driver::sim::SimDriver;
 use crate::driver::{DevicePtr, Driver, DriverError, Stream};
 use crate::error::{Error, Result};
 use crate::sync::{lock, wait, Condvar, Mutex};
-use books::{MappingState, State};
-use release::Batch;
+use books::{MappingState, State, ANY};
+use release::{Batch, Captures};
 use std::sync::Arc;
 /// A pool of whole CUDA virtual-memory mappings on one device.
 ///
@@ -48,6 +49,7 @@ pub struct Pool {
     granularity: u64,
     release_threshold: u64,
     max_waste_percent: u64,
+    cross_stream: CrossStreamReuse,
     access_devices: Vec<i32>,
     /// The device's total memory, bytes (`cuMemGetInfo` at creation; `u64::MAX`
     /// when the query failed): a request above it cannot succeed however much is
@@ -108,6 +110,7 @@ impl Pool {
             granularity,
             release_threshold: config.release_threshold_bytes,
             max_waste_percent: u64::from(config.best_fit_max_waste_percent),
+            cross_stream: config.cross_stream_reuse,
             access_devices,
             device_total,
             state: Mutex::new(State::new(granularity)),
@@ -180,6 +183,20 @@ impl Pool {
     /// after releasing idle mappings and retrying once; inside one, with nothing
     /// retained released); [`Error::Driver`] for any other failed driver call.
     pub fn allocate_raw(&self, bytes: u64) -> Result<DevicePtr> {
+        let (rounded, max_size) = self.sizes(bytes)?;
+        if let Some(ptr) = lock(&self.state).take_idle(ANY, rounded, bytes, self.policy, max_size)
+        {
+            return Ok(ptr);
+        }
+        if let Some(p) = self.take_cross_stream(None, None, rounded, bytes, max_size) {
+            return Ok(p);
+        }
+        self.allocate_miss(bytes, rounded, max_size, None)
+    }
+
+    /// The rounded size of a request of `bytes`, and the largest mapping the policy
+    /// takes for it.
+    fn sizes(&self, bytes: u64) -> Result<(u64, u64)> {
         if bytes == 0 {
             return Err(Error::InvalidArgument("allocation of 0 bytes".into()));
         }
@@ -188,15 +205,36 @@ impl Pool {
                 "allocation of {bytes} bytes overflows when rounded to the granularity"
             ))
         })?;
-        let max_size = self.max_fit(rounded);
-        if let Some(ptr) = lock(&self.state).take_idle(rounded, bytes, self.policy, max_size) {
-            return Ok(ptr);
-        }
-        self.allocate_miss(bytes, rounded, max_size)
+        Ok((rounded, self.max_fit(rounded)))
     }
 
+    /// Takes an idle mapping for the caller: on `stream` (with its capture), or,
+    /// with `None`, for the synchronous API ([`ANY`] only).
+    fn take_for(
+        &self,
+        st: &mut State,
+        on: Option<(Stream, Option<u64>)>,
+        rounded: u64,
+        bytes: u64,
+        max_size: u64,
+    ) -> Option<DevicePtr> {
+        match on {
+            Some((s, capture)) => self.take_for_stream(st, s, capture, rounded, bytes, max_size),
+            None => st.take_idle(ANY, rounded, bytes, self.policy, max_size),
+        }
+    }
+
+    /// A miss: a new mapping; on out-of-memory, a forced reuse, then (outside a
+    /// scope) a release of what is idle and one retry. `on`: the stream (and its
+    /// capture) of an `allocate_async`.
     #[cold]
-    fn allocate_miss(&self, bytes: u64, rounded: u64, max_size: u64) -> Result<DevicePtr> {
+    fn allocate_miss(
+        &self,
+        bytes: u64,
+        rounded: u64,
+        max_size: u64,
+        on: Option<(Stream, Option<u64>)>,
+    ) -> Result<DevicePtr> {
         if rounded > self.device_total {
             // Beyond the whole device: no driver call, nothing released, nothing
             // counted.
@@ -220,7 +258,13 @@ impl Pool {
             // An idle mapping larger than the policy's bound still serves: take it
             // before failing, and before releasing anything.
             if self.policy != ReusePolicy::None {
-                if let Some(ptr) = st.take_forced(rounded, bytes) {
+                let forced = match on {
+                    Some((s, capture)) => {
+                        self.take_forced_for_stream(&mut st, s, capture, rounded, bytes)
+                    }
+                    None => st.take_forced(ANY, rounded, bytes),
+                };
+                if let Some(ptr) = forced {
                     return Ok(ptr);
                 }
             }
@@ -233,7 +277,7 @@ impl Pool {
         // release (a synchronize refused during a capture, say) is already counted
         // and its mappings kept; the retry then reports the out-of-memory.
         let _ = self.release_idle(false);
-        if let Some(ptr) = lock(&self.state).take_idle(rounded, bytes, self.policy, max_size) {
+        if let Some(ptr) = self.take_for(&mut lock(&self.state), on, rounded, bytes, max_size) {
             return Ok(ptr);
         }
         match self.create_mapping(rounded, bytes) {
@@ -283,20 +327,10 @@ impl Pool {
             if id.is_some_and(|id| st.mapping(slot).alloc_id != id) {
                 return Err(Error::UnknownPointer { ptr });
             }
-            st.live.remove(&ptr);
-            let m = st.mapping_mut(slot);
-            m.state = MappingState::Idle;
-            let (size, requested) = (m.size(), m.requested);
-            m.requested = 0;
-            let c = &mut st.counters;
-            c.live_count -= 1;
-            c.live_requested_bytes -= requested;
-            c.live_mapped_bytes -= size;
-            c.frees += 1;
-            c.idle_count += 1;
-            c.idle_bytes += size;
+            st.make_idle(slot);
+            st.recorded.remove(&slot);
             if st.counters.scope_open || st.counters.idle_bytes <= self.release_threshold {
-                st.idle.insert(slot, size);
+                st.index_insert(slot, ANY);
                 return Ok(());
             }
             let m = st.mapping_mut(slot);
@@ -322,33 +356,6 @@ impl Pool {
             id,
             stream: Some(stream),
         })
-    }
-
-    /// Allocates `bytes` for use on `stream`, stream-ordered: the memory may be used
-    /// by work queued on `stream` from now on. STUB: issue 11 in progress.
-    pub fn allocate_async_raw(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
-        let _ = stream;
-        self.allocate_raw(bytes)
-    }
-
-    /// Frees `ptr` on `stream`, stream-ordered. STUB: issue 11 in progress.
-    pub fn free_async_raw(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
-        self.free_async_inner(ptr, stream, None)
-    }
-
-    fn free_async_inner(&self, ptr: DevicePtr, stream: Stream, id: Option<u64>) -> Result<()> {
-        let _ = stream;
-        self.free_inner(ptr, id)
-    }
-
-    /// Marks `ptr` as used by work on `stream` too. STUB: issue 11 in progress.
-    pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
-        let _ = stream;
-        if lock(&self.state).live.contains_key(&ptr) {
-            Ok(())
-        } else {
-            Err(Error::UnknownPointer { ptr })
-        }
     }
 
     /// The allocation id of live `ptr` (0 if not live).
@@ -424,8 +431,7 @@ impl Pool {
 
     /// Closes the open scope; with `epoch`, only if it is that scope.
     fn close_scope(&self, aborted: bool, epoch: Option<u64>) -> Result<()> {
-        let mut batch = Batch::default();
-        {
+        let epoch = {
             let mut st = lock(&self.state);
             if !st.counters.scope_open {
                 return Err(Error::ScopeState("no retention scope is open"));
@@ -441,10 +447,9 @@ impl Pool {
             } else {
                 st.counters.scopes_finished += 1;
             }
-            st.collect_all(&mut batch);
-            st.start_release(&batch);
-        }
-        self.release_batch(batch)
+            st.scope_epoch
+        };
+        self.release_now(Captures::OfScope(epoch), false)
     }
 
     /// Releases every idle (cached) mapping now, and retries pending releases.
@@ -468,6 +473,7 @@ impl Pool {
     /// while a mapping in it is live).
     pub fn destroy(mut self) -> Result<()> {
         let result = self.release_everything();
+        self.drop_stream_resources();
         // What the driver still refuses is left to it, as reported: forget it in the
         // books so that `Drop` (which runs next) does not release it a third and
         // fourth time behind the error just returned (found by
@@ -503,6 +509,7 @@ fn validate_devices(config: &PoolConfig) -> Result<()> {
 impl Drop for Pool {
     fn drop(&mut self) {
         let _ = self.release_everything();
+        self.drop_stream_resources();
     }
 }
 

@@ -1,10 +1,12 @@
 //! The release engine: batches of idle and pending mappings collected under the lock
 //! ([`Batch`]), their driver calls run outside it (a synchronize of every device
-//! with access, then unmap, release the handle, free the reservation, in that
-//! order), and the outcomes booked back ([`Outcome`]): what a refused step leaves is
-//! kept idle-for-retry or pending and retried at the next release point.
+//! with access when a mapping in the batch needs one, then unmap, release the
+//! handle, free the reservation, in that order), and the outcomes booked back
+//! ([`Outcome`]): what a refused step leaves is kept idle-for-retry or pending and
+//! retried at the next release point. Mappings whose stream work is known complete
+//! (a fence event completed, `streams.rs`) need no synchronize.
 
-use super::books::{Mapping, MappingState, State};
+use super::books::{BucketKind, Mapping, MappingState, State, ANY, HELD};
 use super::Pool;
 use crate::driver::{DriverCall, DriverError};
 use crate::error::{Error, Result};
@@ -37,6 +39,19 @@ impl Batch {
     }
 }
 
+/// Which capture buckets a release point releases (memory freed during a capture is
+/// kept for its graph until then).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Captures {
+    /// None (an out-of-memory release, a free over the threshold).
+    Keep,
+    /// Those first seen while the retention scope with this epoch was open (its
+    /// finish or abort).
+    OfScope(u64),
+    /// All (trim, destroy).
+    All,
+}
+
 impl State {
     /// Registers `batch` as a release about to run outside the lock (when it has
     /// anything to release): [`Pool::release_batch`] books it and unregisters it.
@@ -48,18 +63,33 @@ impl State {
 
     /// Takes `slot` (idle, indexed) out of the reuse index for release.
     pub(super) fn mark_releasing(&mut self, slot: u32, batch: &mut Batch) {
-        self.idle.remove(slot);
+        self.index_remove(slot);
         let m = self.mapping_mut(slot);
         m.state = MappingState::Releasing;
         batch.mappings.push((slot, *m));
     }
 
-    /// Every idle mapping and every pending one, for a release point.
-    pub(super) fn collect_all(&mut self, batch: &mut Batch) {
-        for slot in self.idle.drain() {
-            let m = self.mapping_mut(slot);
-            m.state = MappingState::Releasing;
-            batch.mappings.push((slot, *m));
+    /// Every idle mapping any caller could take or nobody may ([`ANY`], [`HELD`]),
+    /// those of the capture buckets `captures` names, and every pending one, for a
+    /// release point. Memory still waiting on a stream's fence is left alone.
+    pub(super) fn collect_all(&mut self, batch: &mut Batch, captures: Captures) {
+        let mut buckets = vec![ANY, HELD];
+        for (i, b) in self.buckets.iter().enumerate() {
+            if let BucketKind::Capture { epoch, .. } = b.kind {
+                let take = match captures {
+                    Captures::Keep => false,
+                    Captures::OfScope(e) => e == epoch,
+                    Captures::All => true,
+                };
+                if take {
+                    buckets.push(i as u32);
+                }
+            }
+        }
+        for bucket in buckets {
+            for slot in self.idle.slots_in(bucket) {
+                self.mark_releasing(slot, batch);
+            }
         }
         self.retry.clear();
         self.collect_pending(batch);
@@ -94,7 +124,7 @@ impl State {
                 m.state = MappingState::Idle;
                 m.retry = true;
                 *self.mapping_mut(slot) = m;
-                self.idle.insert(slot, size);
+                self.index_insert(slot, m.bucket);
                 self.retry.push(slot);
             }
             Outcome::Unmapped {
@@ -157,23 +187,25 @@ impl State {
 }
 
 impl Pool {
+    /// Releases what is idle now (trim, and the out-of-memory release): waits on the
+    /// fences of memory freed on streams first (`cuEventSynchronize`, in relaxed
+    /// capture mode).
     pub(super) fn release_idle(&self, scope_is_error: bool) -> Result<()> {
-        let mut batch = Batch::default();
-        {
-            let mut st = lock(&self.state);
-            if st.counters.scope_open {
-                return if scope_is_error {
-                    Err(Error::ScopeState(
-                        "trim inside a retention scope: finish the scope instead",
-                    ))
-                } else {
-                    Ok(())
-                };
-            }
-            st.collect_all(&mut batch);
-            st.start_release(&batch);
+        if lock(&self.state).counters.scope_open {
+            return if scope_is_error {
+                Err(Error::ScopeState(
+                    "trim inside a retention scope: finish the scope instead",
+                ))
+            } else {
+                Ok(())
+            };
         }
-        self.release_batch(batch)
+        let captures = if scope_is_error {
+            Captures::All
+        } else {
+            Captures::Keep
+        };
+        self.release_now(captures, false)
     }
 
     /// Runs a batch's driver calls outside the lock, then books the outcomes.
@@ -194,11 +226,15 @@ impl Pool {
         let mut outcomes: Vec<(u32, Outcome)> = Vec::with_capacity(batch.mappings.len());
         if !batch.mappings.is_empty() {
             // Every device with access may have work queued on the memory: wait for
-            // each (a peer's kernel can be reading it).
-            let synced = self
-                .access_devices
-                .iter()
-                .try_for_each(|&device| d.synchronize(device));
+            // each (a peer's kernel can be reading it), unless every mapping's stream
+            // work is known complete (its fence completed).
+            let synced = if batch.mappings.iter().any(|(_, m)| m.needs_sync) {
+                self.access_devices
+                    .iter()
+                    .try_for_each(|&device| d.synchronize(device))
+            } else {
+                Ok(())
+            };
             match synced {
                 Err(e) => {
                     note(e, 0, &mut failed);
@@ -291,14 +327,15 @@ impl Pool {
     pub(super) fn release_everything(&mut self) -> Result<()> {
         let mut last = Ok(());
         for _attempt in 0..2 {
-            let mut batch = Batch::default();
             {
                 let mut st = lock(&self.state);
                 st.counters.scope_open = false;
                 let live: Vec<u32> = st.live.drain().map(|(_, s)| s).collect();
+                st.recorded.clear();
                 for slot in live {
                     let m = st.mapping_mut(slot);
                     m.state = MappingState::Idle;
+                    m.needs_sync = true;
                     let (size, requested) = (m.size(), m.requested);
                     let c = &mut st.counters;
                     c.live_count -= 1;
@@ -306,21 +343,13 @@ impl Pool {
                     c.live_mapped_bytes -= size;
                     c.idle_count += 1;
                     c.idle_bytes += size;
-                    st.idle.insert(slot, size);
+                    st.index_insert(slot, ANY);
                 }
-                // A pending leftover that is still mapped is retried with the rest.
-                st.collect_all(&mut batch);
-                st.start_release(&batch);
             }
-            if batch.is_empty() {
+            last = self.release_now(Captures::All, true);
+            let st = lock(&self.state);
+            if st.idle.len() == 0 && st.pending.is_empty() && st.deferred.is_empty() {
                 return last;
-            }
-            last = self.release_batch(batch);
-            if last.is_ok() {
-                let st = lock(&self.state);
-                if st.idle.len() == 0 && st.pending.is_empty() {
-                    return Ok(());
-                }
             }
         }
         last

@@ -1,0 +1,718 @@
+//! Stream order: `allocate_async`, `free_async` and `record_stream`, the fences that
+//! tell when memory freed on a stream may go to another stream or be released, and
+//! the release points that wait on them.
+//!
+//! Memory freed on stream S is indexed in S's bucket with a mark (S's free count):
+//! an allocation on S takes it at once (stream order makes that safe). A fence is an
+//! event recorded on S after some frees (lazily: one event covers every earlier free
+//! on S); when a fence completes, the memory it covers has no queued work left, so it
+//! moves to the [`ANY`] bucket (or is released, over the release threshold), with no
+//! device synchronize. Fences are polled with `cuEventQuery` at release points (a
+//! free over the threshold, at most once per `poll_interval` such frees; an
+//! allocation that misses) and waited on with `cuEventSynchronize` where memory must
+//! be released now (out-of-memory retry, trim, finish, destroy). Every query and wait
+//! runs with the calling thread in relaxed capture mode, so that a capture open
+//! anywhere in the process stays valid (`docs/vmm-semantics.md`, "Events and stream
+//! queries while another stream is captured"); no fence is recorded on the legacy
+//! stream (its events break every capture when queried): frees there are fenced on
+//! the pool's own blocking stream, which is ordered after the legacy stream's work.
+//!
+//! During a capture (`cuStreamGetCaptureInfo` on the call's stream) a free never
+//! records, queries or synchronizes anything: the memory goes to the capture's
+//! bucket, reused only by later allocations in the same capture and kept (a graph
+//! may replay into it) until the retention scope open at capture time closes, or,
+//! with none open, until trim or destroy.
+
+use super::books::{BucketKind, Deferred, Fence, MappingState, State, ANY, HELD};
+use super::release::{Batch, Captures};
+use super::{CrossStreamReuse, Pool, ReusePolicy};
+use crate::driver::{CaptureMode, DevicePtr, DriverError, Stream};
+use crate::error::{Error, Result};
+use crate::sync::lock;
+
+/// The most frees over the release threshold between two event polls (the interval
+/// doubles from 1 to this while polls find nothing complete): 1,000 frees of
+/// buffers still in flight make about 20 polls, not 1,000.
+const MAX_POLL_INTERVAL: u32 = 64;
+
+/// What recording a fence on a bucket's stream did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cover {
+    /// Its frees are covered by a fence (recorded now or before).
+    Covered,
+    /// The stream is being captured: a record would be a graph node; try later.
+    Capturing,
+    /// A stream or event call failed (counted).
+    Failed,
+}
+
+impl Pool {
+    /// Allocates `bytes` for use on `stream`, stream-ordered (like
+    /// `cuMemAllocAsync`): work queued on `stream` from now on may use it. Memory
+    /// last freed on `stream` is taken first, at once; then memory any stream may
+    /// take; then, per [`CrossStreamReuse`], memory freed on another stream whose
+    /// work up to the free has completed (or, with `Wait`, after making `stream` wait
+    /// on it); else a new mapping (create, reserve, map, set access: legal during a
+    /// capture). On a stream being captured, memory freed earlier in the same capture
+    /// is taken first, and no stream is made to wait.
+    ///
+    /// Driver calls on a reuse: one `cuStreamGetCaptureInfo`.
+    ///
+    /// Errors: as [`Pool::allocate_raw`]; [`Error::Driver`] also when
+    /// `cuStreamGetCaptureInfo` fails for `stream` (an invalid handle; the legacy
+    /// stream while a blocking stream is captured: `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`),
+    /// or on a backend without streams (`CUDA_ERROR_NOT_SUPPORTED`).
+    pub fn allocate_async_raw(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
+        let (rounded, max_size) = self.sizes(bytes)?;
+        let capture = self
+            .driver
+            .stream_capture(stream)
+            .map_err(|source| Error::Driver { source, bytes: 0 })?;
+        let hit = {
+            let mut st = lock(&self.state);
+            self.take_for_stream(&mut st, stream, capture, rounded, bytes, max_size)
+        };
+        let ptr = match hit {
+            Some(ptr) => ptr,
+            None => self.allocate_async_miss(stream, capture, bytes, rounded, max_size)?,
+        };
+        self.driver.note_handoff(stream, ptr, rounded);
+        Ok(ptr)
+    }
+
+    /// An idle mapping `stream` may take at once: freed in its capture, freed on it,
+    /// or free for any stream.
+    pub(super) fn take_for_stream(
+        &self,
+        st: &mut State,
+        stream: Stream,
+        capture: Option<u64>,
+        rounded: u64,
+        bytes: u64,
+        max_size: u64,
+    ) -> Option<DevicePtr> {
+        if let Some(id) = capture {
+            let b = st.capture_bucket(id);
+            if let Some(p) = st.take_idle(b, rounded, bytes, self.policy, max_size) {
+                return Some(p);
+            }
+        }
+        let own = st.stream_bucket(stream);
+        if let Some(p) = st.take_idle(own, rounded, bytes, self.policy, max_size) {
+            return Some(p);
+        }
+        let p = st.take_idle(ANY, rounded, bytes, self.policy, max_size)?;
+        note_cross_stream(st, p, Some(stream));
+        Some(p)
+    }
+
+    /// The out-of-memory forced reuse for an allocation on `stream`: the smallest
+    /// idle mapping that fits, whatever its size, from the buckets `stream` may take
+    /// from at once.
+    pub(super) fn take_forced_for_stream(
+        &self,
+        st: &mut State,
+        stream: Stream,
+        capture: Option<u64>,
+        rounded: u64,
+        bytes: u64,
+    ) -> Option<DevicePtr> {
+        let mut buckets = Vec::with_capacity(3);
+        if let Some(id) = capture {
+            buckets.push(st.capture_bucket(id));
+        }
+        buckets.push(st.stream_bucket(stream));
+        buckets.push(ANY);
+        for b in buckets {
+            if let Some(p) = st.take_forced(b, rounded, bytes) {
+                if b == ANY {
+                    note_cross_stream(st, p, Some(stream));
+                }
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    #[cold]
+    fn allocate_async_miss(
+        &self,
+        stream: Stream,
+        capture: Option<u64>,
+        bytes: u64,
+        rounded: u64,
+        max_size: u64,
+    ) -> Result<DevicePtr> {
+        if let Some(p) = self.take_cross_stream(Some(stream), capture, rounded, bytes, max_size) {
+            return Ok(p);
+        }
+        self.allocate_miss(bytes, rounded, max_size, Some((stream, capture)))
+    }
+
+    /// On a miss: memory freed on other streams, per [`CrossStreamReuse`]. With
+    /// `WhenComplete` (and for the synchronous `allocate`, `target` `None`), the
+    /// fences of other streams holding a fitting mapping are recorded if needed and
+    /// polled; what completed moves to [`ANY`] and is taken from there. With `Wait`
+    /// (not during a capture, where a wait would be a graph dependency that orders no
+    /// live work), a fitting mapping is taken after `cuStreamWaitEvent` on its fence.
+    pub(super) fn take_cross_stream(
+        &self,
+        target: Option<Stream>,
+        capture: Option<u64>,
+        rounded: u64,
+        bytes: u64,
+        max_size: u64,
+    ) -> Option<DevicePtr> {
+        if self.policy == ReusePolicy::None || self.cross_stream == CrossStreamReuse::Never {
+            return None;
+        }
+        let mut st = lock(&self.state);
+        let own = target.map(|s| st.stream_bucket(s));
+        let candidates: Vec<u32> = (0..st.buckets.len() as u32)
+            .filter(|&b| Some(b) != own)
+            .filter(|&b| matches!(st.buckets[b as usize].kind, BucketKind::Stream(_)))
+            .filter(|&b| st.idle.peek_best_fit(b, rounded, max_size).is_some())
+            .collect();
+        if candidates.is_empty() && st.deferred.is_empty() {
+            return None;
+        }
+        let wait = self.cross_stream == CrossStreamReuse::Wait && capture.is_none();
+        if let (true, Some(s)) = (wait, target) {
+            for &b in &candidates {
+                if let Some(p) = self.take_with_wait(&mut st, b, s, rounded, bytes, max_size) {
+                    return Some(p);
+                }
+            }
+        }
+        self.poll(&mut st, &candidates);
+        let mut moved = Batch::default();
+        for &b in &candidates {
+            self.settle_bucket(&mut st, b, None, &mut moved);
+        }
+        self.settle_deferred(&mut st);
+        let p = st.take_idle(ANY, rounded, bytes, self.policy, max_size)?;
+        note_cross_stream(&mut st, p, target);
+        Some(p)
+    }
+
+    /// `Wait` mode: takes a mapping of bucket `b` that fits, after making `stream`
+    /// wait on a fence that covers its free.
+    fn take_with_wait(
+        &self,
+        st: &mut State,
+        b: u32,
+        stream: Stream,
+        rounded: u64,
+        bytes: u64,
+        max_size: u64,
+    ) -> Option<DevicePtr> {
+        let (slot, _) = st.idle.peek_best_fit(b, rounded, max_size)?;
+        let mark = st.mapping(slot).mark;
+        if st.buckets[b as usize].fenced < mark && self.cover(st, b) != Cover::Covered {
+            return None;
+        }
+        let fence = st.buckets[b as usize]
+            .fences
+            .iter()
+            .find(|f| f.covers >= mark)
+            .copied();
+        if let Some(f) = fence {
+            if let Err(e) = self.driver.stream_wait_event(stream, f.event) {
+                count_stream_failure(st, e);
+                return None;
+            }
+            st.counters.cross_stream_waits += 1;
+        }
+        // No fence left covering it: its work has completed already.
+        let (slot, size) = st.idle.take_best_fit(b, rounded, max_size)?;
+        let p = st.hand_out(slot, size, rounded, bytes, false);
+        st.counters.cross_stream_hits += 1;
+        Some(p)
+    }
+
+    /// Frees `ptr` on `stream`, stream-ordered (like `cuMemFreeAsync`): the caller
+    /// promises that every use of `ptr` is ordered before this point on `stream`, or
+    /// on a stream given to [`Pool::record_stream`]. No host synchronization, ever:
+    /// the memory is reusable on `stream` at once, by other streams per
+    /// [`CrossStreamReuse`], and released (outside a retention scope, over the release
+    /// threshold) only after a fence event recorded on `stream` (and on each recorded
+    /// stream) at or after this free has completed. During a capture of `stream` the
+    /// memory is kept for that capture (see the module documentation of the pool's
+    /// stream order).
+    ///
+    /// Driver calls: one `cuStreamGetCaptureInfo`; with streams from
+    /// `record_stream`, a `cuEventRecord` on each; over the release threshold, at
+    /// most one fence record and query per stream every `poll_interval` frees (1 to
+    /// 64), and the release of what completed.
+    ///
+    /// Errors: [`Error::UnknownPointer`] as [`Pool::free_raw`]; nothing changes then.
+    /// A failed stream or event call does not fail the free: the memory is kept
+    /// (not reused) until a release point that synchronizes the device, and counted
+    /// in `stream_call_failures`.
+    pub fn free_async_raw(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
+        self.free_async_inner(ptr, stream, None)
+    }
+
+    /// Frees `ptr` on `stream` if it is live, and, with `id`, only if it is that
+    /// allocation.
+    pub(super) fn free_async_inner(
+        &self,
+        ptr: DevicePtr,
+        stream: Stream,
+        id: Option<u64>,
+    ) -> Result<()> {
+        let capture = self.driver.stream_capture(stream);
+        let mut batch = Batch::default();
+        {
+            let mut st = lock(&self.state);
+            let slot = *st.live.get(&ptr).ok_or(Error::UnknownPointer { ptr })?;
+            if id.is_some_and(|id| st.mapping(slot).alloc_id != id) {
+                return Err(Error::UnknownPointer { ptr });
+            }
+            st.make_idle(slot);
+            st.mapping_mut(slot).freed_on = Some(stream);
+            let recorded = if st.recorded.is_empty() {
+                None
+            } else {
+                st.recorded.remove(&slot)
+            };
+            let capture = match capture {
+                Ok(c) => c,
+                Err(e) => {
+                    // Unknown order: keep it from everyone until a device synchronize.
+                    count_stream_failure(&mut st, e);
+                    st.index_insert(slot, HELD);
+                    return Ok(());
+                }
+            };
+            if let Some(cid) = capture {
+                let b = st.capture_bucket(cid);
+                st.index_insert(slot, b);
+                return Ok(());
+            }
+            let own = st.stream_bucket(stream);
+            let bucket = &mut st.buckets[own as usize];
+            bucket.marks += 1;
+            let mark = bucket.marks;
+            let m = st.mapping_mut(slot);
+            m.mark = mark;
+            m.needs_sync = false;
+            match recorded {
+                Some(others) => self.defer(&mut st, slot, own, stream, &others),
+                None => st.index_insert(slot, own),
+            }
+            if !st.counters.scope_open && st.counters.idle_bytes > self.release_threshold {
+                st.poll_countdown = st.poll_countdown.saturating_sub(1);
+                if st.poll_countdown == 0 {
+                    self.poll_and_release(&mut st, &mut batch);
+                }
+            }
+            if !batch.is_empty() {
+                st.collect_retries(&mut batch);
+                st.start_release(&batch);
+            }
+        }
+        let _ = self.release_batch(batch);
+        Ok(())
+    }
+
+    /// Marks live `ptr` as used by work on `stream` too (PyTorch's `record_stream`):
+    /// when it is freed (on its own stream, with `free_async`), a fence is recorded on
+    /// `stream` as well, and the memory is reused or released only once that fence
+    /// completes. Recording the free's own stream, or a stream twice, changes
+    /// nothing. A synchronous `free` ignores it (its release synchronizes the device).
+    ///
+    /// Errors: [`Error::UnknownPointer`] for a pointer that is not a live allocation
+    /// of this pool.
+    pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
+        let mut st = lock(&self.state);
+        let slot = *st.live.get(&ptr).ok_or(Error::UnknownPointer { ptr })?;
+        let list = st.recorded.entry(slot).or_default();
+        if !list.contains(&stream) {
+            list.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Books idle `slot` (freed on `stream`, bucket `own`) as waiting for fences on
+    /// the recorded streams `others`, recording them now.
+    fn defer(&self, st: &mut State, slot: u32, own: u32, stream: Stream, others: &[Stream]) {
+        let mut needs = Vec::with_capacity(others.len());
+        for &s in others {
+            let b = st.stream_bucket(s);
+            if b == own || s == stream {
+                continue;
+            }
+            let bucket = &mut st.buckets[b as usize];
+            bucket.marks += 1;
+            let mark = bucket.marks;
+            if self.cover(st, b) != Cover::Covered {
+                // The recorded stream's order cannot be tracked now (captured, or a
+                // failed call): keep the memory from everyone until a device
+                // synchronize.
+                let m = st.mapping_mut(slot);
+                m.needs_sync = true;
+                st.index_insert(slot, HELD);
+                return;
+            }
+            needs.push((b, mark));
+        }
+        st.mapping_mut(slot).bucket = own;
+        if needs.is_empty() {
+            st.index_insert(slot, own);
+            return;
+        }
+        let size = st.mapping(slot).size();
+        st.counters.event_wait_bytes += size;
+        st.deferred.push(Deferred { slot, needs });
+    }
+
+    /// Records a fence on bucket `b`'s stream covering every free made on it so far,
+    /// unless one already does.
+    fn cover(&self, st: &mut State, b: u32) -> Cover {
+        let bucket = &st.buckets[b as usize];
+        let BucketKind::Stream(stream) = bucket.kind else {
+            return Cover::Covered;
+        };
+        if bucket.fenced == bucket.marks {
+            return Cover::Covered;
+        }
+        let target = if stream.is_legacy() {
+            match self.fence_stream(st) {
+                Some(s) => s,
+                None => return Cover::Failed,
+            }
+        } else {
+            stream
+        };
+        match self.driver.stream_capture(target) {
+            Ok(None) => {}
+            Ok(Some(_)) => return Cover::Capturing,
+            Err(e) => {
+                count_stream_failure(st, e);
+                return Cover::Failed;
+            }
+        }
+        let event = match st.spare_events.pop() {
+            Some(e) => e,
+            None => match self.driver.event_create() {
+                Ok(e) => e,
+                Err(e) => {
+                    count_stream_failure(st, e);
+                    return Cover::Failed;
+                }
+            },
+        };
+        if let Err(e) = self.driver.event_record(event, target) {
+            st.spare_events.push(event);
+            count_stream_failure(st, e);
+            return Cover::Failed;
+        }
+        let bucket = &mut st.buckets[b as usize];
+        let covers = bucket.marks;
+        bucket.fences.push_back(Fence { event, covers });
+        bucket.fenced = covers;
+        st.counters.events_outstanding += 1;
+        Cover::Covered
+    }
+
+    /// The pool's blocking stream for fences after legacy-stream frees, created on
+    /// first use.
+    fn fence_stream(&self, st: &mut State) -> Option<Stream> {
+        if st.fence_stream.is_none() {
+            match self.driver.stream_create_blocking() {
+                Ok(s) => st.fence_stream = Some(s),
+                Err(e) => count_stream_failure(st, e),
+            }
+        }
+        st.fence_stream
+    }
+
+    /// Polls buckets `buckets` (recording a fence first where idle memory is not
+    /// covered and none is outstanding) and every bucket deferred memory waits on,
+    /// with the calling thread in relaxed capture mode. Returns whether a fence
+    /// completed.
+    fn poll(&self, st: &mut State, buckets: &[u32]) -> bool {
+        let mut list: Vec<u32> = buckets.to_vec();
+        for d in &st.deferred {
+            for &(b, _) in &d.needs {
+                if !list.contains(&b) {
+                    list.push(b);
+                }
+            }
+        }
+        for &b in &list {
+            let bucket = &st.buckets[b as usize];
+            if bucket.fences.is_empty() && bucket.fenced < bucket.marks && !st.idle.bucket_is_empty(b)
+            {
+                let _ = self.cover(st, b);
+            }
+        }
+        if list.iter().all(|&b| st.buckets[b as usize].fences.is_empty()) {
+            return false;
+        }
+        let mut progress = false;
+        let _relaxed = Relaxed::enter(&*self.driver);
+        for &b in &list {
+            while let Some(f) = st.buckets[b as usize].fences.front().copied() {
+                match self.driver.event_query(f.event) {
+                    Ok(true) => {
+                        complete_through(st, b, f.covers);
+                        progress = true;
+                    }
+                    Ok(false) => break,
+                    Err(e) => {
+                        count_stream_failure(st, e);
+                        break;
+                    }
+                }
+            }
+        }
+        progress
+    }
+
+    /// A free over the release threshold, when its countdown ran out: polls every
+    /// stream bucket, releases (into `batch`) completed memory while the idle bytes
+    /// stay over the threshold, and sets the next countdown.
+    fn poll_and_release(&self, st: &mut State, batch: &mut Batch) {
+        let streams: Vec<u32> = (0..st.buckets.len() as u32)
+            .filter(|&b| matches!(st.buckets[b as usize].kind, BucketKind::Stream(_)))
+            .collect();
+        self.poll(st, &streams);
+        let mut released = Batch::default();
+        for &b in &streams {
+            self.settle_bucket(st, b, Some(self.release_threshold), &mut released);
+        }
+        self.settle_deferred(st);
+        let found = !released.mappings.is_empty();
+        batch.mappings.append(&mut released.mappings);
+        st.poll_interval = if found {
+            1
+        } else {
+            (st.poll_interval * 2).min(MAX_POLL_INTERVAL)
+        };
+        st.poll_countdown = st.poll_interval;
+    }
+
+    /// Moves bucket `b`'s idle mappings whose fence completed to [`ANY`]: with
+    /// `threshold`, released into `batch` instead while the pool's idle bytes are over
+    /// it (and no scope is open).
+    fn settle_bucket(&self, st: &mut State, b: u32, threshold: Option<u64>, batch: &mut Batch) {
+        let completed = st.buckets[b as usize].completed;
+        if completed == 0 {
+            return;
+        }
+        for slot in st.idle.slots_in(b) {
+            if st.mapping(slot).mark > completed {
+                continue;
+            }
+            st.index_remove(slot);
+            st.mapping_mut(slot).needs_sync = false;
+            let over = threshold.is_some_and(|t| {
+                !st.counters.scope_open && st.counters.idle_bytes - released_bytes(batch) > t
+            });
+            if over {
+                let m = st.mapping_mut(slot);
+                m.state = MappingState::Releasing;
+                let m = *m;
+                batch.mappings.push((slot, m));
+            } else {
+                st.index_insert(slot, ANY);
+            }
+        }
+    }
+
+    /// Indexes deferred mappings whose recorded streams' fences all completed.
+    fn settle_deferred(&self, st: &mut State) {
+        let mut i = 0;
+        while i < st.deferred.len() {
+            let done = st.deferred[i]
+                .needs
+                .iter()
+                .all(|&(b, mark)| st.buckets[b as usize].completed >= mark);
+            if done {
+                let d = st.deferred.swap_remove(i);
+                let m = st.mapping(d.slot);
+                st.counters.event_wait_bytes -= m.size();
+                st.index_insert(d.slot, m.bucket);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Releases everything idle that a release point may release now: records fences
+    /// where memory freed on streams is not covered, waits on every outstanding fence
+    /// (`cuEventSynchronize`, relaxed capture mode, outside the lock), moves what
+    /// completed to [`ANY`], then releases [`ANY`], [`HELD`] and the capture buckets
+    /// `captures` names (one device synchronize first only if a mapping needs one).
+    /// With `destroying`, memory whose stream work could not be confirmed complete is
+    /// released after a device synchronize instead of kept.
+    ///
+    /// Errors: the first stream, event or release step that failed.
+    pub(super) fn release_now(&self, captures: Captures, destroying: bool) -> Result<()> {
+        let mut first: Option<Error> = None;
+        let waits: Vec<(u32, Fence)> = {
+            let mut st = lock(&self.state);
+            let streams = stream_buckets(&st);
+            let mut needed: Vec<u32> = st
+                .deferred
+                .iter()
+                .flat_map(|d| d.needs.iter().map(|&(b, _)| b))
+                .collect();
+            needed.sort_unstable();
+            needed.dedup();
+            for &b in &streams {
+                if !st.idle.bucket_is_empty(b) || needed.contains(&b) {
+                    let _ = self.cover(&mut st, b);
+                }
+            }
+            streams
+                .iter()
+                .flat_map(|&b| st.buckets[b as usize].fences.iter().map(move |&f| (b, f)))
+                .collect()
+        };
+        let mut results = Vec::with_capacity(waits.len());
+        if !waits.is_empty() {
+            let _relaxed = Relaxed::enter(&*self.driver);
+            for &(b, f) in &waits {
+                results.push((b, f, self.driver.event_synchronize(f.event)));
+            }
+        }
+        let mut batch = Batch::default();
+        {
+            let mut st = lock(&self.state);
+            for (b, f, r) in results {
+                match r {
+                    Ok(()) => complete_through(&mut st, b, f.covers),
+                    Err(e) => {
+                        count_stream_failure(&mut st, e);
+                        if first.is_none() {
+                            first = Some(Error::Driver {
+                                source: e,
+                                bytes: 0,
+                            });
+                        }
+                    }
+                }
+            }
+            let streams = stream_buckets(&st);
+            let mut unused = Batch::default();
+            for &b in &streams {
+                self.settle_bucket(&mut st, b, None, &mut unused);
+            }
+            self.settle_deferred(&mut st);
+            if destroying {
+                hold_unconfirmed(&mut st, &streams);
+            }
+            st.collect_all(&mut batch, captures);
+            st.start_release(&batch);
+        }
+        let released = self.release_batch(batch);
+        match first {
+            Some(e) => Err(e),
+            None => released,
+        }
+    }
+
+    /// Gives the pool's events and its fence stream back to the driver (destroy).
+    pub(super) fn drop_stream_resources(&self) {
+        let mut st = lock(&self.state);
+        let mut events = std::mem::take(&mut st.spare_events);
+        for b in st.buckets.iter_mut() {
+            events.extend(b.fences.drain(..).map(|f| f.event));
+        }
+        st.counters.events_outstanding = 0;
+        let stream = st.fence_stream.take();
+        drop(st);
+        for e in events {
+            let _ = self.driver.event_destroy(e);
+        }
+        if let Some(s) = stream {
+            let _ = self.driver.stream_destroy(s);
+        }
+    }
+}
+
+/// The bytes already put in `batch` for release.
+fn released_bytes(batch: &Batch) -> u64 {
+    batch.mappings.iter().map(|(_, m)| m.size()).sum()
+}
+
+/// The stream buckets' numbers.
+fn stream_buckets(st: &State) -> Vec<u32> {
+    (0..st.buckets.len() as u32)
+        .filter(|&b| matches!(st.buckets[b as usize].kind, BucketKind::Stream(_)))
+        .collect()
+}
+
+/// Bucket `b`'s work up to mark `covers` completed: retires the fences it covers.
+fn complete_through(st: &mut State, b: u32, covers: u64) {
+    let bucket = &mut st.buckets[b as usize];
+    if bucket.completed < covers {
+        bucket.completed = covers;
+    }
+    let mut retired = 0;
+    while bucket.fences.front().is_some_and(|f| f.covers <= bucket.completed) {
+        if let Some(f) = bucket.fences.pop_front() {
+            st.spare_events.push(f.event);
+            retired += 1;
+        }
+    }
+    st.counters.events_outstanding -= retired;
+}
+
+/// Destroy: memory still waiting on a stream (or on recorded streams) goes to
+/// [`HELD`], released after a device synchronize.
+fn hold_unconfirmed(st: &mut State, streams: &[u32]) {
+    for &b in streams {
+        for slot in st.idle.slots_in(b) {
+            st.index_remove(slot);
+            st.mapping_mut(slot).needs_sync = true;
+            st.index_insert(slot, HELD);
+        }
+    }
+    for d in std::mem::take(&mut st.deferred) {
+        let size = st.mapping(d.slot).size();
+        st.counters.event_wait_bytes -= size;
+        st.mapping_mut(d.slot).needs_sync = true;
+        st.index_insert(d.slot, HELD);
+    }
+}
+
+/// Counts a reuse from [`ANY`] of memory last freed on another stream.
+fn note_cross_stream(st: &mut State, ptr: DevicePtr, target: Option<Stream>) {
+    if let Some(&slot) = st.live.get(&ptr) {
+        let from = st.mapping(slot).freed_on;
+        if from.is_some() && target.is_some() && from != target {
+            st.counters.cross_stream_hits += 1;
+        }
+    }
+}
+
+fn count_stream_failure(st: &mut State, _e: DriverError) {
+    st.counters.stream_call_failures += 1;
+}
+
+/// The calling thread in relaxed capture mode until dropped
+/// (`cuThreadExchangeStreamCaptureMode`, the previous mode restored): event queries
+/// and waits then never invalidate a capture open elsewhere.
+struct Relaxed<'a> {
+    driver: &'a dyn crate::driver::Driver,
+    previous: Option<CaptureMode>,
+}
+
+impl<'a> Relaxed<'a> {
+    fn enter(driver: &'a dyn crate::driver::Driver) -> Relaxed<'a> {
+        let previous = driver.exchange_capture_mode(CaptureMode::Relaxed).ok();
+        Relaxed { driver, previous }
+    }
+}
+
+impl Drop for Relaxed<'_> {
+    fn drop(&mut self) {
+        if let Some(mode) = self.previous {
+            let _ = self.driver.exchange_capture_mode(mode);
+        }
+    }
+}

@@ -128,7 +128,11 @@ pub(super) struct Mapping {
 
 impl Mapping {
     /// A live mapping just created.
-    pub(super) fn created(reservation: Reservation, handle: PhysicalHandle, requested: u64) -> Self {
+    pub(super) fn created(
+        reservation: Reservation,
+        handle: PhysicalHandle,
+        requested: u64,
+    ) -> Self {
         Mapping {
             reservation,
             handle,
@@ -307,7 +311,8 @@ impl State {
             0
         };
         let b = self.buckets.len() as u32;
-        self.buckets.push(Bucket::new(BucketKind::Capture { id, epoch }));
+        self.buckets
+            .push(Bucket::new(BucketKind::Capture { id, epoch }));
         self.by_capture.insert(id, b);
         self.counters.captures_seen += 1;
         b

@@ -115,11 +115,19 @@ impl ReuseIndex {
 
     /// The smallest mapping of `bucket` of at least `size` and at most `max_size`
     /// bytes: its slot and size, left in the index.
-    pub(crate) fn peek_best_fit(&self, bucket: u32, size: u64, max_size: u64) -> Option<(u32, u64)> {
+    pub(crate) fn peek_best_fit(
+        &self,
+        bucket: u32,
+        size: u64,
+        max_size: u64,
+    ) -> Option<(u32, u64)> {
         if max_size < size {
             return None;
         }
-        let (&(_, found), &slot) = self.heads.range((bucket, size)..=(bucket, max_size)).next()?;
+        let (&(_, found), &slot) = self
+            .heads
+            .range((bucket, size)..=(bucket, max_size))
+            .next()?;
         Some((slot, found))
     }
 

@@ -21,9 +21,9 @@ mod release;
 mod snapshot;
 mod streams;
 
-pub(crate) use config::reuse_policies;
 #[allow(unused_imports)] // used by the C ABI (issue 11, in progress)
 pub(crate) use config::cross_stream_modes;
+pub(crate) use config::reuse_policies;
 pub use config::{
     Backend, CrossStreamReuse, PoolConfig, ReusePolicy, DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
 };
@@ -184,8 +184,7 @@ impl Pool {
     /// retained released); [`Error::Driver`] for any other failed driver call.
     pub fn allocate_raw(&self, bytes: u64) -> Result<DevicePtr> {
         let (rounded, max_size) = self.sizes(bytes)?;
-        if let Some(ptr) = lock(&self.state).take_idle(ANY, rounded, bytes, self.policy, max_size)
-        {
+        if let Some(ptr) = lock(&self.state).take_idle(ANY, rounded, bytes, self.policy, max_size) {
             return Ok(ptr);
         }
         if let Some(p) = self.take_cross_stream(None, None, rounded, bytes, max_size) {
@@ -276,7 +275,10 @@ impl Pool {
         // Outside a scope: release what is idle, look again, retry once. A failed
         // release (a synchronize refused during a capture, say) is already counted
         // and its mappings kept; the retry then reports the out-of-memory.
-        let _ = self.release_idle(false);
+        // On a stream being captured, nothing that needs a device synchronize is
+        // released: the synchronize would invalidate the capture.
+        let capturing = matches!(on, Some((_, Some(_))));
+        let _ = self.release_now(Captures::Keep, !capturing, false);
         if let Some(ptr) = self.take_for(&mut lock(&self.state), on, rounded, bytes, max_size) {
             return Ok(ptr);
         }
@@ -336,7 +338,7 @@ impl Pool {
             let m = st.mapping_mut(slot);
             m.state = MappingState::Releasing;
             batch.mappings.push((slot, *m));
-            st.collect_retries(&mut batch);
+            st.collect_retries(&mut batch, true);
             st.start_release(&batch);
         }
         let _ = self.release_batch(batch);
@@ -449,7 +451,7 @@ impl Pool {
             }
             st.scope_epoch
         };
-        self.release_now(Captures::OfScope(epoch), false)
+        self.release_now(Captures::OfScope(epoch), true, false)
     }
 
     /// Releases every idle (cached) mapping now, and retries pending releases.

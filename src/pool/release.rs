@@ -71,8 +71,9 @@ impl State {
 
     /// Every idle mapping any caller could take or nobody may ([`ANY`], [`HELD`]),
     /// those of the capture buckets `captures` names, and every pending one, for a
-    /// release point. Memory still waiting on a stream's fence is left alone.
-    pub(super) fn collect_all(&mut self, batch: &mut Batch, captures: Captures) {
+    /// release point. Memory still waiting on a stream's fence is left alone; without
+    /// `may_sync`, so is memory whose release needs a device synchronize.
+    pub(super) fn collect_all(&mut self, batch: &mut Batch, captures: Captures, may_sync: bool) {
         let mut buckets = vec![ANY, HELD];
         for (i, b) in self.buckets.iter().enumerate() {
             if let BucketKind::Capture { epoch, .. } = b.kind {
@@ -88,10 +89,14 @@ impl State {
         }
         for bucket in buckets {
             for slot in self.idle.slots_in(bucket) {
-                self.mark_releasing(slot, batch);
+                if may_sync || !self.mapping(slot).needs_sync {
+                    self.mark_releasing(slot, batch);
+                }
             }
         }
-        self.retry.clear();
+        if may_sync {
+            self.retry.clear();
+        }
         self.collect_pending(batch);
     }
 
@@ -102,14 +107,18 @@ impl State {
     }
 
     /// Idle mappings marked for retry, and the pending ones.
-    pub(super) fn collect_retries(&mut self, batch: &mut Batch) {
+    /// Without `may_sync` (a stream-ordered free), those needing a device
+    /// synchronize stay marked for a later release point.
+    pub(super) fn collect_retries(&mut self, batch: &mut Batch, may_sync: bool) {
         for slot in std::mem::take(&mut self.retry) {
-            let ok = matches!(
-                self.slots.get(slot as usize),
-                Some(Some(m)) if m.state == MappingState::Idle && m.retry
-            );
-            if ok {
+            let m = match self.slots.get(slot as usize) {
+                Some(Some(m)) if m.state == MappingState::Idle && m.retry => *m,
+                _ => continue,
+            };
+            if may_sync || !m.needs_sync {
                 self.mark_releasing(slot, batch);
+            } else {
+                self.retry.push(slot);
             }
         }
         self.collect_pending(batch);
@@ -205,7 +214,7 @@ impl Pool {
         } else {
             Captures::Keep
         };
-        self.release_now(captures, false)
+        self.release_now(captures, true, false)
     }
 
     /// Runs a batch's driver calls outside the lock, then books the outcomes.
@@ -346,7 +355,7 @@ impl Pool {
                     st.index_insert(slot, ANY);
                 }
             }
-            last = self.release_now(Captures::All, true);
+            last = self.release_now(Captures::All, true, true);
             let st = lock(&self.state);
             if st.idle.len() == 0 && st.pending.is_empty() && st.deferred.is_empty() {
                 return last;

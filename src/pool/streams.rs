@@ -190,9 +190,11 @@ impl Pool {
             self.settle_bucket(&mut st, b, None, &mut moved);
         }
         self.settle_deferred(&mut st);
-        let p = st.take_idle(ANY, rounded, bytes, self.policy, max_size)?;
-        note_cross_stream(&mut st, p, target);
-        Some(p)
+        match target {
+            // Deferred memory freed on `s` may have come back to its own bucket.
+            Some(s) => self.take_for_stream(&mut st, s, capture, rounded, bytes, max_size),
+            None => st.take_idle(ANY, rounded, bytes, self.policy, max_size),
+        }
     }
 
     /// `Wait` mode: takes a mapping of bucket `b` that fits, after making `stream`
@@ -308,7 +310,7 @@ impl Pool {
                 }
             }
             if !batch.is_empty() {
-                st.collect_retries(&mut batch);
+                st.collect_retries(&mut batch, false);
                 st.start_release(&batch);
             }
         }
@@ -443,12 +445,17 @@ impl Pool {
         }
         for &b in &list {
             let bucket = &st.buckets[b as usize];
-            if bucket.fences.is_empty() && bucket.fenced < bucket.marks && !st.idle.bucket_is_empty(b)
+            if bucket.fences.is_empty()
+                && bucket.fenced < bucket.marks
+                && !st.idle.bucket_is_empty(b)
             {
                 let _ = self.cover(st, b);
             }
         }
-        if list.iter().all(|&b| st.buckets[b as usize].fences.is_empty()) {
+        if list
+            .iter()
+            .all(|&b| st.buckets[b as usize].fences.is_empty())
+        {
             return false;
         }
         let mut progress = false;
@@ -546,11 +553,18 @@ impl Pool {
     /// (`cuEventSynchronize`, relaxed capture mode, outside the lock), moves what
     /// completed to [`ANY`], then releases [`ANY`], [`HELD`] and the capture buckets
     /// `captures` names (one device synchronize first only if a mapping needs one).
-    /// With `destroying`, memory whose stream work could not be confirmed complete is
-    /// released after a device synchronize instead of kept.
+    /// Without `may_sync` (an out-of-memory on a stream being captured), memory that
+    /// needs a device synchronize is kept. With `destroying`, memory whose stream work
+    /// could not be confirmed complete is released after a device synchronize
+    /// instead of kept.
     ///
     /// Errors: the first stream, event or release step that failed.
-    pub(super) fn release_now(&self, captures: Captures, destroying: bool) -> Result<()> {
+    pub(super) fn release_now(
+        &self,
+        captures: Captures,
+        may_sync: bool,
+        destroying: bool,
+    ) -> Result<()> {
         let mut first: Option<Error> = None;
         let waits: Vec<(u32, Fence)> = {
             let mut st = lock(&self.state);
@@ -605,7 +619,7 @@ impl Pool {
             if destroying {
                 hold_unconfirmed(&mut st, &streams);
             }
-            st.collect_all(&mut batch, captures);
+            st.collect_all(&mut batch, captures, may_sync);
             st.start_release(&batch);
         }
         let released = self.release_batch(batch);
@@ -653,7 +667,11 @@ fn complete_through(st: &mut State, b: u32, covers: u64) {
         bucket.completed = covers;
     }
     let mut retired = 0;
-    while bucket.fences.front().is_some_and(|f| f.covers <= bucket.completed) {
+    while bucket
+        .fences
+        .front()
+        .is_some_and(|f| f.covers <= bucket.completed)
+    {
         if let Some(f) = bucket.fences.pop_front() {
             st.spare_events.push(f.event);
             retired += 1;

@@ -1,0 +1,557 @@
+//! Stream order on the simulated driver (issue 11): `allocate_async`, `free_async`,
+//! `record_stream`, fences, cross-stream reuse, captures. Every expectation comes
+//! from the issue's semantics or the driver rows of `docs/vmm-semantics.md`; the
+//! simulated driver counts a contract fault for an unmap of memory queued work
+//! touches, a hand-off of memory to a stream while another stream's unordered work
+//! touches it, and anything that breaks a capture: every test ends with none.
+#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
+
+mod common;
+
+use common::{check, MIB};
+use flare_package::driver::sim::{CaptureMode, SimStreamCall, CU_STREAM_NON_BLOCKING};
+use flare_package::driver::Driver;
+use flare_package::{
+    CrossStreamReuse, CuResult, DriverCall, Error, Pool, PoolConfig, SimConfig, SimDriver, Stream,
+};
+use std::sync::Arc;
+
+const G: u64 = 2 * MIB;
+
+fn pool_with(cross: CrossStreamReuse, threshold: u64) -> (Pool, Arc<SimDriver>) {
+    let pool = Pool::new(PoolConfig {
+        cross_stream_reuse: cross,
+        release_threshold_bytes: threshold,
+        ..PoolConfig::simulated(SimConfig::default())
+    })
+    .unwrap();
+    let sim = pool.sim_driver().unwrap();
+    (pool, sim)
+}
+
+fn stream(sim: &SimDriver) -> Stream {
+    Stream(
+        sim.stream_create_with_flags(CU_STREAM_NON_BLOCKING)
+            .unwrap(),
+    )
+}
+
+fn syncs(sim: &SimDriver) -> u64 {
+    sim.call_count(DriverCall::Synchronize)
+}
+
+#[track_caller]
+fn no_faults(sim: &SimDriver) {
+    assert_eq!(sim.contract_faults(), 0, "faults: {:?}", sim.faults());
+}
+
+/// Memory freed on S with S's kernel still queued is handed back to S at once (stream
+/// order makes it safe), with no driver call but the capture query, no synchronize
+/// and no fault.
+#[test]
+fn same_stream_reuse_is_immediate_while_work_is_queued() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, 0);
+    let s = stream(&sim);
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    assert_eq!(sim.launch(s.0, p, G), CuResult::SUCCESS);
+    pool.free_async_raw(p, s).unwrap();
+    let creates = sim.call_count(DriverCall::Create);
+    let q = pool.allocate_async_raw(G, s).unwrap();
+    assert_eq!(q, p, "the same stream gets its own freed memory back");
+    assert_eq!(sim.call_count(DriverCall::Create), creates);
+    assert_eq!(sim.queued_work().len(), 1, "the kernel is still queued");
+    assert_eq!(syncs(&sim), 0);
+    let snap = check(&pool);
+    assert_eq!((snap.reuse_hits, snap.cross_stream_hits), (1, 0));
+    no_faults(&sim);
+}
+
+/// `WhenComplete` (the default): another stream does not get memory whose freeing
+/// stream's work is still queued, and gets it once that work completes.
+#[test]
+fn another_stream_waits_for_completion_by_default() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, u64::MAX);
+    let (s, t) = (stream(&sim), stream(&sim));
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    sim.launch(s.0, p, G);
+    pool.free_async_raw(p, s).unwrap();
+    let q = pool.allocate_async_raw(G, t).unwrap();
+    assert_ne!(q, p, "S's kernel still reads p");
+    let snap = check(&pool);
+    assert_eq!(snap.events_outstanding, 1, "one fence on S, not complete");
+    assert_eq!(snap.event_wait_bytes, G, "p waits on it");
+    sim.stream_complete(s.0);
+    let r = pool.allocate_async_raw(G, t).unwrap();
+    assert_eq!(r, p, "S's work completed: p goes to T");
+    let snap = check(&pool);
+    assert_eq!((snap.cross_stream_hits, snap.cross_stream_waits), (1, 0));
+    assert_eq!((snap.events_outstanding, snap.event_wait_bytes), (0, 0));
+    assert_eq!(syncs(&sim), 0);
+    no_faults(&sim);
+}
+
+/// `Never`: memory freed on S is not handed to T, even after S's work completed, until
+/// a release point moved it.
+#[test]
+fn never_keeps_memory_on_its_stream() {
+    let (pool, sim) = pool_with(CrossStreamReuse::Never, u64::MAX);
+    let (s, t) = (stream(&sim), stream(&sim));
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    pool.free_async_raw(p, s).unwrap();
+    sim.stream_complete(s.0);
+    let q = pool.allocate_async_raw(G, t).unwrap();
+    assert_ne!(q, p);
+    assert_eq!(sim.stream_call_count(SimStreamCall::EventRecord), 0);
+    assert_eq!(pool.allocate_async_raw(G, s).unwrap(), p, "S still gets it");
+    no_faults(&sim);
+}
+
+/// `Wait`: T gets S's memory at once, after `cuStreamWaitEvent` on a fence recorded
+/// on S; T's later work is ordered after S's kernel (no hand-off fault).
+#[test]
+fn wait_orders_the_new_stream_after_the_old() {
+    let (pool, sim) = pool_with(CrossStreamReuse::Wait, u64::MAX);
+    let (s, t) = (stream(&sim), stream(&sim));
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    sim.launch(s.0, p, G);
+    pool.free_async_raw(p, s).unwrap();
+    let q = pool.allocate_async_raw(G, t).unwrap();
+    assert_eq!(q, p, "handed over at once");
+    assert_eq!(sim.stream_call_count(SimStreamCall::StreamWaitEvent), 1);
+    let snap = check(&pool);
+    assert_eq!((snap.cross_stream_hits, snap.cross_stream_waits), (1, 1));
+    // T's kernel is queued behind S's: completing T completes S's too.
+    sim.launch(t.0, q, G);
+    sim.stream_complete(t.0);
+    assert!(sim.queued_work().is_empty(), "{:?}", sim.queued_work());
+    no_faults(&sim);
+}
+
+/// Outside a scope with threshold 0, freeing memory that a queued kernel touches
+/// neither synchronizes nor unmaps; the release comes at a later release point,
+/// after the fence completed, with no synchronize.
+#[test]
+fn release_waits_for_the_fence_never_for_the_device() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, 0);
+    let s = stream(&sim);
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    sim.launch(s.0, p, G);
+    pool.free_async_raw(p, s).unwrap();
+    let snap = check(&pool);
+    assert_eq!(snap.physical_bytes, G, "still mapped: the kernel reads it");
+    assert_eq!(
+        snap.events_outstanding, 1,
+        "the first free polls: one fence"
+    );
+    assert_eq!(sim.call_count(DriverCall::Unmap), 0);
+    sim.stream_complete(s.0);
+    // The next poll comes two frees over the threshold later (the countdown doubled
+    // to 2 after a poll that found nothing complete). The fence covers p's free
+    // only: p is released; the 4 MiB mapping, freed after it, waits for a fence of
+    // its own (recorded lazily, at a later poll).
+    for _ in 0..2 {
+        let q = pool.allocate_async_raw(4 * MIB, s).unwrap();
+        pool.free_async_raw(q, s).unwrap();
+    }
+    let snap = check(&pool);
+    assert_eq!(snap.mappings_released, 1, "{snap:#?}");
+    assert_eq!(snap.physical_bytes, 4 * MIB, "{snap:#?}");
+    assert_eq!(syncs(&sim), 0, "no cuCtxSynchronize on the stream path");
+    assert_eq!(sim.stream_call_count(SimStreamCall::EventSynchronize), 0);
+    no_faults(&sim);
+}
+
+/// trim (and finish, and the out-of-memory release) wait on the fences alone
+/// (`cuEventSynchronize`), never on the device, then release.
+#[test]
+fn trim_waits_on_events_not_the_device() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, u64::MAX);
+    let (s, t) = (stream(&sim), stream(&sim));
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    let other = pool.allocate_async_raw(G, t).unwrap();
+    sim.launch(s.0, p, G);
+    sim.launch(t.0, other, G);
+    pool.free_async_raw(p, s).unwrap();
+    pool.trim().unwrap();
+    let snap = check(&pool);
+    assert_eq!(snap.physical_bytes, G, "p released, the live one kept");
+    assert_eq!(syncs(&sim), 0);
+    assert_eq!(sim.stream_call_count(SimStreamCall::EventSynchronize), 1);
+    assert_eq!(
+        sim.queued_work().len(),
+        1,
+        "waiting on S's fence completed S's work only"
+    );
+    no_faults(&sim);
+}
+
+/// An out-of-memory on a stream waits on the fences of idle memory, releases it and
+/// retries: the device never fills up with memory freed on streams.
+#[test]
+fn out_of_memory_waits_on_fences_then_retries() {
+    let pool = Pool::new(PoolConfig {
+        release_threshold_bytes: u64::MAX,
+        ..PoolConfig::simulated(SimConfig {
+            capacity_bytes: 8 * MIB,
+            ..SimConfig::default()
+        })
+    })
+    .unwrap();
+    let sim = pool.sim_driver().unwrap();
+    let s = stream(&sim);
+    let mut ptrs = Vec::new();
+    for _ in 0..4 {
+        let p = pool.allocate_async_raw(G, s).unwrap();
+        sim.launch(s.0, p, G);
+        ptrs.push(p);
+    }
+    for p in ptrs {
+        pool.free_async_raw(p, s).unwrap();
+    }
+    let t = stream(&sim);
+    let big = pool.allocate_async_raw(8 * MIB, t).unwrap();
+    let snap = check(&pool);
+    assert_eq!(snap.physical_bytes, 8 * MIB);
+    assert_eq!((snap.oom_retries, snap.mappings_released), (1, 4));
+    assert_eq!(syncs(&sim), 0);
+    pool.free_async_raw(big, t).unwrap();
+    no_faults(&sim);
+}
+
+/// A capture on a non-blocking stream (global mode, PyTorch's) that allocates and
+/// frees with no retention scope stays valid; memory freed in it is reused in it,
+/// never outside it, and kept until trim.
+#[test]
+fn capture_without_a_scope_stays_valid_and_keeps_its_memory() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, 0);
+    let s = stream(&sim);
+    assert_eq!(
+        sim.stream_begin_capture(s.0, CaptureMode::Global),
+        CuResult::SUCCESS
+    );
+    let a = pool.allocate_async_raw(G, s).unwrap();
+    sim.launch(s.0, a, G);
+    pool.free_async_raw(a, s).unwrap();
+    let b = pool.allocate_async_raw(G, s).unwrap();
+    assert_eq!(b, a, "reused inside the same capture");
+    pool.free_async_raw(b, s).unwrap();
+    assert_eq!(
+        sim.stream_end_capture(s.0),
+        CuResult::SUCCESS,
+        "the capture is valid"
+    );
+    let snap = check(&pool);
+    assert_eq!(snap.captures_seen, 1);
+    assert_eq!(snap.capture_held_bytes, G, "kept for the graph");
+    assert_eq!(snap.physical_bytes, G);
+    // After the capture: the graph may replay into it, so no one else gets it.
+    let c = pool.allocate_async_raw(G, s).unwrap();
+    assert_ne!(c, a);
+    pool.free_async_raw(c, s).unwrap();
+    assert_eq!(check(&pool).capture_held_bytes, G);
+    pool.trim().unwrap();
+    let snap = check(&pool);
+    assert_eq!((snap.capture_held_bytes, snap.physical_bytes), (0, 0));
+    no_faults(&sim);
+}
+
+/// With a scope open at capture time, the captured memory is released when that
+/// scope finishes (not before, and not by a trim, which the scope refuses).
+#[test]
+fn capture_memory_goes_with_the_scope_open_at_capture_time() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, 0);
+    let s = stream(&sim);
+    pool.retention_begin().unwrap();
+    sim.stream_begin_capture(s.0, CaptureMode::Global);
+    let a = pool.allocate_async_raw(G, s).unwrap();
+    pool.free_async_raw(a, s).unwrap();
+    assert_eq!(sim.stream_end_capture(s.0), CuResult::SUCCESS);
+    assert_eq!(check(&pool).capture_held_bytes, G);
+    pool.retention_finish().unwrap();
+    let snap = check(&pool);
+    assert_eq!((snap.capture_held_bytes, snap.physical_bytes), (0, 0));
+    no_faults(&sim);
+}
+
+/// A capture in global mode on stream A; meanwhile another thread frees and allocates
+/// on stream B (polling fences), and trims: every event query and wait runs in
+/// relaxed mode, so A's capture stays valid (the rows of "Events and stream queries
+/// while another stream is captured").
+#[test]
+fn event_polls_elsewhere_leave_a_global_capture_valid() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, 0);
+    let (a, b) = (stream(&sim), stream(&sim));
+    sim.stream_begin_capture(a.0, CaptureMode::Global);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            for _ in 0..8 {
+                let p = pool.allocate_async_raw(G, b).unwrap();
+                sim.launch(b.0, p, G);
+                pool.free_async_raw(p, b).unwrap();
+                sim.stream_complete(b.0);
+            }
+            pool.trim().unwrap();
+        });
+    });
+    assert!(sim.stream_call_count(SimStreamCall::EventQuery) > 0);
+    assert!(sim.stream_call_count(SimStreamCall::EventSynchronize) > 0);
+    assert_eq!(sim.stream_end_capture(a.0), CuResult::SUCCESS);
+    no_faults(&sim);
+}
+
+/// The same queries made without relaxed mode would break it: the simulated
+/// driver's row, so the test above is not vacuous.
+#[test]
+fn an_event_query_in_global_mode_breaks_a_capture_elsewhere() {
+    let sim = SimDriver::new(SimConfig::default());
+    let (a, b) = (stream(&sim), stream(&sim));
+    sim.stream_begin_capture(a.0, CaptureMode::Global);
+    let e = sim.event_create().unwrap();
+    sim.event_record(e, b.0);
+    let other = std::thread::scope(|sc| sc.spawn(|| sim.event_query(e)).join().unwrap());
+    assert_eq!(other, CuResult::STREAM_CAPTURE_UNSUPPORTED);
+    assert_eq!(
+        sim.stream_end_capture(a.0),
+        CuResult::STREAM_CAPTURE_INVALIDATED
+    );
+}
+
+/// record_stream: memory used on T too is not reused on its own stream, nor released,
+/// until T's work up to the free completes.
+#[test]
+fn record_stream_holds_memory_until_the_recorded_stream_completes() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, u64::MAX);
+    let (s, t) = (stream(&sim), stream(&sim));
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    pool.record_stream(p, t).unwrap();
+    sim.launch(t.0, p, G);
+    pool.free_async_raw(p, s).unwrap();
+    let snap = check(&pool);
+    assert_eq!(snap.event_wait_bytes, G);
+    assert_eq!(
+        snap.events_outstanding, 1,
+        "a fence on T, recorded at the free"
+    );
+    let q = pool.allocate_async_raw(G, s).unwrap();
+    assert_ne!(q, p, "T's kernel still reads p");
+    sim.stream_complete(t.0);
+    let r = pool.allocate_async_raw(G, s).unwrap();
+    assert_eq!(r, p, "T completed: p is S's again");
+    assert!(matches!(
+        pool.record_stream(0x1234, t),
+        Err(Error::UnknownPointer { ptr: 0x1234 })
+    ));
+    no_faults(&sim);
+}
+
+/// Frees on the legacy stream are fenced on the pool's own blocking stream, never
+/// with an event on the legacy stream, and released once the legacy work completes.
+#[test]
+fn legacy_stream_frees_are_fenced_on_a_pool_stream() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, 0);
+    let p = pool.allocate_async_raw(G, Stream::LEGACY).unwrap();
+    sim.launch(0, p, G);
+    pool.free_async_raw(p, Stream::LEGACY).unwrap();
+    assert_eq!(sim.stream_call_count(SimStreamCall::StreamCreate), 1);
+    assert_eq!(check(&pool).physical_bytes, G);
+    sim.stream_complete(0);
+    pool.trim().unwrap();
+    assert_eq!(check(&pool).physical_bytes, 0);
+    assert_eq!(syncs(&sim), 0);
+    // Stream handle 1 (CU_STREAM_LEGACY) is the same stream: its memory comes back.
+    let q = pool.allocate_async_raw(G, Stream(1)).unwrap();
+    pool.free_async_raw(q, Stream(1)).unwrap();
+    assert_eq!(pool.allocate_async_raw(G, Stream::LEGACY).unwrap(), q);
+    no_faults(&sim);
+}
+
+/// The synchronous functions keep their meaning and cost: no stream or event call,
+/// and a free outside a scope still synchronizes before it unmaps.
+#[test]
+fn synchronous_functions_make_no_stream_call() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, 0);
+    let p = pool.allocate_raw(G).unwrap();
+    pool.free_raw(p).unwrap();
+    let q = pool.allocate_raw(G).unwrap();
+    pool.retention_begin().unwrap();
+    pool.free_raw(q).unwrap();
+    pool.retention_finish().unwrap();
+    for call in SimStreamCall::ALL {
+        assert_eq!(sim.stream_call_count(call), 0, "{call:?}");
+    }
+    assert_eq!(syncs(&sim), 2, "one per release point, as before");
+    no_faults(&sim);
+}
+
+/// A free inside a scope makes no event call and releases nothing.
+#[test]
+fn inside_a_scope_a_stream_free_only_retains() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, 0);
+    let s = stream(&sim);
+    pool.retention_begin().unwrap();
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    pool.free_async_raw(p, s).unwrap();
+    assert_eq!(sim.stream_call_count(SimStreamCall::EventRecord), 0);
+    assert_eq!(check(&pool).idle_bytes, G);
+    pool.retention_finish().unwrap();
+    assert_eq!(check(&pool).physical_bytes, 0);
+    assert_eq!(syncs(&sim), 0, "finish waited on a fence, not the device");
+    no_faults(&sim);
+}
+
+/// Freeing twice, or a pointer the pool never gave, on a stream is an unknown
+/// pointer and changes nothing.
+#[test]
+fn stream_free_of_an_unknown_pointer_changes_nothing() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, 0);
+    let s = stream(&sim);
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    pool.free_async_raw(p, s).unwrap();
+    let before = check(&pool);
+    assert!(matches!(
+        pool.free_async_raw(p, s),
+        Err(Error::UnknownPointer { .. })
+    ));
+    assert!(matches!(
+        pool.free_async_raw(p + 4096, s),
+        Err(Error::UnknownPointer { .. })
+    ));
+    assert_eq!(check(&pool), before);
+}
+
+/// The guard frees on its stream.
+#[test]
+fn the_guard_frees_on_its_stream() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, u64::MAX);
+    let s = stream(&sim);
+    let a = pool.allocate_async(G, s).unwrap();
+    assert_eq!(a.stream(), Some(s));
+    let p = a.ptr();
+    sim.launch(s.0, p, G);
+    drop(a);
+    let snap = check(&pool);
+    assert_eq!((snap.frees, snap.event_wait_bytes), (1, G), "freed on S");
+    assert_eq!(pool.allocate_async_raw(G, s).unwrap(), p);
+    no_faults(&sim);
+}
+
+/// A failed fence record keeps the memory from every other stream (its order is
+/// unknown) and counts the failure; trim releases it after a device synchronize.
+#[test]
+fn a_failed_event_record_holds_the_memory() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, u64::MAX);
+    let (s, t) = (stream(&sim), stream(&sim));
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    sim.launch(s.0, p, G);
+    pool.free_async_raw(p, s).unwrap();
+    sim.inject_stream_failure(SimStreamCall::EventRecord, 1, CuResult::UNKNOWN);
+    let q = pool.allocate_async_raw(G, t).unwrap();
+    assert_ne!(q, p);
+    let snap = check(&pool);
+    assert_eq!(snap.stream_call_failures, 1);
+    // Still S's: S's own order is known.
+    assert_eq!(pool.allocate_async_raw(G, s).unwrap(), p);
+    no_faults(&sim);
+}
+
+/// A backend without stream support refuses the stream functions with the driver's
+/// NOT_SUPPORTED and changes nothing.
+#[test]
+fn a_driver_without_streams_refuses_stream_allocations() {
+    struct Plain(SimDriver);
+    impl Driver for Plain {
+        fn granularity(&self) -> Result<u64, flare_package::DriverError> {
+            self.0.granularity()
+        }
+        fn create(
+            &self,
+            size: u64,
+        ) -> Result<flare_package::driver::PhysicalHandle, flare_package::DriverError> {
+            Driver::create(&self.0, size)
+        }
+        fn release(
+            &self,
+            h: flare_package::driver::PhysicalHandle,
+        ) -> Result<(), flare_package::DriverError> {
+            Driver::release(&self.0, h)
+        }
+        fn reserve(
+            &self,
+            size: u64,
+        ) -> Result<flare_package::driver::Reservation, flare_package::DriverError> {
+            Driver::reserve(&self.0, size)
+        }
+        fn free_reservation(
+            &self,
+            r: flare_package::driver::Reservation,
+        ) -> Result<(), flare_package::DriverError> {
+            Driver::free_reservation(&self.0, r)
+        }
+        fn map(
+            &self,
+            ptr: u64,
+            h: flare_package::driver::PhysicalHandle,
+        ) -> Result<(), flare_package::DriverError> {
+            Driver::map(&self.0, ptr, h)
+        }
+        fn set_access(
+            &self,
+            ptr: u64,
+            size: u64,
+            d: &[i32],
+        ) -> Result<(), flare_package::DriverError> {
+            Driver::set_access(&self.0, ptr, size, d)
+        }
+        fn unmap(&self, ptr: u64, size: u64) -> Result<(), flare_package::DriverError> {
+            Driver::unmap(&self.0, ptr, size)
+        }
+        fn synchronize(&self, device: i32) -> Result<(), flare_package::DriverError> {
+            Driver::synchronize(&self.0, device)
+        }
+        fn mem_info(&self) -> Result<flare_package::driver::MemInfo, flare_package::DriverError> {
+            Driver::mem_info(&self.0)
+        }
+    }
+    let pool = Pool::with_driver(
+        PoolConfig::default(),
+        Arc::new(Plain(SimDriver::new(SimConfig::default()))),
+    )
+    .unwrap();
+    match pool.allocate_async_raw(G, Stream(5)) {
+        Err(Error::Driver { source, .. }) => {
+            assert_eq!(source.call, DriverCall::StreamGetCaptureInfo);
+            assert_eq!(source.code, CuResult::NOT_SUPPORTED);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(check(&pool).allocations, 0);
+    let p = pool.allocate_raw(G).unwrap();
+    pool.free_raw(p).unwrap();
+}
+
+/// 1,000 frees of buffers still in flight poll the fences about log2(1000) + 1000/64
+/// times, not 1,000 (the cost target: at most 2x `cuMemFreeAsync` each).
+#[test]
+fn in_flight_frees_poll_with_backoff() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, 0);
+    let s = stream(&sim);
+    let ptrs: Vec<u64> = (0..1000)
+        .map(|_| pool.allocate_async_raw(G, s).unwrap())
+        .collect();
+    sim.launch(s.0, ptrs[0], G);
+    for p in ptrs {
+        pool.free_async_raw(p, s).unwrap();
+    }
+    let queries = sim.stream_call_count(SimStreamCall::EventQuery);
+    // Polls at frees 1, 2, 4, ..., 64 (7 polls in the first 127 frees), then every
+    // 64: (1000 - 127) / 64 = 13 more.
+    assert_eq!(queries, 7 + 13, "queries");
+    assert_eq!(sim.stream_call_count(SimStreamCall::EventRecord), 1);
+    assert_eq!(
+        check(&pool).physical_bytes,
+        1000 * G,
+        "nothing released yet"
+    );
+    assert_eq!(syncs(&sim), 0);
+    no_faults(&sim);
+}

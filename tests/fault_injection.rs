@@ -7,6 +7,15 @@
 //! every error is typed and names the call. At the end, with the failures cleared,
 //! dropping the pool leaves the driver holding nothing.
 //!
+//! Stream order (issue 11) is in the same sequences: stream-ordered allocations and
+//! frees on three non-blocking streams and the legacy stream, kernels launched on
+//! them (with `record_stream` when on another stream), streams completing, captures
+//! begun and ended (global mode, no scope needed), and failures injected into the
+//! stream and event calls. After every step the simulated driver has seen no contract
+//! fault (no unmap of memory queued work touches, no hand-off to a stream while
+//! another stream's unordered work touches it, no broken capture), and every capture
+//! ends valid.
+//!
 //! Cases: 2000 by default (about a minute or less in a debug build); set
 //! `FLARE_PROPTEST_CASES` for more.
 #![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
@@ -14,8 +23,10 @@
 mod common;
 
 use common::{check_with_devices, GIB, MIB};
+use flare_package::driver::sim::{CaptureMode, SimStreamCall};
 use flare_package::{
-    CuResult, DevicePtr, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver,
+    CrossStreamReuse, CuResult, DevicePtr, DriverCall, Error, Pool, PoolConfig, ReusePolicy,
+    SimConfig, SimDriver, Stream,
 };
 use proptest::prelude::*;
 use std::sync::Arc;
@@ -35,6 +46,20 @@ enum Op {
     Snapshot,
     /// Make the `nth` next call of this kind fail with this code.
     Fail(DriverCall, u32, CuResult),
+    /// Allocate this many bytes on stream `0` (modulo 4: three created streams and
+    /// the legacy stream).
+    AllocAsync(u8, u64),
+    /// Free the live allocation at this index on its stream, if it was made on one.
+    FreeAsync(usize),
+    /// Launch a kernel touching the live stream allocation at this index on stream
+    /// `1` (modulo 4), after `record_stream` when that is not its own stream.
+    Launch(usize, u8),
+    /// The device finishes the work queued on this stream so far.
+    Complete(u8),
+    /// Begin a capture on this created stream (modulo 3), or end the open one.
+    Capture(u8),
+    /// Make the `nth` next stream or event call of this kind fail with this code.
+    FailStream(SimStreamCall, u32, CuResult),
 }
 
 /// The pool's setting for one case.
@@ -46,6 +71,7 @@ struct Setup {
     small_device: bool,
     /// Grant access to a peer device too (two devices per set-access).
     peer: bool,
+    cross: CrossStreamReuse,
 }
 
 fn size() -> impl Strategy<Value = u64> {
@@ -75,10 +101,29 @@ fn failure() -> impl Strategy<Value = Op> {
     (kinds, 1u32..=3).prop_map(|((call, code), nth)| Op::Fail(call, nth, code))
 }
 
+fn stream_failure() -> impl Strategy<Value = Op> {
+    use SimStreamCall as S;
+    let kinds = prop_oneof![
+        Just(S::EventRecord),
+        Just(S::EventQuery),
+        Just(S::EventSynchronize),
+        Just(S::EventCreate),
+        Just(S::StreamWaitEvent),
+        Just(S::StreamGetCaptureInfo),
+    ];
+    (kinds, 1u32..=3).prop_map(|(call, nth)| Op::FailStream(call, nth, CuResult::UNKNOWN))
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        8 => size().prop_map(Op::Alloc),
-        7 => any::<usize>().prop_map(Op::Free),
+        6 => size().prop_map(Op::Alloc),
+        5 => any::<usize>().prop_map(Op::Free),
+        6 => (any::<u8>(), size()).prop_map(|(s, b)| Op::AllocAsync(s, b)),
+        5 => any::<usize>().prop_map(Op::FreeAsync),
+        4 => (any::<usize>(), any::<u8>()).prop_map(|(i, s)| Op::Launch(i, s)),
+        3 => any::<u8>().prop_map(Op::Complete),
+        2 => any::<u8>().prop_map(Op::Capture),
+        2 => stream_failure(),
         2 => Just(Op::Begin),
         2 => Just(Op::Finish),
         1 => Just(Op::Abort),
@@ -98,13 +143,21 @@ fn setup() -> impl Strategy<Value = Setup> {
         prop_oneof![Just(0u64), Just(64 * MIB), Just(u64::MAX)],
         any::<bool>(),
         any::<bool>(),
+        prop_oneof![
+            Just(CrossStreamReuse::WhenComplete),
+            Just(CrossStreamReuse::Never),
+            Just(CrossStreamReuse::Wait)
+        ],
     )
-        .prop_map(|(policy, release_threshold, small_device, peer)| Setup {
-            policy,
-            release_threshold,
-            small_device,
-            peer,
-        })
+        .prop_map(
+            |(policy, release_threshold, small_device, peer, cross)| Setup {
+                policy,
+                release_threshold,
+                small_device,
+                peer,
+                cross,
+            },
+        )
 }
 
 /// The calls the pool counts in its snapshot.
@@ -129,8 +182,18 @@ struct Model {
     sim: Arc<SimDriver>,
     setup: Setup,
     granularity: u64,
-    live: Vec<(DevicePtr, u64)>,
+    /// Live allocations: pointer, bytes asked, the stream (index) it was made on.
+    live: Vec<(DevicePtr, u64, Option<usize>)>,
     scope: bool,
+    /// The three created streams, then the legacy stream.
+    streams: [u64; 4],
+    /// The stream (index) being captured.
+    capture: Option<usize>,
+    /// A stream-ordered call was made: memory may then wait idle on fences, or be
+    /// kept for a captured graph, at release points.
+    used_streams: bool,
+    /// Stream-call injections: (call, absolute call number that fails).
+    stream_targets: Vec<(SimStreamCall, u64)>,
     /// Successful allocations and frees, scopes closed by finish and by abort:
     /// counted here from the calls' results, independently of the pool's counters.
     allocations: u64,
@@ -161,6 +224,26 @@ impl Model {
             .count() as u64
     }
 
+    fn inject_stream(&mut self, call: SimStreamCall, nth: u32, code: CuResult) {
+        let mut at = self.sim.stream_call_count(call) + u64::from(nth);
+        while self.stream_targets.contains(&(call, at)) {
+            at += 1;
+        }
+        self.stream_targets.push((call, at));
+        self.sim.inject_stream_failure(call, nth, code);
+    }
+
+    fn stream_fired(&self) -> u64 {
+        self.stream_targets
+            .iter()
+            .filter(|&&(c, at)| at <= self.sim.stream_call_count(c))
+            .count() as u64
+    }
+
+    fn stream(&self, i: usize) -> Stream {
+        Stream(self.streams[i])
+    }
+
     fn fired_total(&self) -> u64 {
         COUNTED.iter().map(|&c| self.fired(c)).sum()
     }
@@ -177,8 +260,20 @@ impl Model {
         assert_eq!(s.live_count, self.live.len() as u64, "{step:?}: live count");
         assert_eq!(
             s.live_requested_bytes,
-            self.live.iter().map(|&(_, b)| b).sum::<u64>(),
+            self.live.iter().map(|&(_, b, _)| b).sum::<u64>(),
             "{step:?}: live requested bytes"
+        );
+        assert_eq!(
+            self.sim.contract_faults(),
+            0,
+            "{step:?}: contract faults {:?}",
+            self.sim.faults()
+        );
+        assert!(
+            s.stream_call_failures <= self.stream_fired(),
+            "{step:?}: {} stream call failures counted, {} injected and fired",
+            s.stream_call_failures,
+            self.stream_fired()
         );
         // Every failure the pool counted is one that was injected, and every
         // injected failure that fired was counted. Only a real out-of-memory (the
@@ -235,6 +330,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
         reuse_policy: setup.policy,
         release_threshold_bytes: setup.release_threshold,
         peer_devices: if setup.peer { vec![1] } else { vec![] },
+        cross_stream_reuse: setup.cross,
         ..PoolConfig::simulated(SimConfig {
             capacity_bytes: capacity,
             device_count: 2,
@@ -243,12 +339,17 @@ fn run(setup: Setup, ops: Vec<Op>) {
     })
     .unwrap();
     let sim = pool.sim_driver().unwrap().clone();
+    let created = [(); 3].map(|_| sim.stream_create().unwrap());
     let mut m = Model {
         sim: sim.clone(),
         setup,
         granularity: pool.granularity(),
         live: Vec::new(),
         scope: false,
+        streams: [created[0], created[1], created[2], 0],
+        capture: None,
+        used_streams: false,
+        stream_targets: Vec::new(),
         allocations: 0,
         frees: 0,
         finished: 0,
@@ -257,17 +358,26 @@ fn run(setup: Setup, ops: Vec<Op>) {
     };
     for op in &ops {
         let fired_before = m.fired_total();
+        // While a capture is open the caller uses stream-ordered calls only: the
+        // synchronous release points synchronize the device (their contract).
+        let sync_op = matches!(
+            op,
+            Op::Alloc(_) | Op::Free(_) | Op::Finish | Op::Abort | Op::Trim
+        );
+        if sync_op && m.capture.is_some() {
+            continue;
+        }
         match *op {
             Op::Alloc(bytes) => match pool.allocate_raw(bytes) {
                 Ok(ptr) => {
                     assert_eq!(ptr % m.granularity, 0);
                     assert!(
-                        m.live.iter().all(|&(p, _)| p != ptr),
+                        m.live.iter().all(|&(p, _, _)| p != ptr),
                         "{op:?}: {ptr:#x} handed out twice"
                     );
                     // Work in flight reads it until the next synchronize.
                     sim.mark_busy(ptr, bytes);
-                    m.live.push((ptr, bytes));
+                    m.live.push((ptr, bytes, None));
                     m.allocations += 1;
                 }
                 Err(e) => {
@@ -298,13 +408,24 @@ fn run(setup: Setup, ops: Vec<Op>) {
                         Err(Error::UnknownPointer { .. })
                     ));
                 } else {
-                    let (ptr, _) = m.live.swap_remove(i % m.live.len());
+                    let (ptr, _, on) = m.live.swap_remove(i % m.live.len());
+                    if on.is_some() {
+                        // The caller synchronized the device before a synchronous
+                        // free of stream-ordered memory.
+                        for s in m.streams {
+                            sim.stream_complete(s);
+                        }
+                    }
                     pool.free_raw(ptr).unwrap();
                     m.frees += 1;
                     let s = pool.snapshot();
                     // Threshold 0 outside a scope: a free is a release point, and
-                    // with no failure on the way everything idle or pending goes.
-                    if !m.scope && m.setup.release_threshold == 0 && m.fired_total() == fired_before
+                    // with no failure on the way everything idle or pending goes
+                    // (memory freed on streams waits on fences instead).
+                    if !m.scope
+                        && !m.used_streams
+                        && m.setup.release_threshold == 0
+                        && m.fired_total() == fired_before
                     {
                         assert_eq!((s.idle_count, s.pending_count), (0, 0), "{op:?}\n{s:#?}");
                     }
@@ -342,7 +463,18 @@ fn run(setup: Setup, ops: Vec<Op>) {
                         Ok(()) => {
                             let s = pool.snapshot();
                             assert_eq!(m.fired_total(), fired_before, "{op:?}: Ok with failures");
-                            assert_eq!((s.idle_count, s.pending_count), (0, 0), "{op:?}\n{s:#?}");
+                            // Everything idle goes, memory freed on streams too (its
+                            // fences waited on); a finish keeps what captures made
+                            // outside its scope.
+                            let kept = match op {
+                                Op::Trim => 0,
+                                _ => s.capture_held_bytes,
+                            };
+                            assert_eq!(
+                                (s.idle_bytes, s.pending_count),
+                                (kept, 0),
+                                "{op:?}\n{s:#?}"
+                            );
                         }
                         Err(e) => {
                             assert!(m.fired_total() > fired_before, "{op:?}: {e:?} not injected");
@@ -378,13 +510,95 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 );
                 // Every live allocation is mapped whole in the driver, and the live
                 // mapped bytes cover the rounded requests.
-                let rounded: u64 = m.live.iter().map(|&(_, b)| m.rounded(b)).sum();
+                let rounded: u64 = m.live.iter().map(|&(_, b, _)| m.rounded(b)).sum();
                 assert!(s.live_mapped_bytes >= rounded, "{s:#?}");
                 assert!(d.mapped_bytes >= s.live_mapped_bytes, "{s:#?}\n{d:#?}");
             }
             Op::Fail(call, nth, code) => m.inject(call, nth, code),
+            Op::FailStream(call, nth, code) => m.inject_stream(call, nth, code),
+            Op::AllocAsync(si, bytes) => {
+                let si = usize::from(si) % 4;
+                m.used_streams = true;
+                match pool.allocate_async_raw(bytes, m.stream(si)) {
+                    Ok(ptr) => {
+                        assert_eq!(ptr % m.granularity, 0);
+                        assert!(
+                            m.live.iter().all(|&(p, _, _)| p != ptr),
+                            "{op:?}: {ptr:#x} handed out twice"
+                        );
+                        m.live.push((ptr, bytes, Some(si)));
+                        m.allocations += 1;
+                    }
+                    Err(e) => {
+                        match &e {
+                            Error::OutOfMemory {
+                                requested,
+                                in_scope,
+                                ..
+                            } => {
+                                assert_eq!(*requested, m.rounded(bytes), "{e:?}");
+                                assert_eq!(*in_scope, m.scope, "{e:?}");
+                            }
+                            Error::Driver { .. } => {}
+                            _ => panic!("{op:?}: untyped error {e:?}"),
+                        }
+                        let mut allowed = CREATE_STEPS.to_vec();
+                        allowed.push(DriverCall::StreamGetCaptureInfo);
+                        assert_names_call(&e, &allowed);
+                    }
+                }
+            }
+            Op::FreeAsync(i) => {
+                let stream_live: Vec<usize> = (0..m.live.len())
+                    .filter(|&k| m.live[k].2.is_some())
+                    .collect();
+                if !stream_live.is_empty() {
+                    let k = stream_live[i % stream_live.len()];
+                    let (ptr, _, on) = m.live.swap_remove(k);
+                    let si = on.unwrap_or(0);
+                    pool.free_async_raw(ptr, m.stream(si)).unwrap();
+                    m.frees += 1;
+                }
+            }
+            Op::Launch(i, t) => {
+                let stream_live: Vec<usize> = (0..m.live.len())
+                    .filter(|&k| m.live[k].2.is_some())
+                    .collect();
+                if !stream_live.is_empty() {
+                    let (ptr, bytes, on) = m.live[stream_live[i % stream_live.len()]];
+                    let t = usize::from(t) % 4;
+                    if Some(t) != on {
+                        pool.record_stream(ptr, m.stream(t)).unwrap();
+                    }
+                    assert_eq!(sim.launch(m.stream(t).0, ptr, bytes), CuResult::SUCCESS);
+                }
+            }
+            Op::Complete(si) => {
+                let s = m.stream(usize::from(si) % 4);
+                assert_eq!(sim.stream_complete(s.0), CuResult::SUCCESS);
+            }
+            Op::Capture(si) => match m.capture.take() {
+                Some(c) => {
+                    assert_eq!(
+                        sim.stream_end_capture(m.stream(c).0),
+                        CuResult::SUCCESS,
+                        "the capture ends valid"
+                    );
+                }
+                None => {
+                    let c = usize::from(si) % 3;
+                    assert_eq!(
+                        sim.stream_begin_capture(m.stream(c).0, CaptureMode::Global),
+                        CuResult::SUCCESS
+                    );
+                    m.capture = Some(c);
+                }
+            },
         }
         m.check(&pool, op);
+    }
+    if let Some(c) = m.capture {
+        assert_eq!(sim.stream_end_capture(m.stream(c).0), CuResult::SUCCESS);
     }
     sim.clear_failures();
     drop(pool);

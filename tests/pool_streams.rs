@@ -451,6 +451,15 @@ fn a_failed_event_record_holds_the_memory() {
     assert_eq!(snap.stream_call_failures, 1);
     // Still S's: S's own order is known.
     assert_eq!(pool.allocate_async_raw(G, s).unwrap(), p);
+    // A failed fence wait at trim: what it guards is released after a device
+    // synchronize instead (counted, not an error).
+    pool.free_async_raw(p, s).unwrap();
+    pool.free_async_raw(q, t).unwrap();
+    sim.inject_stream_failure(SimStreamCall::EventSynchronize, 1, CuResult::UNKNOWN);
+    pool.trim().unwrap();
+    let snap = check(&pool);
+    assert_eq!((snap.physical_bytes, snap.stream_call_failures), (0, 2));
+    assert_eq!(syncs(&sim), 1, "the fallback synchronize");
     no_faults(&sim);
 }
 
@@ -553,5 +562,26 @@ fn in_flight_frees_poll_with_backoff() {
         "nothing released yet"
     );
     assert_eq!(syncs(&sim), 0);
+    no_faults(&sim);
+}
+
+/// Found by the property test: memory freed during a capture while a recorded
+/// stream's live work still touches it is not reused in the capture until that work
+/// completes.
+#[test]
+fn a_capture_does_not_reuse_memory_a_recorded_stream_still_touches() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, 0);
+    let (s, t) = (stream(&sim), stream(&sim));
+    let p = pool.allocate_async_raw(8 * MIB, s).unwrap();
+    sim.stream_begin_capture(s.0, CaptureMode::Global);
+    pool.record_stream(p, t).unwrap();
+    sim.launch(t.0, p, 8 * MIB);
+    pool.free_async_raw(p, s).unwrap();
+    let q = pool.allocate_async_raw(8 * MIB, s).unwrap();
+    assert_ne!(q, p, "T's kernel still touches p");
+    sim.stream_complete(t.0);
+    let r = pool.allocate_async_raw(8 * MIB, s).unwrap();
+    assert_eq!(r, p, "T completed: the capture reuses p");
+    assert_eq!(sim.stream_end_capture(s.0), CuResult::SUCCESS);
     no_faults(&sim);
 }

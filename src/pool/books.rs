@@ -10,10 +10,15 @@ use super::index::ReuseIndex;
 use super::{ReusePolicy, Snapshot};
 use crate::driver::{DevicePtr, Event, PhysicalHandle, Reservation, Stream};
 
-/// The bucket of memory any caller may take at once: freed with the synchronous
-/// `free` (the caller's promise; released after a device synchronize), or freed on a
-/// stream whose work up to the free is known complete.
+/// The bucket of memory any caller may take at once: freed on a stream whose work up
+/// to the free is known complete (a fence completed). Released with no synchronize.
 pub(super) const ANY: u32 = 0;
+
+/// The bucket of memory freed with the synchronous `free`: work the caller queued
+/// before it may still run (the synchronous API's contract: a release synchronizes
+/// the device first), so only the synchronous `allocate` takes it (as before stream
+/// order existed), and it is released only after a device synchronize.
+pub(super) const SYNC_FREED: u32 = 2;
 
 /// The bucket of memory nobody may take: freed on a stream whose order the pool
 /// could not track (a stream or event call failed). Released only after a device
@@ -27,6 +32,8 @@ pub(super) enum BucketKind {
     Any,
     /// [`HELD`].
     Held,
+    /// [`SYNC_FREED`].
+    SyncFreed,
     /// Freed on this stream (`free_async`), not yet known complete: reusable on the
     /// stream at once, elsewhere after a fence.
     Stream(Stream),
@@ -144,7 +151,7 @@ impl Mapping {
             mapped: true,
             handle_live: true,
             reservation_live: true,
-            bucket: ANY,
+            bucket: SYNC_FREED,
             mark: 0,
             needs_sync: true,
             freed_on: None,
@@ -193,7 +200,8 @@ pub(super) struct State {
     /// Incremented by every `retention_begin`: names the open scope, so that a
     /// [`RetentionScope`] guard closes only the scope it opened.
     pub(super) scope_epoch: u64,
-    /// Stream-order buckets, indexed by bucket number ([`ANY`], [`HELD`], then
+    /// Stream-order buckets, indexed by bucket number ([`ANY`], [`HELD`],
+    /// [`SYNC_FREED`], then
     /// streams and captures as first seen).
     pub(super) buckets: Vec<Bucket>,
     /// Bucket of each stream seen (by raw handle; the legacy stream as 0).
@@ -233,7 +241,11 @@ impl State {
             },
             scope_epoch: 0,
             releases_running: 0,
-            buckets: vec![Bucket::new(BucketKind::Any), Bucket::new(BucketKind::Held)],
+            buckets: vec![
+                Bucket::new(BucketKind::Any),
+                Bucket::new(BucketKind::Held),
+                Bucket::new(BucketKind::SyncFreed),
+            ],
             by_stream: HashMap::new(),
             by_capture: HashMap::new(),
             recorded: HashMap::new(),
@@ -276,7 +288,7 @@ impl State {
         let counter = match kind {
             Some(BucketKind::Stream(_) | BucketKind::Held) => &mut c.event_wait_bytes,
             Some(BucketKind::Capture { .. }) => &mut c.capture_held_bytes,
-            Some(BucketKind::Any) | None => return,
+            Some(BucketKind::Any | BucketKind::SyncFreed) | None => return,
         };
         if add {
             *counter += size;

@@ -35,7 +35,7 @@ use crate::driver::sim::SimDriver;
 use crate::driver::{DevicePtr, Driver, DriverError, Stream};
 use crate::error::{Error, Result};
 use crate::sync::{lock, wait, Condvar, Mutex};
-use books::{MappingState, State, ANY};
+use books::{MappingState, State, ANY, SYNC_FREED};
 use release::{Batch, Captures};
 use std::sync::Arc;
 /// A pool of whole CUDA virtual-memory mappings on one device.
@@ -208,7 +208,7 @@ impl Pool {
     }
 
     /// Takes an idle mapping for the caller: on `stream` (with its capture), or,
-    /// with `None`, for the synchronous API ([`ANY`] only).
+    /// with `None`, for the synchronous API ([`SYNC_FREED`], then [`ANY`]).
     fn take_for(
         &self,
         st: &mut State,
@@ -219,7 +219,9 @@ impl Pool {
     ) -> Option<DevicePtr> {
         match on {
             Some((s, capture)) => self.take_for_stream(st, s, capture, rounded, bytes, max_size),
-            None => st.take_idle(ANY, rounded, bytes, self.policy, max_size),
+            None => st
+                .take_idle(SYNC_FREED, rounded, bytes, self.policy, max_size)
+                .or_else(|| st.take_idle(ANY, rounded, bytes, self.policy, max_size)),
         }
     }
 
@@ -261,7 +263,9 @@ impl Pool {
                     Some((s, capture)) => {
                         self.take_forced_for_stream(&mut st, s, capture, rounded, bytes)
                     }
-                    None => st.take_forced(ANY, rounded, bytes),
+                    None => st
+                        .take_forced(SYNC_FREED, rounded, bytes)
+                        .or_else(|| st.take_forced(ANY, rounded, bytes)),
                 };
                 if let Some(ptr) = forced {
                     return Ok(ptr);
@@ -275,10 +279,11 @@ impl Pool {
         // Outside a scope: release what is idle, look again, retry once. A failed
         // release (a synchronize refused during a capture, say) is already counted
         // and its mappings kept; the retry then reports the out-of-memory.
-        // On a stream being captured, nothing that needs a device synchronize is
-        // released: the synchronize would invalidate the capture.
-        let capturing = matches!(on, Some((_, Some(_))));
-        let _ = self.release_now(Captures::Keep, !capturing, false);
+        // A stream-ordered allocation never synchronizes the device (a capture may be
+        // open on any stream): it releases only memory whose fences completed. The
+        // synchronous `allocate` keeps its meaning: everything idle, after a device
+        // synchronize.
+        let _ = self.release_now(Captures::Keep, on.is_none(), false);
         if let Some(ptr) = self.take_for(&mut lock(&self.state), on, rounded, bytes, max_size) {
             return Ok(ptr);
         }
@@ -332,7 +337,7 @@ impl Pool {
             st.make_idle(slot);
             st.recorded.remove(&slot);
             if st.counters.scope_open || st.counters.idle_bytes <= self.release_threshold {
-                st.index_insert(slot, ANY);
+                st.index_insert(slot, SYNC_FREED);
                 return Ok(());
             }
             let m = st.mapping_mut(slot);

@@ -6,7 +6,7 @@
 //! retried at the next release point. Mappings whose stream work is known complete
 //! (a fence event completed, `streams.rs`) need no synchronize.
 
-use super::books::{BucketKind, Mapping, MappingState, State, ANY, HELD};
+use super::books::{BucketKind, Mapping, MappingState, State, ANY, HELD, SYNC_FREED};
 use super::Pool;
 use crate::driver::{DriverCall, DriverError};
 use crate::error::{Error, Result};
@@ -69,12 +69,13 @@ impl State {
         batch.mappings.push((slot, *m));
     }
 
-    /// Every idle mapping any caller could take or nobody may ([`ANY`], [`HELD`]),
+    /// Every idle mapping any caller could take, the synchronous API's, and those
+    /// nobody may take ([`ANY`], [`SYNC_FREED`], [`HELD`]),
     /// those of the capture buckets `captures` names, and every pending one, for a
     /// release point. Memory still waiting on a stream's fence is left alone; without
     /// `may_sync`, so is memory whose release needs a device synchronize.
     pub(super) fn collect_all(&mut self, batch: &mut Batch, captures: Captures, may_sync: bool) {
-        let mut buckets = vec![ANY, HELD];
+        let mut buckets = vec![ANY, HELD, SYNC_FREED];
         for (i, b) in self.buckets.iter().enumerate() {
             if let BucketKind::Capture { epoch, .. } = b.kind {
                 let take = match captures {
@@ -352,7 +353,7 @@ impl Pool {
                     c.live_mapped_bytes -= size;
                     c.idle_count += 1;
                     c.idle_bytes += size;
-                    st.index_insert(slot, ANY);
+                    st.index_insert(slot, SYNC_FREED);
                 }
             }
             last = self.release_now(Captures::All, true, true);

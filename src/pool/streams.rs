@@ -289,7 +289,12 @@ impl Pool {
             };
             if let Some(cid) = capture {
                 let b = st.capture_bucket(cid);
-                st.index_insert(slot, b);
+                match recorded {
+                    // Live work on the recorded streams may still touch it: the
+                    // capture reuses it only once their fences complete.
+                    Some(others) => self.defer(&mut st, slot, b, stream, &others),
+                    None => st.index_insert(slot, b),
+                }
                 return Ok(());
             }
             let own = st.stream_bucket(stream);
@@ -336,8 +341,9 @@ impl Pool {
         Ok(())
     }
 
-    /// Books idle `slot` (freed on `stream`, bucket `own`) as waiting for fences on
-    /// the recorded streams `others`, recording them now.
+    /// Books idle `slot` (freed on `stream`, to go to bucket `own`: the stream's, or
+    /// the capture's) as waiting for fences on the recorded streams `others`,
+    /// recording them now.
     fn defer(&self, st: &mut State, slot: u32, own: u32, stream: Stream, others: &[Stream]) {
         let mut needs = Vec::with_capacity(others.len());
         for &s in others {
@@ -553,12 +559,15 @@ impl Pool {
     /// (`cuEventSynchronize`, relaxed capture mode, outside the lock), moves what
     /// completed to [`ANY`], then releases [`ANY`], [`HELD`] and the capture buckets
     /// `captures` names (one device synchronize first only if a mapping needs one).
-    /// Without `may_sync` (an out-of-memory on a stream being captured), memory that
-    /// needs a device synchronize is kept. With `destroying`, memory whose stream work
-    /// could not be confirmed complete is released after a device synchronize
-    /// instead of kept.
+    /// Memory whose stream work could not be confirmed complete (a failed stream or
+    /// event call) is released after a device synchronize instead, counted in
+    /// `stream_call_failures`. Without `may_sync` (an out-of-memory on a stream being
+    /// captured), or while a stream with idle memory is being captured (unless
+    /// `destroying`), nothing that needs a device synchronize is released: that
+    /// synchronize would invalidate the capture.
     ///
-    /// Errors: the first stream, event or release step that failed.
+    /// Errors: the first failed release step; a failed event wait only when the
+    /// memory it guards was kept.
     pub(super) fn release_now(
         &self,
         captures: Captures,
@@ -566,6 +575,7 @@ impl Pool {
         destroying: bool,
     ) -> Result<()> {
         let mut first: Option<Error> = None;
+        let mut capturing = false;
         let waits: Vec<(u32, Fence)> = {
             let mut st = lock(&self.state);
             let streams = stream_buckets(&st);
@@ -577,8 +587,10 @@ impl Pool {
             needed.sort_unstable();
             needed.dedup();
             for &b in &streams {
-                if !st.idle.bucket_is_empty(b) || needed.contains(&b) {
-                    let _ = self.cover(&mut st, b);
+                if (!st.idle.bucket_is_empty(b) || needed.contains(&b))
+                    && self.cover(&mut st, b) == Cover::Capturing
+                {
+                    capturing = true;
                 }
             }
             streams
@@ -593,6 +605,9 @@ impl Pool {
                 results.push((b, f, self.driver.event_synchronize(f.event)));
             }
         }
+        // A stream being captured now: a device synchronize would invalidate its
+        // capture, so nothing that needs one is released (unless destroying).
+        let may_sync = destroying || (may_sync && !capturing);
         let mut batch = Batch::default();
         {
             let mut st = lock(&self.state);
@@ -616,8 +631,11 @@ impl Pool {
                 self.settle_bucket(&mut st, b, None, &mut unused);
             }
             self.settle_deferred(&mut st);
-            if destroying {
+            if may_sync {
+                // What a failed stream or event call left unconfirmed is released
+                // after the device synchronize instead (counted, not an error).
                 hold_unconfirmed(&mut st, &streams);
+                first = None;
             }
             st.collect_all(&mut batch, captures, may_sync);
             st.start_release(&batch);
@@ -680,8 +698,9 @@ fn complete_through(st: &mut State, b: u32, covers: u64) {
     st.counters.events_outstanding -= retired;
 }
 
-/// Destroy: memory still waiting on a stream (or on recorded streams) goes to
-/// [`HELD`], released after a device synchronize.
+/// A release point that may synchronize the device: memory still waiting on a
+/// stream's fence (or on recorded streams') after the waits (a stream or event call
+/// failed) goes to [`HELD`], released after the device synchronize.
 fn hold_unconfirmed(st: &mut State, streams: &[u32]) {
     for &b in streams {
         for slot in st.idle.slots_in(b) {

@@ -403,3 +403,58 @@ fn begin_races_finish() {
         drop_and_check_empty(pool, sim);
     });
 }
+
+/// (h) Stream order: a stream-ordered free (threshold 0, so it polls the fence of its
+/// stream and releases what completed) races a trim (which records fences, waits on
+/// them and releases) while the device completes the stream's kernel and another
+/// free follows. In every interleaving no memory is unmapped while the kernel may
+/// still touch it (the simulated driver would record a fault), nothing is released
+/// twice, the books balance, and a final trim leaves nothing.
+#[test]
+fn stream_free_races_polling_release() {
+    model("stream_free_races_polling_release", Some(4), || {
+        let (pool, sim) = new_pool();
+        let s = flare_package::Stream(sim.stream_create().unwrap());
+        let p = pool.allocate_async_raw(2 * MIB, s).unwrap();
+        let q = pool.allocate_async_raw(4 * MIB, s).unwrap();
+        assert_eq!(sim.launch(s.0, p, 2 * MIB), CuResult::SUCCESS);
+        let t1 = {
+            let pool = pool.clone();
+            thread::spawn(move || pool.free_async_raw(p, s).unwrap())
+        };
+        let t2 = {
+            let pool = pool.clone();
+            thread::spawn(move || pool.trim().unwrap())
+        };
+        let t3 = {
+            let (pool, sim) = (pool.clone(), sim.clone());
+            thread::spawn(move || {
+                assert_eq!(sim.stream_complete(s.0), CuResult::SUCCESS);
+                pool.free_async_raw(q, s).unwrap();
+            })
+        };
+        invariants(&pool.snapshot());
+        t1.join().unwrap();
+        t2.join().unwrap();
+        t3.join().unwrap();
+        let s1 = pool.snapshot();
+        invariants(&s1);
+        no_failures(&s1);
+        assert_eq!((s1.live_count, s1.frees), (0, 2));
+        pool.trim().unwrap();
+        let s2 = pool.snapshot();
+        invariants(&s2);
+        assert_eq!(
+            (
+                s2.physical_bytes,
+                s2.mappings_released,
+                s2.events_outstanding
+            ),
+            (0, 2, 0),
+            "{s2:#?}"
+        );
+        assert_eq!(sim.call_count(DriverCall::Synchronize), 0);
+        assert!(sim.faults().is_empty(), "driver faults: {:?}", sim.faults());
+        drop_and_check_empty(pool, sim);
+    });
+}

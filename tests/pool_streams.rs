@@ -585,3 +585,22 @@ fn a_capture_does_not_reuse_memory_a_recorded_stream_still_touches() {
     assert_eq!(sim.stream_end_capture(s.0), CuResult::SUCCESS);
     no_faults(&sim);
 }
+
+/// Found by the property test: memory freed on S with a recorded stream comes back
+/// to S's bucket after the recorded stream's fence, and a finish then waits on a
+/// fence of S too and releases it (it was left idle, unfenced).
+#[test]
+fn finish_releases_memory_that_waited_on_a_recorded_stream() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, 0);
+    let s = stream(&sim);
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    pool.retention_begin().unwrap();
+    pool.record_stream(p, Stream::LEGACY).unwrap();
+    sim.launch(0, p, G);
+    pool.free_async_raw(p, s).unwrap();
+    pool.retention_finish().unwrap();
+    let snap = check(&pool);
+    assert_eq!((snap.idle_bytes, snap.physical_bytes), (0, 0), "{snap:#?}");
+    assert_eq!(syncs(&sim), 0);
+    no_faults(&sim);
+}

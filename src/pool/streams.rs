@@ -185,11 +185,11 @@ impl Pool {
             }
         }
         self.poll(&mut st, &candidates);
+        self.settle_deferred(&mut st);
         let mut moved = Batch::default();
         for &b in &candidates {
             self.settle_bucket(&mut st, b, None, &mut moved);
         }
-        self.settle_deferred(&mut st);
         match target {
             // Deferred memory freed on `s` may have come back to its own bucket.
             Some(s) => self.take_for_stream(&mut st, s, capture, rounded, bytes, max_size),
@@ -443,18 +443,19 @@ impl Pool {
     fn poll(&self, st: &mut State, buckets: &[u32]) -> bool {
         let mut list: Vec<u32> = buckets.to_vec();
         for d in &st.deferred {
-            for &(b, _) in &d.needs {
-                if !list.contains(&b) {
+            let own = st.mapping(d.slot).bucket;
+            for b in d.needs.iter().map(|&(b, _)| b).chain(std::iter::once(own)) {
+                let stream = matches!(st.buckets[b as usize].kind, BucketKind::Stream(_));
+                if stream && !list.contains(&b) {
                     list.push(b);
                 }
             }
         }
-        for &b in &list {
+        for (i, &b) in list.iter().enumerate() {
             let bucket = &st.buckets[b as usize];
-            if bucket.fences.is_empty()
-                && bucket.fenced < bucket.marks
-                && !st.idle.bucket_is_empty(b)
-            {
+            // Deferred memory's buckets (after `buckets`) are waited on even empty.
+            let waited_on = i >= buckets.len() || !st.idle.bucket_is_empty(b);
+            if bucket.fences.is_empty() && bucket.fenced < bucket.marks && waited_on {
                 let _ = self.cover(st, b);
             }
         }
@@ -492,11 +493,11 @@ impl Pool {
             .filter(|&b| matches!(st.buckets[b as usize].kind, BucketKind::Stream(_)))
             .collect();
         self.poll(st, &streams);
+        self.settle_deferred(st);
         let mut released = Batch::default();
         for &b in &streams {
             self.settle_bucket(st, b, Some(self.release_threshold), &mut released);
         }
-        self.settle_deferred(st);
         let found = !released.mappings.is_empty();
         batch.mappings.append(&mut released.mappings);
         st.poll_interval = if found {
@@ -576,21 +577,30 @@ impl Pool {
     ) -> Result<()> {
         let mut first: Option<Error> = None;
         let mut capturing = false;
+        // Buckets whose fence could not be recorded or waited on.
+        let mut failed: Vec<u32> = Vec::new();
         let waits: Vec<(u32, Fence)> = {
             let mut st = lock(&self.state);
             let streams = stream_buckets(&st);
+            // Deferred memory waits on its recorded streams' fences and, once back,
+            // on its own stream's.
             let mut needed: Vec<u32> = st
                 .deferred
                 .iter()
-                .flat_map(|d| d.needs.iter().map(|&(b, _)| b))
+                .flat_map(|d| {
+                    let own = st.mapping(d.slot).bucket;
+                    d.needs.iter().map(|&(b, _)| b).chain(std::iter::once(own))
+                })
                 .collect();
             needed.sort_unstable();
             needed.dedup();
             for &b in &streams {
-                if (!st.idle.bucket_is_empty(b) || needed.contains(&b))
-                    && self.cover(&mut st, b) == Cover::Capturing
-                {
-                    capturing = true;
+                if !st.idle.bucket_is_empty(b) || needed.contains(&b) {
+                    match self.cover(&mut st, b) {
+                        Cover::Covered => {}
+                        Cover::Capturing => capturing = true,
+                        Cover::Failed => failed.push(b),
+                    }
                 }
             }
             streams
@@ -616,6 +626,7 @@ impl Pool {
                     Ok(()) => complete_through(&mut st, b, f.covers),
                     Err(e) => {
                         count_stream_failure(&mut st, e);
+                        failed.push(b);
                         if first.is_none() {
                             first = Some(Error::Driver {
                                 source: e,
@@ -626,15 +637,18 @@ impl Pool {
                 }
             }
             let streams = stream_buckets(&st);
+            self.settle_deferred(&mut st);
             let mut unused = Batch::default();
             for &b in &streams {
                 self.settle_bucket(&mut st, b, None, &mut unused);
             }
-            self.settle_deferred(&mut st);
             if may_sync {
                 // What a failed stream or event call left unconfirmed is released
                 // after the device synchronize instead (counted, not an error).
-                hold_unconfirmed(&mut st, &streams);
+                // Memory freed after this release point recorded its fences is left
+                // for a later one.
+                let hold = if destroying { &streams } else { &failed };
+                hold_unconfirmed(&mut st, hold, destroying);
                 first = None;
             }
             st.collect_all(&mut batch, captures, may_sync);
@@ -698,22 +712,37 @@ fn complete_through(st: &mut State, b: u32, covers: u64) {
     st.counters.events_outstanding -= retired;
 }
 
-/// A release point that may synchronize the device: memory still waiting on a
-/// stream's fence (or on recorded streams') after the waits (a stream or event call
-/// failed) goes to [`HELD`], released after the device synchronize.
-fn hold_unconfirmed(st: &mut State, streams: &[u32]) {
-    for &b in streams {
+/// A release point that may synchronize the device: memory of buckets `buckets`
+/// still waiting on a fence after the waits (a stream or event call failed) goes to
+/// [`HELD`], released after the device synchronize; with `all`, so does every
+/// deferred mapping (destroy), else those waiting on those buckets.
+fn hold_unconfirmed(st: &mut State, buckets: &[u32], all: bool) {
+    for &b in buckets {
+        let completed = st.buckets[b as usize].completed;
         for slot in st.idle.slots_in(b) {
+            if st.mapping(slot).mark <= completed {
+                continue;
+            }
             st.index_remove(slot);
             st.mapping_mut(slot).needs_sync = true;
             st.index_insert(slot, HELD);
         }
     }
-    for d in std::mem::take(&mut st.deferred) {
-        let size = st.mapping(d.slot).size();
-        st.counters.event_wait_bytes -= size;
-        st.mapping_mut(d.slot).needs_sync = true;
-        st.index_insert(d.slot, HELD);
+    let mut i = 0;
+    while i < st.deferred.len() {
+        let waits_on_failed = st.deferred[i]
+            .needs
+            .iter()
+            .any(|(b, _)| buckets.contains(b));
+        if all || waits_on_failed {
+            let d = st.deferred.swap_remove(i);
+            let size = st.mapping(d.slot).size();
+            st.counters.event_wait_bytes -= size;
+            st.mapping_mut(d.slot).needs_sync = true;
+            st.index_insert(d.slot, HELD);
+        } else {
+            i += 1;
+        }
     }
 }
 

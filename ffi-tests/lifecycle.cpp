@@ -9,7 +9,9 @@
 #include <vector>
 
 static_assert(std::is_standard_layout<FlareSnapshot>::value, "FlareSnapshot is plain C");
-static_assert(sizeof(FlarePoolConfig) == 64, "FlarePoolConfig layout");
+static_assert(sizeof(FlarePoolConfig) == 72, "FlarePoolConfig layout");
+static_assert(offsetof(FlarePoolConfig, cross_stream_reuse) == 64, "FlarePoolConfig layout");
+static_assert(sizeof(FlareStream) == sizeof(void *), "FlareStream is a CUstream");
 static_assert(sizeof(FlareSnapshot) == 304, "FlareSnapshot layout");
 static_assert(offsetof(FlareSnapshot, reuse_forced_hits) == 240, "FlareSnapshot layout");
 static_assert(sizeof(FlareDestroyReport) == 40, "FlareDestroyReport layout");

@@ -146,10 +146,12 @@ static void test_config(void) {
           cfg.reuse_policy == FLARE_REUSE_BEST_FIT && cfg.release_threshold_bytes == 0 &&
           cfg.peer_devices == NULL && cfg.peer_device_count == 0 &&
           cfg.sim_capacity_bytes == 0 && cfg.sim_granularity_bytes == 0 &&
-          cfg.sim_device_count == 0 && cfg.best_fit_max_waste_percent == 30);
+          cfg.sim_device_count == 0 && cfg.best_fit_max_waste_percent == 30 &&
+          cfg.cross_stream_reuse == FLARE_CROSS_STREAM_WHEN_COMPLETE);
     /* Enum-valued fields are fixed-width integers, whatever the compiler makes of an
      * enum. */
-    CHECK(sizeof cfg.backend == 4 && sizeof cfg.reuse_policy == 4);
+    CHECK(sizeof cfg.backend == 4 && sizeof cfg.reuse_policy == 4 &&
+          sizeof cfg.cross_stream_reuse == 4);
     cfg.backend = FLARE_BACKEND_SIMULATED;
 
     CHECK_STATUS(flare_pool_create(NULL, &pool), FLARE_STATUS_INVALID_ARGUMENT);
@@ -265,13 +267,27 @@ static void test_config(void) {
             untouched &= u.bytes[k] == 0xcd;
         }
         CHECK(untouched && u.c.struct_size == sizeof(FlarePoolConfig));
-        CHECK(u.c.best_fit_max_waste_percent == 30 && u.c.sim_device_count == 0);
-        /* The padding after peer_device_count is zeroed, not left as garbage. */
+        CHECK(u.c.best_fit_max_waste_percent == 30 && u.c.sim_device_count == 0 &&
+              u.c.cross_stream_reuse == FLARE_CROSS_STREAM_WHEN_COMPLETE);
+        /* The padding after peer_device_count is zeroed, not left as garbage, and so
+         * is the tail padding after the last field. */
         for (k = offsetof(FlarePoolConfig, peer_device_count) + 4;
              k < offsetof(FlarePoolConfig, sim_capacity_bytes); k++) {
             zero &= u.bytes[k] == 0;
         }
+        for (k = offsetof(FlarePoolConfig, cross_stream_reuse) + 4; k < sizeof(FlarePoolConfig);
+             k++) {
+            zero &= u.bytes[k] == 0;
+        }
         CHECK(zero);
+        /* A caller compiled before cross_stream_reuse (sizeof 64): not one byte more. */
+        memset(&u, 0xcd, sizeof u);
+        flare_pool_config_init(&u.c, offsetof(FlarePoolConfig, cross_stream_reuse));
+        untouched = 1;
+        for (k = offsetof(FlarePoolConfig, cross_stream_reuse); k < sizeof u; k++) {
+            untouched &= u.bytes[k] == 0xcd;
+        }
+        CHECK(untouched && u.c.struct_size == 64 && u.c.best_fit_max_waste_percent == 30);
     }
     {
         /* The best-fit waste bound: inside a scope, 4 MiB freed, then 2 MiB asked for.
@@ -320,9 +336,24 @@ static void test_config(void) {
         st = flare_pool_create(&c, &pool);
         CHECK(st == FLARE_STATUS_NO_DRIVER || st == FLARE_STATUS_SUCCESS);
         if (st == FLARE_STATUS_SUCCESS) {
+            FlareStream stream = (FlareStream)(uintptr_t)0x5e5e;
+            void *p = NULL;
+            uint64_t faults = 77;
+            int valid = 7;
             CHECK_STATUS(flare_sim_inject_failure(pool, FLARE_CALL_MAP, 1, 999),
                          FLARE_STATUS_NOT_SUPPORTED);
             CHECK_STATUS(flare_sim_inject_panic(pool), FLARE_STATUS_NOT_SUPPORTED);
+            /* The simulated streams: a CUDA pool has real ones. */
+            CHECK_STATUS(flare_sim_stream_create(pool, &stream), FLARE_STATUS_NOT_SUPPORTED);
+            CHECK(stream == (FlareStream)(uintptr_t)0x5e5e);
+            OK(flare_package_allocate(pool, 1, &p));
+            CHECK_STATUS(flare_sim_launch(pool, NULL, p, 1), FLARE_STATUS_NOT_SUPPORTED);
+            CHECK_STATUS(flare_sim_stream_complete(pool, NULL), FLARE_STATUS_NOT_SUPPORTED);
+            CHECK_STATUS(flare_sim_begin_capture(pool, NULL), FLARE_STATUS_NOT_SUPPORTED);
+            CHECK_STATUS(flare_sim_end_capture(pool, NULL, &valid), FLARE_STATUS_NOT_SUPPORTED);
+            CHECK_STATUS(flare_sim_faults(pool, &faults), FLARE_STATUS_NOT_SUPPORTED);
+            CHECK(valid == 7 && faults == 77);
+            OK(flare_package_free(pool, p));
             OK(flare_pool_destroy(pool));
         } else {
             fprintf(stderr, "  (CUDA backend: %s, as expected without a GPU)\n",
@@ -414,8 +445,8 @@ static void test_lifecycle(void) {
  * 2 MiB asked for. The idle mapping is 100% over the request, past the default
  * best-fit bound (30%), so it is not a policy fit; creating 2 MiB more does not fit
  * (4 + 2 > 4), and a scope releases nothing: the pool takes the idle mapping rather
- * than fail, a forced reuse, counted in reuse_forced_hits (the last field, added
- * after reserve_failures). */
+ * than fail, a forced reuse, counted in reuse_forced_hits (a field added after
+ * reserve_failures, before the stream-order counters of issue 11). */
 static void test_forced_reuse(void) {
     FlarePool *pool = new_pool(FLARE_REUSE_BEST_FIT, 4 * MiB, 0);
     FlareSnapshot s, old;
@@ -435,7 +466,9 @@ static void test_forced_reuse(void) {
      * field's bytes are left as they are. */
     CHECK(offsetof(FlareSnapshot, reuse_forced_hits) ==
               offsetof(FlareSnapshot, reserve_failures) + 8 &&
-          sizeof(FlareSnapshot) == offsetof(FlareSnapshot, reuse_forced_hits) + 8);
+          offsetof(FlareSnapshot, events_outstanding) ==
+              offsetof(FlareSnapshot, reuse_forced_hits) + 8 &&
+          sizeof(FlareSnapshot) == offsetof(FlareSnapshot, stream_call_failures) + 8);
     memset(&old, 0xab, sizeof old);
     old.struct_size = (uint32_t)offsetof(FlareSnapshot, reuse_forced_hits);
     OK(flare_pool_snapshot(pool, &old));
@@ -974,6 +1007,9 @@ static void test_threads(int in_scope, uint64_t threshold) {
     OK(flare_pool_destroy(pool));
 }
 
+/* Stream order (issue 11): its own file, with the helpers above. */
+#include "stream_tests.h"
+
 static int run_all_tests(const char *language) {
     fprintf(stderr, "flare-package %d.%d.%d C ABI tests (%s)\n", FLARE_PACKAGE_VERSION_MAJOR,
             FLARE_PACKAGE_VERSION_MINOR, FLARE_PACKAGE_VERSION_PATCH, language);
@@ -992,6 +1028,12 @@ static int run_all_tests(const char *language) {
     test_threads(0, 0);
     test_threads(0, 64 * MiB);
     test_threads(1, 0);
+    test_stream_bad_inputs();
+    test_sim_streams();
+    test_stream_same_stream_reuse();
+    test_stream_cross_stream();
+    test_stream_capture();
+    test_stream_record();
     printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
 }

@@ -120,6 +120,34 @@ typedef enum FlareReusePolicy {
 } FlareReusePolicy;
 
 /**
+ * When memory freed on one stream (`flare_package_free_async`) may be handed to
+ * an allocation on another (`flare_package_allocate_async`), the
+ * `cross_stream_reuse` field of `FlarePoolConfig`. Memory freed on the allocating
+ * stream itself is always reused at once: stream order makes it safe. The
+ * numbers are stable; 0 is the default, so a zeroed field means it.
+ */
+typedef enum FlareCrossStreamReuse {
+    /**
+     * Memory freed on stream T is handed to an allocation on another stream
+     * S only once T's work up to the free has completed (a fence event
+     * recorded on T and polled with `cuEventQuery`). The default: no stream
+     * ever waits on another because of the pool.
+     */
+    FLARE_CROSS_STREAM_WHEN_COMPLETE = 0,
+    /**
+     * Memory freed on T is reused only by allocations on T (or once a
+     * release point has seen T's work complete).
+     */
+    FLARE_CROSS_STREAM_NEVER = 1,
+    /**
+     * Memory freed on T is handed to S at once, after making S wait on a
+     * fence event recorded on T (`cuStreamWaitEvent`): the least memory, at
+     * the price of a cross-stream dependency.
+     */
+    FLARE_CROSS_STREAM_WAIT = 2,
+} FlareCrossStreamReuse;
+
+/**
  * The driver calls a pool makes, for `flare_sim_inject_failure`. The numbers are
  * stable.
  */
@@ -241,10 +269,20 @@ typedef struct FlarePoolConfig {
      * the size). `flare_pool_config_init` writes the default, 30 (chosen by
      * replaying real traces, BENCHMARKS.md); 0 is also taken as that default (a
      * bound of 0% is `FLARE_REUSE_EXACT`). Added in 0.1.0 after `sim_device_count`,
-     * in what was the struct's tail padding (`sizeof` stays 64): a caller compiled
+     * in what was the struct's tail padding (`sizeof` stayed 64): a caller compiled
      * with an older header must have initialised or zeroed the whole struct.
      */
     uint32_t best_fit_max_waste_percent;
+    /**
+     * When memory freed on one stream may serve an allocation on another, a
+     * `FlareCrossStreamReuse` value (default, and 0,
+     * `FLARE_CROSS_STREAM_WHEN_COMPLETE`; an unknown value is
+     * `FLARE_STATUS_INVALID_ARGUMENT`). Only the stream-ordered calls
+     * (`flare_package_allocate_async`, `flare_package_free_async`) use it. Added
+     * in 0.1.0 after `best_fit_max_waste_percent` (`sizeof` grew from 64 to 72):
+     * an older caller's `struct_size` of 64 leaves it at its default.
+     */
+    uint32_t cross_stream_reuse;
 } FlarePoolConfig;
 
 /**
@@ -477,6 +515,15 @@ typedef struct FlareSnapshot {
     uint64_t stream_call_failures;
 } FlareSnapshot;
 
+/**
+ * A CUDA stream as C passes it: a `CUstream` (or a runtime `cudaStream_t`, the same
+ * handle), never dereferenced by the library. NULL is the legacy default stream of
+ * the current context (as `CU_STREAM_LEGACY`, 1, is too); `CU_STREAM_PER_THREAD` (2)
+ * and created streams are passed through unchanged. On the simulated backend, a
+ * handle from `flare_sim_stream_create`, or NULL.
+ */
+typedef void *FlareStream;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -488,14 +535,15 @@ extern "C" {
  * sizeof(FlarePoolConfig))`, `FLARE_BACKEND_SIMULATED` (set `FLARE_BACKEND_CUDA` for
  * real memory), device 0, `FLARE_REUSE_BEST_FIT`, release threshold 0, no peers,
  * simulated capacity, granularity and device count 0 (their defaults: 140 GiB,
- * 2 MiB, 1 device), best-fit waste bound 30%.
+ * 2 MiB, 1 device), best-fit waste bound 30%, `FLARE_CROSS_STREAM_WHEN_COMPLETE`.
  *
  * Writes at most `config_size` bytes: only the fields lying wholly inside the first
  * `config_size` bytes (and inside this library's struct) are written, so an older
  * caller's smaller struct is never overrun, and the bytes of a newer caller's larger
- * struct past this library's fields are left as they are (a create by this library
- * does not read them). Padding between the written fields is zeroed. NULL, a
- * misaligned pointer or a `config_size` below 4: nothing is written. Thread-safe.
+ * struct past this library's struct are left as they are (a create by this library
+ * does not read them). Padding between the written fields is zeroed, and so is the
+ * tail padding when `config_size` covers the whole struct. NULL, a misaligned pointer
+ * or a `config_size` below 4: nothing is written. Thread-safe.
  *
  * # Safety
  * `config` is NULL or points to at least `config_size` writable bytes.
@@ -506,7 +554,8 @@ void flare_pool_config_init(struct FlarePoolConfig *config, size_t config_size);
  * Creates a pool from `*config` and writes it to `*out_pool`.
  *
  * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL argument, a bad `struct_size`,
- * an unknown backend or reuse policy, a negative device or peer ordinal, NULL
+ * an unknown backend, reuse policy or cross-stream reuse mode, a negative device or
+ * peer ordinal, NULL
  * `peer_devices` with a non-zero count; `FLARE_STATUS_NO_DRIVER` when the CUDA
  * backend is asked for and libcuda cannot be loaded or initialised;
  * `FLARE_STATUS_DRIVER_ERROR` when the granularity query fails.
@@ -679,6 +728,122 @@ enum FlareStatus flare_pool_trim(struct FlarePool *pool);
 enum FlareStatus flare_pool_snapshot(const struct FlarePool *pool, struct FlareSnapshot *out);
 
 /**
+ * Allocates `size` bytes of device memory for use on `stream`, stream-ordered (as
+ * `cuMemAllocAsync`), and writes its device address (a `CUdeviceptr`, aligned to the
+ * granularity) to `*out_ptr`. Work queued on `stream` from now on may use it; work on
+ * another stream must be ordered after this point on `stream` (an event), or the
+ * allocation marked with `flare_package_record_stream`.
+ *
+ * The size is rounded up to the granularity (2 MiB on an H200). Which idle memory it
+ * may take:
+ * - memory whose last free (`flare_package_free_async`) was on `stream` is handed out
+ *   at once, even with work still queued on it: stream order runs that work before
+ *   anything queued after this call;
+ * - memory freed on another stream T, under the pool's `cross_stream_reuse`:
+ *   `FLARE_CROSS_STREAM_WHEN_COMPLETE` (default) only once T's work up to that free
+ *   has completed (a fence event recorded on T, polled with `cuEventQuery`);
+ *   `FLARE_CROSS_STREAM_WAIT` at once, after making `stream` wait on that fence
+ *   (`cuStreamWaitEvent`); `FLARE_CROSS_STREAM_NEVER` not until a release point has
+ *   seen T's work complete;
+ * - memory freed during a stream capture, only by allocations in the same capture
+ *   (after it, the memory is kept for the graph's replays: see
+ *   `flare_package_free_async`).
+ *
+ * Otherwise a new mapping is created (create, reserve, map, set access), which is
+ * legal during a capture (VMM calls do not break one, measured on an H200,
+ * `docs/vmm-semantics.md`). The reuse policy and the release threshold apply as for
+ * `flare_package_allocate`. `stream` may be captured (`cuStreamGetCaptureInfo`); no
+ * call made here breaks a capture, on this stream or any other: every event query
+ * runs with the calling thread in relaxed capture mode
+ * (`cuThreadExchangeStreamCaptureMode`, restored after), the rule measured on an H200
+ * ("Events and stream queries while another stream is captured").
+ *
+ * `stream` NULL: the legacy default stream.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool or `out_ptr`, or a size of
+ * 0 (or one whose rounding overflows); `FLARE_STATUS_REQUEST_TOO_LARGE` when the
+ * rounded size is more than the device's total memory; `FLARE_STATUS_OUT_OF_MEMORY`
+ * when the device is full now (after waiting on the fences of memory freed on streams,
+ * `cuEventSynchronize` on those events alone, and releasing it, outside a retention
+ * scope); `FLARE_STATUS_DRIVER_ERROR` for another failed driver call (nothing leaked);
+ * `FLARE_STATUS_INTERNAL` on a poisoned pool. Nothing is written on failure.
+ *
+ * Ownership: the memory belongs to the pool; free it with `flare_package_free_async`
+ * (or `flare_package_free`) on the same pool, or it is released by
+ * `flare_pool_destroy`. Thread-safe.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool; `out_ptr` is NULL or writable. `stream` is only
+ * passed to the driver, never dereferenced; on a CUDA pool it must be a live stream
+ * of the pool's device's context (or NULL), as for any CUDA call.
+ */
+enum FlareStatus flare_package_allocate_async(struct FlarePool *pool,
+                                              size_t size,
+                                              FlareStream stream,
+                                              void **out_ptr);
+
+/**
+ * Frees an allocation of this pool on `stream`, stream-ordered (as `cuMemFreeAsync`),
+ * given the exact address an allocation returned.
+ *
+ * The caller promises that every use of `ptr` is ordered before this point on
+ * `stream`, or is on a stream given to `flare_package_record_stream`. No host
+ * synchronization, ever, on this path: the call returns at once, work still queued
+ * on `stream` included. `ptr` is reusable by allocations on `stream` at once
+ * (`flare_package_allocate_async`), by other streams as `cross_stream_reuse` says.
+ * It is released (unmap, release, free the reservation) only once a fence event
+ * recorded on `stream`, and on each stream given to `flare_package_record_stream`, at
+ * or after this free has completed: polled with `cuEventQuery` at release points, and
+ * waited on with `cuEventSynchronize` on those events alone when the pool must
+ * release now (out-of-memory retry, `flare_pool_trim`, `flare_retention_finish`,
+ * `flare_pool_destroy`). Never `cuCtxSynchronize`, and no event on the legacy stream.
+ * Inside a retention scope nothing is released; outside, the release threshold
+ * applies as for `flare_package_free`.
+ *
+ * On a stream being captured: the free never synchronizes, never unmaps and records
+ * nothing that breaks the capture. Memory freed during a capture is reused only by
+ * later allocations in the same capture, and afterwards is kept (a graph may replay
+ * into it) until the retention scope open when the capture began finishes or aborts,
+ * or, with none open, until `flare_pool_trim` or `flare_pool_destroy`.
+ *
+ * `ptr` NULL: `FLARE_STATUS_SUCCESS`, nothing happens (with a valid pool), as for
+ * `flare_package_free`. `stream` NULL: the legacy default stream.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool;
+ * `FLARE_STATUS_UNKNOWN_POINTER` for a pointer this pool did not hand out, an interior
+ * pointer or a second free (nothing changes); `FLARE_STATUS_INTERNAL` on a poisoned
+ * pool. A stream or event call that fails is counted (`stream_call_failures`) and
+ * its memory kept for a later release point: it does not fail the free. Thread-safe.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool. `ptr` is only compared, never dereferenced;
+ * `stream` only passed to the driver (see `flare_package_allocate_async`).
+ */
+enum FlareStatus flare_package_free_async(struct FlarePool *pool, void *ptr, FlareStream stream);
+
+/**
+ * Marks a live allocation as used by work on `stream` too, as PyTorch's
+ * `Tensor.record_stream` does: its stream-ordered free (`flare_package_free_async`)
+ * then also waits for `stream`'s work queued up to the free, before the memory is
+ * reused (on any stream) or released. Call it before the free, for each other stream
+ * that uses the allocation.
+ *
+ * `ptr` NULL: `FLARE_STATUS_SUCCESS`, nothing happens (an empty tensor's storage has
+ * no memory; PyTorch's `recordStream` ignores it too). `stream` NULL: the legacy
+ * default stream.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool;
+ * `FLARE_STATUS_UNKNOWN_POINTER` for a pointer that is not a live allocation of this
+ * pool (interior, freed, another pool's; nothing changes); `FLARE_STATUS_INTERNAL` on a
+ * poisoned pool. Thread-safe.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool. `ptr` is only compared, never dereferenced;
+ * `stream` only passed to the driver (see `flare_package_allocate_async`).
+ */
+enum FlareStatus flare_package_record_stream(struct FlarePool *pool, void *ptr, FlareStream stream);
+
+/**
  * The enumerator's name (`"FLARE_STATUS_OUT_OF_MEMORY"`), or
  * `"FLARE_STATUS_UNRECOGNIZED"` for a value outside the enum. Static storage, never
  * NULL, never freed. Thread-safe.
@@ -739,6 +904,133 @@ enum FlareStatus flare_sim_inject_failure(struct FlarePool *pool,
  * `pool` is NULL or a live pool.
  */
 enum FlareStatus flare_sim_inject_panic(struct FlarePool *pool);
+
+/**
+ * Simulated backend only: creates a stream on the pool's device (`cuStreamCreate`
+ * with `CU_STREAM_NON_BLOCKING`, the kind PyTorch uses and the kind the measured rows
+ * of `docs/vmm-semantics.md` were taken with: it does not synchronize with the legacy
+ * stream) and writes its handle to `*out_stream` (never NULL, never reused within the
+ * pool's simulated driver). Each pool has its own simulated driver, so a handle is a
+ * stream of the pool that made it only. Streams live as long as the pool.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool or `out_stream`;
+ * `FLARE_STATUS_NOT_SUPPORTED` on a CUDA pool; `FLARE_STATUS_INTERNAL` on a poisoned
+ * pool. Nothing is written on failure. Thread-safe.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool; `out_stream` is NULL or writable.
+ */
+enum FlareStatus flare_sim_stream_create(struct FlarePool *pool, FlareStream *out_stream);
+
+/**
+ * Simulated backend only: queues work on `stream` (a kernel launch,
+ * `cuLaunchKernel`) that reads and writes `[ptr, ptr + bytes)` until it completes:
+ * `flare_sim_stream_complete` of the stream (or of a stream ordered after it), or
+ * any synchronize that covers it (an event synchronize, a device synchronize).
+ * While it is queued, unmapping any of those bytes, or handing them to another
+ * stream not ordered after it, is a contract fault (`flare_sim_faults`). On a stream
+ * being captured the launch is a graph node instead: nothing is queued. `bytes` 0
+ * touches nothing but is still work in the stream's order.
+ *
+ * `stream` NULL: the legacy default stream (of the calling thread's current device,
+ * device 0 in the simulated driver), which waits for, and is waited for by, blocking
+ * streams only.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool, and when the simulated
+ * driver refuses the launch (nothing queued; the message gives the `CUresult`): a
+ * handle that is not a stream of this pool (`CUDA_ERROR_INVALID_HANDLE`), a byte of
+ * the range not mapped with access for the stream's device
+ * (`CUDA_ERROR_INVALID_VALUE`: on a GPU the launch would succeed and the kernel
+ * fault), a stream whose capture was invalidated
+ * (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`); `FLARE_STATUS_NOT_SUPPORTED` on a CUDA
+ * pool; `FLARE_STATUS_INTERNAL` on a poisoned pool. Thread-safe.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool. `ptr` is a device address, never dereferenced.
+ */
+enum FlareStatus flare_sim_launch(struct FlarePool *pool,
+                                  FlareStream stream,
+                                  const void *ptr,
+                                  size_t bytes);
+
+/**
+ * Simulated backend only: the device finishes all the work queued on `stream` so
+ * far, and all the work it was ordered after (events it waited on; on the legacy
+ * stream, earlier work of blocking streams). The test's stand-in for time passing on
+ * the GPU: it is no driver call, breaks no capture and is not counted. `stream` NULL:
+ * the legacy default stream.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool or a handle that was never
+ * a stream of this pool (`CUDA_ERROR_INVALID_HANDLE`); `FLARE_STATUS_NOT_SUPPORTED`
+ * on a CUDA pool; `FLARE_STATUS_INTERNAL` on a poisoned pool. Thread-safe.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool.
+ */
+enum FlareStatus flare_sim_stream_complete(struct FlarePool *pool, FlareStream stream);
+
+/**
+ * Simulated backend only: begins capturing `stream` on the calling thread
+ * (`cuStreamBeginCapture`) in global capture mode (`CU_STREAM_CAPTURE_MODE_GLOBAL`,
+ * PyTorch's default for `torch.cuda.graph`). From now on launches on `stream` are
+ * graph nodes, not work. While the capture is open, an event query or synchronize,
+ * or a stream query or synchronize, on any stream from any thread in global mode, and
+ * a device synchronize (`cuCtxSynchronize`) in any mode, invalidate it and count a
+ * contract fault; the same event and stream calls from a thread switched to relaxed
+ * mode (`cuThreadExchangeStreamCaptureMode`) leave it valid. These are the rows
+ * measured on an H200 (`docs/vmm-semantics.md`, "Events and stream queries while
+ * another stream is captured" and "Stream capture"); every VMM call stays legal.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool, and when the simulated
+ * driver refuses (nothing begins; the message gives the `CUresult`): `stream` NULL
+ * (the legacy stream cannot be captured, `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`), a
+ * handle that is not a stream of this pool, a stream already being captured
+ * (`CUDA_ERROR_ILLEGAL_STATE`); `FLARE_STATUS_NOT_SUPPORTED` on a CUDA pool;
+ * `FLARE_STATUS_INTERNAL` on a poisoned pool. Thread-safe.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool.
+ */
+enum FlareStatus flare_sim_begin_capture(struct FlarePool *pool, FlareStream stream);
+
+/**
+ * Simulated backend only: ends the capture `flare_sim_begin_capture` began on
+ * `stream` (`cuStreamEndCapture`), on the thread that began it, and writes to
+ * `*out_valid` 1 when the capture ended valid (the graph could be instantiated), 0
+ * when something invalidated it (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`: a call that
+ * breaks a capture was made while it was open, see `flare_sim_begin_capture`). The
+ * capture ends in both cases; an invalidated one is a success of this call.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool or `out_valid`, and when the
+ * simulated driver refuses (the capture, if any, stays open; the message gives the
+ * `CUresult`): a handle that is not a stream of this pool, a stream not being
+ * captured (`CUDA_ERROR_ILLEGAL_STATE`), a call from another thread than the one
+ * that began the capture (`CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`);
+ * `FLARE_STATUS_NOT_SUPPORTED` on a CUDA pool; `FLARE_STATUS_INTERNAL` on a poisoned
+ * pool. Nothing is written on failure.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool; `out_valid` is NULL or writable.
+ */
+enum FlareStatus flare_sim_end_capture(struct FlarePool *pool, FlareStream stream, int *out_valid);
+
+/**
+ * Simulated backend only: writes to `*out_faults` how many contract faults the pool's
+ * simulated driver has seen since the pool was created: unmapping memory that queued
+ * work (`flare_sim_launch`) still touches; handing memory to a stream (a
+ * stream-ordered allocation) while another stream's queued work, not ordered before
+ * it, still touches it; a call that broke an open stream capture (a synchronize, an
+ * event or stream query in global mode). On a GPU each would be a kernel fault, a
+ * data race or an invalidated capture. A correct pool keeps it at 0.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool or `out_faults`;
+ * `FLARE_STATUS_NOT_SUPPORTED` on a CUDA pool; `FLARE_STATUS_INTERNAL` on a poisoned
+ * pool. Nothing is written on failure. Thread-safe.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool; `out_faults` is NULL or writable.
+ */
+enum FlareStatus flare_sim_faults(const struct FlarePool *pool, uint64_t *out_faults);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -156,10 +156,12 @@ fn header_declares_the_whole_contract() {
         "typedef enum FlareStatus {",
         "typedef enum FlareBackend {",
         "typedef enum FlareReusePolicy {",
+        "typedef enum FlareCrossStreamReuse {",
         "typedef enum FlareDriverCall {",
         "typedef struct FlarePoolConfig {",
         "typedef struct FlareSnapshot {",
         "typedef struct FlareDestroyReport {",
+        "typedef void *FlareStream;",
         "#ifndef FLARE_PACKAGE_H",
         "extern \"C\" {",
     ] {
@@ -182,12 +184,26 @@ fn header_declares_the_whole_contract() {
         "size_t flare_last_error_message(char *buf, size_t len);",
         "FlareStatus flare_sim_inject_failure(FlarePool *pool, FlareDriverCall call, uint32_t nth, int32_t cuda_error);",
         "FlareStatus flare_sim_inject_panic(FlarePool *pool);",
+        // Stream order (issue 11), the contract's spelling.
+        "FlareStatus flare_package_allocate_async(FlarePool *pool, size_t size, FlareStream stream, void **out_ptr);",
+        "FlareStatus flare_package_free_async(FlarePool *pool, void *ptr, FlareStream stream);",
+        "FlareStatus flare_package_record_stream(FlarePool *pool, void *ptr, FlareStream stream);",
+        "FlareStatus flare_sim_stream_create(FlarePool *pool, FlareStream *out_stream);",
+        "FlareStatus flare_sim_launch(FlarePool *pool, FlareStream stream, const void *ptr, size_t bytes);",
+        "FlareStatus flare_sim_stream_complete(FlarePool *pool, FlareStream stream);",
+        "FlareStatus flare_sim_begin_capture(FlarePool *pool, FlareStream stream);",
+        "FlareStatus flare_sim_end_capture(FlarePool *pool, FlareStream stream, int *out_valid);",
+        "FlareStatus flare_sim_faults(const FlarePool *pool, uint64_t *out_faults);",
+        "FLARE_CROSS_STREAM_WHEN_COMPLETE = 0,",
+        "FLARE_CROSS_STREAM_NEVER = 1,",
+        "FLARE_CROSS_STREAM_WAIT = 2,",
         "FLARE_STATUS_REQUEST_TOO_LARGE = 9,",
         // Enum-valued struct fields are fixed-width integers: a C enum's size is the
         // compiler's choice, a struct's layout must not be.
         "uint32_t backend;",
         "uint32_t reuse_policy;",
-        "uint32_t best_fit_max_waste_percent; } FlarePoolConfig;",
+        "uint32_t best_fit_max_waste_percent;",
+        "uint32_t cross_stream_reuse; } FlarePoolConfig;",
     ] {
         assert!(flat.contains(decl), "the generated header lacks `{decl}`");
     }
@@ -202,6 +218,7 @@ fn header_declares_the_whole_contract() {
             "FlareStatus ",
             "FlareBackend ",
             "FlareReusePolicy ",
+            "FlareCrossStreamReuse ",
             "FlareDriverCall ",
         ] {
             let field = l.starts_with(&format!("enum {enum_type}")) || l.starts_with(enum_type);

@@ -12,11 +12,13 @@ use super::boundary::{
     append_last_error, boundary, boundary_value, check_out, null_error, set_last_error,
 };
 use super::types::{
-    out_prefix, struct_prefix, write_prefix, FlareBackend, FlareDestroyReport, FlarePoolConfig,
-    FlareReusePolicy, FlareStatus,
+    out_prefix, struct_prefix, write_prefix, FlareBackend, FlareCrossStreamReuse,
+    FlareDestroyReport, FlarePoolConfig, FlareReusePolicy, FlareStatus,
 };
 use crate::driver::sim::SimConfig;
-use crate::pool::{Backend, Pool, PoolConfig, ReusePolicy, DEFAULT_BEST_FIT_MAX_WASTE_PERCENT};
+use crate::pool::{
+    Backend, CrossStreamReuse, Pool, PoolConfig, ReusePolicy, DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
+};
 use crate::{fmt_bytes, Error};
 
 /// A pool of CUDA virtual-memory mappings on one device. Opaque: created by
@@ -34,14 +36,20 @@ pub struct FlarePool {
     /// `flare_sim_inject_panic`: the next call on this pool panics once its pool
     /// operation is done, before it writes its outputs.
     pub(crate) panic_next: AtomicBool,
+    /// The device ordinal the pool allocates on (`FlarePoolConfig::device`), where
+    /// `flare_sim_stream_create` makes its streams.
+    pub(crate) device: i32,
 }
 
 impl FlarePool {
-    fn new(pool: Pool) -> Self {
+    /// The C handle of `pool`, which allocates on `device` (not yet poisoned, no panic
+    /// asked for).
+    pub(crate) fn new(pool: Pool, device: i32) -> Self {
         FlarePool {
             pool,
             poisoned: OnceLock::new(),
             panic_next: AtomicBool::new(false),
+            device,
         }
     }
 
@@ -74,7 +82,7 @@ fn or_default<T: PartialEq + Default>(n: T, default: T) -> T {
 /// # Safety
 /// `config` is non-NULL and points to at least `config->struct_size` readable bytes
 /// (when `struct_size` is valid), and `peer_devices` to `peer_device_count` values.
-unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolConfig, Error> {
+pub(super) unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolConfig, Error> {
     if !config.is_aligned() {
         return Err(Error::InvalidArgument("config is misaligned".into()));
     }
@@ -96,6 +104,10 @@ unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolConfig, Erro
         )
     };
     let reuse_policy = ReusePolicy::from(FlareReusePolicy::parse(c.reuse_policy, "reuse_policy")?);
+    let cross_stream_reuse = CrossStreamReuse::from(FlareCrossStreamReuse::parse(
+        c.cross_stream_reuse,
+        "cross_stream_reuse",
+    )?);
     if c.peer_device_count > MAX_PEER_DEVICES {
         return Err(Error::InvalidArgument(format!(
             "peer_device_count {} is above {MAX_PEER_DEVICES}",
@@ -134,8 +146,7 @@ unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolConfig, Erro
             c.best_fit_max_waste_percent,
             DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
         ),
-        // The C field arrives with issue 11's C ABI.
-        cross_stream_reuse: crate::CrossStreamReuse::default(),
+        cross_stream_reuse,
     })
 }
 
@@ -145,14 +156,15 @@ unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolConfig, Erro
 /// sizeof(FlarePoolConfig))`, `FLARE_BACKEND_SIMULATED` (set `FLARE_BACKEND_CUDA` for
 /// real memory), device 0, `FLARE_REUSE_BEST_FIT`, release threshold 0, no peers,
 /// simulated capacity, granularity and device count 0 (their defaults: 140 GiB,
-/// 2 MiB, 1 device), best-fit waste bound 30%.
+/// 2 MiB, 1 device), best-fit waste bound 30%, `FLARE_CROSS_STREAM_WHEN_COMPLETE`.
 ///
 /// Writes at most `config_size` bytes: only the fields lying wholly inside the first
 /// `config_size` bytes (and inside this library's struct) are written, so an older
 /// caller's smaller struct is never overrun, and the bytes of a newer caller's larger
-/// struct past this library's fields are left as they are (a create by this library
-/// does not read them). Padding between the written fields is zeroed. NULL, a
-/// misaligned pointer or a `config_size` below 4: nothing is written. Thread-safe.
+/// struct past this library's struct are left as they are (a create by this library
+/// does not read them). Padding between the written fields is zeroed, and so is the
+/// tail padding when `config_size` covers the whole struct. NULL, a misaligned pointer
+/// or a `config_size` below 4: nothing is written. Thread-safe.
 ///
 /// # Safety
 /// `config` is NULL or points to at least `config_size` writable bytes.
@@ -163,8 +175,11 @@ pub unsafe extern "C" fn flare_pool_config_init(config: *mut FlarePoolConfig, co
             return;
         }
         let size = config_size.min(size_of::<FlarePoolConfig>());
+        // The whole struct, tail padding included, when the caller's covers it; else
+        // the fields lying wholly inside its size.
         let Some(prefix) = FlarePoolConfig::FIELD_ENDS
             .into_iter()
+            .chain([size_of::<FlarePoolConfig>()])
             .filter(|&end| end <= size)
             .max()
         else {
@@ -186,6 +201,7 @@ pub unsafe extern "C" fn flare_pool_config_init(config: *mut FlarePoolConfig, co
             sim_granularity_bytes,
             sim_device_count,
             best_fit_max_waste_percent,
+            cross_stream_reuse,
             struct_size: _,
         } = FlarePoolConfig::default_for_layout();
         d.struct_size = size as u32; // at most size_of::<FlarePoolConfig>()
@@ -199,6 +215,7 @@ pub unsafe extern "C" fn flare_pool_config_init(config: *mut FlarePoolConfig, co
         d.sim_granularity_bytes = sim_granularity_bytes;
         d.sim_device_count = sim_device_count;
         d.best_fit_max_waste_percent = best_fit_max_waste_percent;
+        d.cross_stream_reuse = cross_stream_reuse;
         // SAFETY: the caller guarantees `config_size >= prefix` writable bytes at
         // `config`; `defaults` has `size_of::<FlarePoolConfig>() >= prefix` initialised
         // bytes (zeroed, then whole fields written) and is a separate local.
@@ -211,7 +228,8 @@ pub unsafe extern "C" fn flare_pool_config_init(config: *mut FlarePoolConfig, co
 /// Creates a pool from `*config` and writes it to `*out_pool`.
 ///
 /// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL argument, a bad `struct_size`,
-/// an unknown backend or reuse policy, a negative device or peer ordinal, NULL
+/// an unknown backend, reuse policy or cross-stream reuse mode, a negative device or
+/// peer ordinal, NULL
 /// `peer_devices` with a non-zero count; `FLARE_STATUS_NO_DRIVER` when the CUDA
 /// backend is asked for and libcuda cannot be loaded or initialised;
 /// `FLARE_STATUS_DRIVER_ERROR` when the granularity query fails.
@@ -235,7 +253,8 @@ pub unsafe extern "C" fn flare_pool_create(
         // SAFETY: non-NULL; the caller guarantees the rest (see this function's
         // contract, which is `read_config`'s).
         let config = unsafe { read_config(config) }?;
-        let pool = Box::new(FlarePool::new(Pool::new(config)?));
+        let device = config.device;
+        let pool = Box::new(FlarePool::new(Pool::new(config)?, device));
         // SAFETY: non-NULL, aligned, and writable by the caller's contract.
         unsafe { out_pool.write(Box::into_raw(pool)) };
         Ok(())

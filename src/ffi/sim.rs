@@ -1,14 +1,22 @@
 //! The simulated backend's test hooks: fault injection (`flare_sim_inject_failure`)
 //! and an injected panic (`flare_sim_inject_panic`), for testing how a caller copes
-//! with driver failures and with `FLARE_STATUS_INTERNAL`.
+//! with driver failures and with `FLARE_STATUS_INTERNAL`; and the simulated device's
+//! streams (create, launch work, complete it, capture) and the contract faults it saw,
+//! for testing stream order (issue 11) without a GPU.
 
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-use super::boundary::{pool_boundary, pool_ref};
+use super::boundary::{check_out, pool_boundary, pool_ref};
 use super::pool::FlarePool;
-use super::types::{FlareDriverCall, FlareStatus, RawDriverCall};
-use crate::driver::{CuResult, DriverCall};
-use crate::Error;
+use super::types::{FlareDriverCall, FlareStatus, FlareStream, RawDriverCall};
+use crate::driver::sim::{
+    CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+    CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+};
+use crate::driver::{CaptureMode, CuResult, DriverCall, DriverError};
+use crate::{Error, SimDriver};
 
 /// Simulated backend only: makes the `nth` future call of kind `call` (1 = the next
 /// one) fail with the `CUresult` value `cuda_error` (e.g. 2,
@@ -87,4 +95,273 @@ pub unsafe extern "C" fn flare_sim_inject_panic(pool: *mut FlarePool) -> FlareSt
             Ok(())
         },
     )
+}
+
+/// The simulated driver under `pool`, or `FLARE_STATUS_NOT_SUPPORTED` on a CUDA pool.
+fn sim_of(pool: &FlarePool) -> Result<Arc<SimDriver>, Error> {
+    pool.pool.sim_driver().ok_or(Error::NotSupported(
+        "simulated streams and captures need a simulated pool",
+    ))
+}
+
+/// A simulated stream handle as C passes it.
+fn handle(stream: FlareStream) -> u64 {
+    stream as usize as u64
+}
+
+/// `Ok` for `CUDA_SUCCESS`; else the invalid-argument error saying that the simulated
+/// driver refused `call` (a CUDA function's name) on `stream`, with the `CUresult`
+/// and what it means there. Every refusal of these test controls comes from the
+/// caller's use of them (a handle that is no stream, a range not mapped, a capture in
+/// the wrong state), and changes nothing.
+fn refused(call: &str, stream: FlareStream, code: CuResult) -> Result<(), Error> {
+    if code.is_success() {
+        return Ok(());
+    }
+    let why = match code {
+        CUDA_ERROR_INVALID_HANDLE => "not a live stream of this pool's simulated driver",
+        CuResult::INVALID_VALUE => {
+            "a byte of the range is not mapped with access for the stream's device"
+        }
+        CUDA_ERROR_ILLEGAL_STATE => "the stream is not in a capture state that allows it",
+        CuResult::STREAM_CAPTURE_UNSUPPORTED => "the legacy stream cannot be captured",
+        CuResult::STREAM_CAPTURE_INVALIDATED => "the stream's capture was invalidated: end it",
+        CUDA_ERROR_STREAM_CAPTURE_UNMATCHED => {
+            "the stream joined a capture that another stream began"
+        }
+        CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => {
+            "the legacy stream would depend on a captured blocking stream"
+        }
+        CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => "the capture was begun on another thread",
+        _ => "refused by the simulated driver",
+    };
+    Err(Error::InvalidArgument(format!(
+        "{call} on stream {:#x}: {code}: {why}",
+        handle(stream)
+    )))
+}
+
+/// Simulated backend only: creates a stream on the pool's device (`cuStreamCreate`
+/// with `CU_STREAM_NON_BLOCKING`, the kind PyTorch uses and the kind the measured rows
+/// of `docs/vmm-semantics.md` were taken with: it does not synchronize with the legacy
+/// stream) and writes its handle to `*out_stream` (never NULL, never reused within the
+/// pool's simulated driver). Each pool has its own simulated driver, so a handle is a
+/// stream of the pool that made it only. Streams live as long as the pool.
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool or `out_stream`;
+/// `FLARE_STATUS_NOT_SUPPORTED` on a CUDA pool; `FLARE_STATUS_INTERNAL` on a poisoned
+/// pool. Nothing is written on failure. Thread-safe.
+///
+/// # Safety
+/// `pool` is NULL or a live pool; `out_stream` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn flare_sim_stream_create(
+    pool: *mut FlarePool,
+    out_stream: *mut FlareStream,
+) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    pool_boundary(
+        "flare_sim_stream_create",
+        unsafe { pool_ref(pool) },
+        |pool| {
+            check_out(out_stream, "out_stream")?;
+            let sim = sim_of(pool)?;
+            // On the pool's device: the simulated driver creates streams on the calling
+            // thread's current device (`cuCtxSetCurrent`), so switch to it and back.
+            let previous = sim.ctx_get_device();
+            let switched = sim.ctx_set_current(pool.device);
+            let created = sim.stream_create();
+            if switched.is_success() {
+                let _ = sim.ctx_set_current(previous);
+            }
+            pool.injected_panic_point();
+            let stream = created.map_err(|code| Error::Driver {
+                source: DriverError::new(DriverCall::StreamCreate, code),
+                bytes: 0,
+            })?;
+            // SAFETY: non-NULL, aligned, and writable by the caller's contract.
+            unsafe { out_stream.write(stream as usize as FlareStream) };
+            Ok(())
+        },
+    )
+}
+
+/// Simulated backend only: queues work on `stream` (a kernel launch,
+/// `cuLaunchKernel`) that reads and writes `[ptr, ptr + bytes)` until it completes:
+/// `flare_sim_stream_complete` of the stream (or of a stream ordered after it), or
+/// any synchronize that covers it (an event synchronize, a device synchronize).
+/// While it is queued, unmapping any of those bytes, or handing them to another
+/// stream not ordered after it, is a contract fault (`flare_sim_faults`). On a stream
+/// being captured the launch is a graph node instead: nothing is queued. `bytes` 0
+/// touches nothing but is still work in the stream's order.
+///
+/// `stream` NULL: the legacy default stream (of the calling thread's current device,
+/// device 0 in the simulated driver), which waits for, and is waited for by, blocking
+/// streams only.
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool, and when the simulated
+/// driver refuses the launch (nothing queued; the message gives the `CUresult`): a
+/// handle that is not a stream of this pool (`CUDA_ERROR_INVALID_HANDLE`), a byte of
+/// the range not mapped with access for the stream's device
+/// (`CUDA_ERROR_INVALID_VALUE`: on a GPU the launch would succeed and the kernel
+/// fault), a stream whose capture was invalidated
+/// (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`); `FLARE_STATUS_NOT_SUPPORTED` on a CUDA
+/// pool; `FLARE_STATUS_INTERNAL` on a poisoned pool. Thread-safe.
+///
+/// # Safety
+/// `pool` is NULL or a live pool. `ptr` is a device address, never dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn flare_sim_launch(
+    pool: *mut FlarePool,
+    stream: FlareStream,
+    ptr: *const c_void,
+    bytes: usize,
+) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    pool_boundary("flare_sim_launch", unsafe { pool_ref(pool) }, |pool| {
+        let sim = sim_of(pool)?;
+        let code = sim.launch(handle(stream), ptr as usize as u64, bytes as u64);
+        pool.injected_panic_point();
+        refused("cuLaunchKernel", stream, code)
+    })
+}
+
+/// Simulated backend only: the device finishes all the work queued on `stream` so
+/// far, and all the work it was ordered after (events it waited on; on the legacy
+/// stream, earlier work of blocking streams). The test's stand-in for time passing on
+/// the GPU: it is no driver call, breaks no capture and is not counted. `stream` NULL:
+/// the legacy default stream.
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool or a handle that was never
+/// a stream of this pool (`CUDA_ERROR_INVALID_HANDLE`); `FLARE_STATUS_NOT_SUPPORTED`
+/// on a CUDA pool; `FLARE_STATUS_INTERNAL` on a poisoned pool. Thread-safe.
+///
+/// # Safety
+/// `pool` is NULL or a live pool.
+#[no_mangle]
+pub unsafe extern "C" fn flare_sim_stream_complete(
+    pool: *mut FlarePool,
+    stream: FlareStream,
+) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    pool_boundary(
+        "flare_sim_stream_complete",
+        unsafe { pool_ref(pool) },
+        |pool| {
+            let sim = sim_of(pool)?;
+            let code = sim.stream_complete(handle(stream));
+            pool.injected_panic_point();
+            refused("stream completion", stream, code)
+        },
+    )
+}
+
+/// Simulated backend only: begins capturing `stream` on the calling thread
+/// (`cuStreamBeginCapture`) in global capture mode (`CU_STREAM_CAPTURE_MODE_GLOBAL`,
+/// PyTorch's default for `torch.cuda.graph`). From now on launches on `stream` are
+/// graph nodes, not work. While the capture is open, an event query or synchronize,
+/// or a stream query or synchronize, on any stream from any thread in global mode, and
+/// a device synchronize (`cuCtxSynchronize`) in any mode, invalidate it and count a
+/// contract fault; the same event and stream calls from a thread switched to relaxed
+/// mode (`cuThreadExchangeStreamCaptureMode`) leave it valid. These are the rows
+/// measured on an H200 (`docs/vmm-semantics.md`, "Events and stream queries while
+/// another stream is captured" and "Stream capture"); every VMM call stays legal.
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool, and when the simulated
+/// driver refuses (nothing begins; the message gives the `CUresult`): `stream` NULL
+/// (the legacy stream cannot be captured, `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`), a
+/// handle that is not a stream of this pool, a stream already being captured
+/// (`CUDA_ERROR_ILLEGAL_STATE`); `FLARE_STATUS_NOT_SUPPORTED` on a CUDA pool;
+/// `FLARE_STATUS_INTERNAL` on a poisoned pool. Thread-safe.
+///
+/// # Safety
+/// `pool` is NULL or a live pool.
+#[no_mangle]
+pub unsafe extern "C" fn flare_sim_begin_capture(
+    pool: *mut FlarePool,
+    stream: FlareStream,
+) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    pool_boundary(
+        "flare_sim_begin_capture",
+        unsafe { pool_ref(pool) },
+        |pool| {
+            let sim = sim_of(pool)?;
+            let code = sim.stream_begin_capture(handle(stream), CaptureMode::Global);
+            pool.injected_panic_point();
+            refused("cuStreamBeginCapture", stream, code)
+        },
+    )
+}
+
+/// Simulated backend only: ends the capture `flare_sim_begin_capture` began on
+/// `stream` (`cuStreamEndCapture`), on the thread that began it, and writes to
+/// `*out_valid` 1 when the capture ended valid (the graph could be instantiated), 0
+/// when something invalidated it (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`: a call that
+/// breaks a capture was made while it was open, see `flare_sim_begin_capture`). The
+/// capture ends in both cases; an invalidated one is a success of this call.
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool or `out_valid`, and when the
+/// simulated driver refuses (the capture, if any, stays open; the message gives the
+/// `CUresult`): a handle that is not a stream of this pool, a stream not being
+/// captured (`CUDA_ERROR_ILLEGAL_STATE`), a call from another thread than the one
+/// that began the capture (`CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`);
+/// `FLARE_STATUS_NOT_SUPPORTED` on a CUDA pool; `FLARE_STATUS_INTERNAL` on a poisoned
+/// pool. Nothing is written on failure.
+///
+/// # Safety
+/// `pool` is NULL or a live pool; `out_valid` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn flare_sim_end_capture(
+    pool: *mut FlarePool,
+    stream: FlareStream,
+    out_valid: *mut c_int,
+) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    pool_boundary("flare_sim_end_capture", unsafe { pool_ref(pool) }, |pool| {
+        check_out(out_valid, "out_valid")?;
+        let sim = sim_of(pool)?;
+        let code = sim.stream_end_capture(handle(stream));
+        pool.injected_panic_point();
+        let valid: c_int = match code {
+            CuResult::STREAM_CAPTURE_INVALIDATED => 0,
+            code => {
+                refused("cuStreamEndCapture", stream, code)?;
+                1
+            }
+        };
+        // SAFETY: non-NULL, aligned, and writable by the caller's contract.
+        unsafe { out_valid.write(valid) };
+        Ok(())
+    })
+}
+
+/// Simulated backend only: writes to `*out_faults` how many contract faults the pool's
+/// simulated driver has seen since the pool was created: unmapping memory that queued
+/// work (`flare_sim_launch`) still touches; handing memory to a stream (a
+/// stream-ordered allocation) while another stream's queued work, not ordered before
+/// it, still touches it; a call that broke an open stream capture (a synchronize, an
+/// event or stream query in global mode). On a GPU each would be a kernel fault, a
+/// data race or an invalidated capture. A correct pool keeps it at 0.
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool or `out_faults`;
+/// `FLARE_STATUS_NOT_SUPPORTED` on a CUDA pool; `FLARE_STATUS_INTERNAL` on a poisoned
+/// pool. Nothing is written on failure. Thread-safe.
+///
+/// # Safety
+/// `pool` is NULL or a live pool; `out_faults` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn flare_sim_faults(
+    pool: *const FlarePool,
+    out_faults: *mut u64,
+) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    pool_boundary("flare_sim_faults", unsafe { pool_ref(pool) }, |pool| {
+        check_out(out_faults, "out_faults")?;
+        let faults = sim_of(pool)?.contract_faults();
+        pool.injected_panic_point();
+        // SAFETY: non-NULL, aligned, and writable by the caller's contract.
+        unsafe { out_faults.write(faults) };
+        Ok(())
+    })
 }

@@ -161,7 +161,8 @@ fn config_init_writes_at_most_config_size_bytes() {
     // device 8..12, reuse_policy 12..16, release_threshold_bytes 16..24,
     // peer_devices 24..32, peer_device_count 32..36, padding 36..40,
     // sim_capacity_bytes 40..48, sim_granularity_bytes 48..56, sim_device_count
-    // 56..60, best_fit_max_waste_percent 60..64.
+    // 56..60, best_fit_max_waste_percent 60..64, cross_stream_reuse 64..68, tail
+    // padding 68..72.
     for size in [0, 1, 3] {
         assert!(init_into(size).0.iter().all(|&b| b == 0xcd), "size {size}");
     }
@@ -184,23 +185,34 @@ fn config_init_writes_at_most_config_size_bytes() {
     assert_eq!(u32_at(&b, 0), 60);
     assert!(b.0[36..60].iter().all(|&x| x == 0), "padding zeroed");
     assert!(b.0[60..].iter().all(|&x| x == 0xcd));
-    // This header's struct, and a newer caller's larger one: 64 bytes written,
-    // struct_size says 64, the rest untouched.
-    for size in [64, 100, 128] {
+    // A caller compiled before cross_stream_reuse (sizeof 64): its 64 bytes, not one
+    // more.
+    let b = init_into(64);
+    assert_eq!((u32_at(&b, 0), u32_at(&b, 60)), (64, 30));
+    assert!(b.0[64..].iter().all(|&x| x == 0xcd));
+    // Up to cross_stream_reuse, without the tail padding.
+    let b = init_into(68);
+    assert_eq!((u32_at(&b, 0), u32_at(&b, 64)), (68, 0));
+    assert!(b.0[68..].iter().all(|&x| x == 0xcd));
+    // This header's struct, and a newer caller's larger one: 72 bytes written (the
+    // tail padding zeroed), struct_size says 72, the rest untouched.
+    for size in [72, 100, 128] {
         let b = init_into(size);
-        assert_eq!(u32_at(&b, 0), 64, "size {size}");
+        assert_eq!(u32_at(&b, 0), 72, "size {size}");
         assert_eq!(u32_at(&b, 12), 0, "best fit");
         assert_eq!(u32_at(&b, 60), 30, "the default waste bound");
-        assert!(b.0[64..].iter().all(|&x| x == 0xcd), "size {size}");
+        assert_eq!(u32_at(&b, 64), 0, "FLARE_CROSS_STREAM_WHEN_COMPLETE");
+        assert_eq!(u32_at(&b, 68), 0, "tail padding, size {size}");
+        assert!(b.0[72..].iter().all(|&x| x == 0xcd), "size {size}");
     }
     // NULL is a no-op.
     // SAFETY: NULL is allowed.
-    unsafe { flare_pool_config_init(ptr::null_mut(), 64) };
+    unsafe { flare_pool_config_init(ptr::null_mut(), 72) };
     // What an older caller initialised creates a pool with the defaults.
     let b = init_into(40);
     let mut older = FlarePoolConfig::default_for_layout();
-    // SAFETY: both are 64 bytes; every byte pattern is a valid FlarePoolConfig.
-    unsafe { ptr::copy_nonoverlapping(b.0.as_ptr(), ptr::addr_of_mut!(older).cast::<u8>(), 64) };
+    // SAFETY: both are 72 bytes; every byte pattern is a valid FlarePoolConfig.
+    unsafe { ptr::copy_nonoverlapping(b.0.as_ptr(), ptr::addr_of_mut!(older).cast::<u8>(), 72) };
     let pool = create(&older);
     assert_eq!(snap(pool).granularity_bytes, 2 * MIB);
     destroy(pool);
@@ -484,4 +496,666 @@ fn panic_injection_needs_a_pool() {
     // SAFETY: NULL is allowed.
     let st = unsafe { flare_sim_inject_panic(ptr::null_mut()) };
     assert_eq!(st, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT);
+}
+
+// ---------------------------------------------------------------- stream order
+//
+// Issue 11 through the C functions. The ABI's shape (NULL arguments, statuses,
+// outputs written only on success, the simulated controls, NOT_SUPPORTED without the
+// simulated driver, the configuration field) is checked first; then the semantics of
+// the issue on the simulated backend, each ending with no contract fault.
+
+use crate::driver::sim::SimStreamCall;
+use crate::driver::{MemInfo, PhysicalHandle, Reservation};
+use crate::{CrossStreamReuse, DevicePtr, Driver, DriverCall, DriverError, Pool, SimDriver};
+
+/// A status that must be success, with the message when it is not.
+#[track_caller]
+fn ok(status: FlareStatus) {
+    assert_eq!(
+        status,
+        FlareStatus::FLARE_STATUS_SUCCESS,
+        "{}",
+        last_error()
+    );
+}
+
+fn stream_create(pool: *mut FlarePool) -> FlareStream {
+    let mut s = ptr::null_mut();
+    // SAFETY: `pool` is live; `s` is writable.
+    ok(unsafe { flare_sim_stream_create(pool, &mut s) });
+    s
+}
+
+fn allocate_async(
+    pool: *mut FlarePool,
+    size: usize,
+    stream: FlareStream,
+) -> (FlareStatus, *mut c_void) {
+    let mut p = 0x5e5e as *mut c_void;
+    // SAFETY: `pool` is live; `p` is writable.
+    let status = unsafe { flare_package_allocate_async(pool, size, stream, &mut p) };
+    (status, p)
+}
+
+/// An allocation on `stream` that must succeed.
+#[track_caller]
+fn allocate_on(pool: *mut FlarePool, size: usize, stream: FlareStream) -> *mut c_void {
+    let (status, p) = allocate_async(pool, size, stream);
+    ok(status);
+    p
+}
+
+#[track_caller]
+fn free_on(pool: *mut FlarePool, p: *mut c_void, stream: FlareStream) {
+    // SAFETY: `pool` is live.
+    ok(unsafe { flare_package_free_async(pool, p, stream) });
+}
+
+#[track_caller]
+fn launch(pool: *mut FlarePool, stream: FlareStream, p: *mut c_void, bytes: u64) {
+    // SAFETY: `pool` is live.
+    ok(unsafe { flare_sim_launch(pool, stream, p, bytes as usize) });
+}
+
+#[track_caller]
+fn complete(pool: *mut FlarePool, stream: FlareStream) {
+    // SAFETY: `pool` is live.
+    ok(unsafe { flare_sim_stream_complete(pool, stream) });
+}
+
+#[track_caller]
+fn faults(pool: *const FlarePool) -> u64 {
+    let mut n = u64::MAX;
+    // SAFETY: `pool` is live; `n` is writable.
+    ok(unsafe { flare_sim_faults(pool, &mut n) });
+    n
+}
+
+/// Ends the capture on `stream`; whether it ended valid.
+#[track_caller]
+fn end_capture(pool: *mut FlarePool, stream: FlareStream) -> bool {
+    let mut valid: std::ffi::c_int = 7;
+    // SAFETY: `pool` is live; `valid` is writable.
+    ok(unsafe { flare_sim_end_capture(pool, stream, &mut valid) });
+    assert!(valid == 0 || valid == 1, "out_valid {valid}");
+    valid == 1
+}
+
+/// A simulated pool with release threshold `threshold` bytes and cross-stream mode
+/// `mode` (a `FlareCrossStreamReuse` number).
+fn stream_pool(threshold: u64, mode: u32) -> *mut FlarePool {
+    let mut c = config();
+    c.release_threshold_bytes = threshold;
+    c.cross_stream_reuse = mode;
+    create(&c)
+}
+
+/// Trims, checks that the pool holds nothing and that the simulated driver saw no
+/// contract fault, and destroys the pool.
+#[track_caller]
+fn trim_check_destroy(pool: *mut FlarePool) {
+    // SAFETY: `pool` is live.
+    ok(unsafe { flare_pool_trim(pool) });
+    let s = snap(pool);
+    assert_eq!(
+        (
+            s.live_count,
+            s.physical_bytes,
+            s.reserved_bytes,
+            s.pending_count
+        ),
+        (0, 0, 0, 0),
+        "trim released everything"
+    );
+    assert_eq!(faults(pool), 0, "no contract fault");
+    destroy(pool);
+}
+
+#[test]
+fn stream_calls_refuse_null_arguments_and_write_nothing() {
+    let pool = create(&config());
+    let s = stream_create(pool);
+    let live = allocate_on(pool, MIB as usize, s);
+    let before = snap(pool);
+    let null = ptr::null_mut::<FlarePool>();
+    let sentinel = 0x5e5e as *mut c_void;
+    let mut out = sentinel;
+    let mut stream_out = sentinel;
+    let mut valid: std::ffi::c_int = 7;
+    let mut n = 77_u64;
+    // SAFETY: NULL pools and outputs are refused before anything is read; the
+    // non-NULL outputs are writable locals.
+    unsafe {
+        let refused = [
+            flare_package_allocate_async(null, 1, s, &mut out),
+            flare_package_free_async(null, live, s),
+            flare_package_free_async(null, ptr::null_mut(), s),
+            flare_package_record_stream(null, live, s),
+            flare_sim_stream_create(null, &mut stream_out),
+            flare_sim_launch(null, s, live, 1),
+            flare_sim_stream_complete(null, s),
+            flare_sim_begin_capture(null, s),
+            flare_sim_end_capture(null, s, &mut valid),
+            flare_sim_faults(null, &mut n),
+        ];
+        for (i, st) in refused.into_iter().enumerate() {
+            assert_eq!(st, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT, "call {i}");
+        }
+        assert!(last_error().contains("flare_sim_faults: invalid argument: pool is NULL"));
+        // NULL outputs.
+        let st = flare_package_allocate_async(pool, 1, s, ptr::null_mut());
+        assert_eq!(st, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT);
+        assert!(last_error().contains("out_ptr is NULL"), "{}", last_error());
+        let st = flare_sim_stream_create(pool, ptr::null_mut());
+        assert_eq!(st, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT);
+        assert!(last_error().contains("out_stream is NULL"));
+        let st = flare_sim_end_capture(pool, s, ptr::null_mut());
+        assert_eq!(st, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT);
+        assert!(last_error().contains("out_valid is NULL"));
+        let st = flare_sim_faults(pool, ptr::null_mut());
+        assert_eq!(st, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT);
+        assert!(last_error().contains("out_faults is NULL"));
+        // A misaligned output is refused too, not written.
+        let mut words = [0xabab_u64; 2];
+        let odd = words.as_mut_ptr().cast::<u8>().add(1).cast::<u64>();
+        let st = flare_sim_faults(pool, odd);
+        assert_eq!(st, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT);
+        assert!(last_error().contains("out_faults is misaligned"));
+        assert_eq!(words, [0xabab; 2]);
+        // NULL pointers to free or record: no-ops, as for flare_package_free.
+        ok(flare_package_free_async(pool, ptr::null_mut(), s));
+        ok(flare_package_free_async(
+            pool,
+            ptr::null_mut(),
+            ptr::null_mut(),
+        ));
+        ok(flare_package_record_stream(pool, ptr::null_mut(), s));
+        // Sizes: 0 is refused, and so is one beyond the device; nothing written.
+        let (st, p) = allocate_async(pool, 0, s);
+        assert_eq!(
+            (st, p),
+            (FlareStatus::FLARE_STATUS_INVALID_ARGUMENT, sentinel)
+        );
+        assert!(last_error().contains("0 bytes"), "{}", last_error());
+        let (st, p) = allocate_async(pool, usize::MAX, s);
+        assert_eq!(
+            (st, p),
+            (FlareStatus::FLARE_STATUS_INVALID_ARGUMENT, sentinel)
+        );
+        // Pointers: unknown, interior.
+        let interior = live.cast::<u8>().add(4096).cast::<c_void>();
+        for bad in [0x1234 as *mut c_void, interior] {
+            let st = flare_package_free_async(pool, bad, s);
+            assert_eq!(st, FlareStatus::FLARE_STATUS_UNKNOWN_POINTER);
+            let st = flare_package_record_stream(pool, bad, s);
+            assert_eq!(st, FlareStatus::FLARE_STATUS_UNKNOWN_POINTER);
+        }
+        assert!(last_error().starts_with("flare_package_record_stream: unknown pointer"));
+    }
+    assert_eq!(
+        (out, stream_out, valid, n),
+        (sentinel, sentinel, 7, 77),
+        "outputs only on success"
+    );
+    assert_eq!(snap(pool), before, "nothing changed");
+    // The legacy stream (NULL) is a stream like another for the calls that take one.
+    // SAFETY: `pool` is live, `live` its allocation.
+    ok(unsafe { flare_package_record_stream(pool, live, ptr::null_mut()) });
+    free_on(pool, live, s);
+    complete(pool, s);
+    complete(pool, ptr::null_mut());
+    // A second free is an unknown pointer.
+    // SAFETY: `pool` is live.
+    let st = unsafe { flare_package_free_async(pool, live, s) };
+    assert_eq!(st, FlareStatus::FLARE_STATUS_UNKNOWN_POINTER);
+    trim_check_destroy(pool);
+}
+
+#[test]
+fn simulated_stream_controls_refuse_misuse_with_its_cuda_error() {
+    let pool = create(&config());
+    let s = stream_create(pool);
+    let t = stream_create(pool);
+    assert!(!s.is_null() && !t.is_null() && s != t, "two new streams");
+    let p = allocate_on(pool, 2 * MIB as usize, s);
+    let bogus = 0xdead_0000 as FlareStream;
+    let refused = |st: FlareStatus, cuda: &str| {
+        assert_eq!(st, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT);
+        let msg = last_error();
+        assert!(msg.contains(cuda), "{msg} lacks {cuda}");
+    };
+    let mut valid: std::ffi::c_int = 7;
+    // SAFETY: `pool` is live; `valid` is writable.
+    unsafe {
+        refused(
+            flare_sim_launch(pool, bogus, p, 1),
+            "flare_sim_launch: invalid argument: cuLaunchKernel on stream 0xdead0000: \
+             CUDA_ERROR_INVALID_HANDLE (400)",
+        );
+        // Past the 2 MiB mapping: not mapped (on a GPU the kernel would fault).
+        refused(
+            flare_sim_launch(pool, s, p, 2 * MIB as usize + 1),
+            "CUDA_ERROR_INVALID_VALUE (1)",
+        );
+        refused(
+            flare_sim_stream_complete(pool, bogus),
+            "CUDA_ERROR_INVALID_HANDLE",
+        );
+        // The legacy stream cannot be captured.
+        refused(
+            flare_sim_begin_capture(pool, ptr::null_mut()),
+            "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900)",
+        );
+        refused(
+            flare_sim_begin_capture(pool, bogus),
+            "CUDA_ERROR_INVALID_HANDLE",
+        );
+        // End without a capture.
+        refused(
+            flare_sim_end_capture(pool, t, &mut valid),
+            "CUDA_ERROR_ILLEGAL_STATE (401)",
+        );
+        assert_eq!(valid, 7, "not written");
+        ok(flare_sim_begin_capture(pool, s));
+        refused(flare_sim_begin_capture(pool, s), "CUDA_ERROR_ILLEGAL_STATE");
+    }
+    // A global-mode capture is ended by the thread that began it only.
+    let (addr, handle) = (pool as usize, s as usize);
+    let other = std::thread::spawn(move || {
+        let mut valid: std::ffi::c_int = 7;
+        // SAFETY: the pool outlives this thread (joined below); `valid` is writable.
+        let st = unsafe {
+            flare_sim_end_capture(addr as *mut FlarePool, handle as FlareStream, &mut valid)
+        };
+        (st, valid, last_error())
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("the thread panicked"));
+    assert_eq!(other.0, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT);
+    assert_eq!(other.1, 7);
+    assert!(
+        other
+            .2
+            .contains("CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD (908)"),
+        "{}",
+        other.2
+    );
+    // Launches into the capture are graph nodes: nothing queued, nothing to complete.
+    launch(pool, s, p, 2 * MIB);
+    assert!(end_capture(pool, s), "nothing broke the capture");
+    assert_eq!(snap_sim(pool).queued_work().len(), 0);
+    // Outside a capture, launches are queued work until their stream completes.
+    launch(pool, s, p, MIB);
+    launch(pool, ptr::null_mut(), p, 0);
+    assert_eq!(snap_sim(pool).queued_work().len(), 2);
+    complete(pool, s);
+    complete(pool, ptr::null_mut());
+    assert_eq!(snap_sim(pool).queued_work().len(), 0);
+    assert_eq!(faults(pool), 0);
+    free_on(pool, p, s);
+    trim_check_destroy(pool);
+}
+
+/// `flare_sim_stream_create` makes its stream on the pool's device (the simulated
+/// driver creates streams on the calling thread's current device, 0 by default), so
+/// that work launched on it may touch the pool's memory, which only the pool's device
+/// (and its peers) have access to; the thread's current device is left as it was.
+#[test]
+fn simulated_streams_are_created_on_the_pool_device() {
+    let mut c = config();
+    c.sim_device_count = 2;
+    c.device = 1;
+    let pool = create(&c);
+    let sim = snap_sim(pool);
+    let s = stream_create(pool);
+    assert_eq!(sim.ctx_get_device(), 0, "the thread's device is restored");
+    let (st, p) = allocate(pool, 2 * MIB as usize);
+    ok(st);
+    assert_eq!(sim.access_of(p as usize as u64), vec![1]);
+    launch(pool, s, p, 2 * MIB);
+    complete(pool, s);
+    // SAFETY: `pool` is live, `p` its allocation.
+    ok(unsafe { flare_package_free(pool, p) });
+    trim_check_destroy(pool);
+}
+
+/// A capture broken by a device synchronize ends invalid (`out_valid` 0, still a
+/// success) and the fault is counted: the stream-less free outside a scope
+/// synchronizes (issue 11 keeps that path as it was), which CUDA refuses during a
+/// capture and which invalidates it (`docs/vmm-semantics.md`, "Stream capture").
+#[test]
+fn a_capture_broken_by_a_synchronize_ends_invalid_and_counts_a_fault() {
+    let pool = create(&config());
+    let s = stream_create(pool);
+    let (st, p) = allocate(pool, 2 * MIB as usize);
+    ok(st);
+    // SAFETY: `pool` is live.
+    ok(unsafe { flare_sim_begin_capture(pool, s) });
+    assert_eq!(faults(pool), 0);
+    // SAFETY: `pool` is live, `p` its allocation.
+    ok(unsafe { flare_package_free(pool, p) });
+    assert_eq!(faults(pool), 1, "the synchronize broke the capture");
+    assert_eq!(snap(pool).sync_failures, 1);
+    assert!(!end_capture(pool, s), "the capture ended invalidated");
+    // The capture is over: a second end is refused.
+    let mut valid: std::ffi::c_int = 7;
+    // SAFETY: `pool` is live; `valid` is writable.
+    let st = unsafe { flare_sim_end_capture(pool, s, &mut valid) };
+    assert_eq!((st, valid), (FlareStatus::FLARE_STATUS_INVALID_ARGUMENT, 7));
+    // SAFETY: `pool` is live.
+    ok(unsafe { flare_pool_trim(pool) });
+    assert_eq!(snap(pool).physical_bytes, 0);
+    assert_eq!(faults(pool), 1, "the count stays");
+    destroy(pool);
+}
+
+/// A driver that is not the simulated one to the pool (it wraps one): what a CUDA
+/// pool looks like to the `flare_sim_*` functions, without a GPU.
+struct NotSimulated(SimDriver);
+
+impl Driver for NotSimulated {
+    fn granularity(&self) -> Result<u64, DriverError> {
+        <SimDriver as Driver>::granularity(&self.0)
+    }
+    fn create(&self, size: u64) -> Result<PhysicalHandle, DriverError> {
+        <SimDriver as Driver>::create(&self.0, size)
+    }
+    fn release(&self, handle: PhysicalHandle) -> Result<(), DriverError> {
+        <SimDriver as Driver>::release(&self.0, handle)
+    }
+    fn reserve(&self, size: u64) -> Result<Reservation, DriverError> {
+        <SimDriver as Driver>::reserve(&self.0, size)
+    }
+    fn free_reservation(&self, reservation: Reservation) -> Result<(), DriverError> {
+        <SimDriver as Driver>::free_reservation(&self.0, reservation)
+    }
+    fn map(&self, ptr: DevicePtr, handle: PhysicalHandle) -> Result<(), DriverError> {
+        <SimDriver as Driver>::map(&self.0, ptr, handle)
+    }
+    fn set_access(&self, ptr: DevicePtr, size: u64, devices: &[i32]) -> Result<(), DriverError> {
+        <SimDriver as Driver>::set_access(&self.0, ptr, size, devices)
+    }
+    fn unmap(&self, ptr: DevicePtr, size: u64) -> Result<(), DriverError> {
+        <SimDriver as Driver>::unmap(&self.0, ptr, size)
+    }
+    fn synchronize(&self, device: i32) -> Result<(), DriverError> {
+        <SimDriver as Driver>::synchronize(&self.0, device)
+    }
+    fn mem_info(&self) -> Result<MemInfo, DriverError> {
+        <SimDriver as Driver>::mem_info(&self.0)
+    }
+}
+
+#[test]
+fn simulated_controls_are_not_supported_without_the_simulated_driver() {
+    let driver = std::sync::Arc::new(NotSimulated(SimDriver::default()));
+    let pool =
+        Pool::with_driver(crate::PoolConfig::default(), driver).unwrap_or_else(|e| panic!("{e}"));
+    assert!(pool.sim_driver().is_none());
+    let pool = Box::into_raw(Box::new(FlarePool::new(pool, 0)));
+    let (st, p) = allocate(pool, MIB as usize);
+    ok(st);
+    let sentinel = 0x5e5e as *mut c_void;
+    let mut stream_out = sentinel;
+    let mut valid: std::ffi::c_int = 7;
+    let mut n = 77_u64;
+    let s = 0x1000 as FlareStream;
+    // SAFETY: `pool` is live; the outputs are writable locals.
+    unsafe {
+        let statuses = [
+            flare_sim_stream_create(pool, &mut stream_out),
+            flare_sim_launch(pool, s, p, 1),
+            flare_sim_stream_complete(pool, s),
+            flare_sim_begin_capture(pool, s),
+            flare_sim_end_capture(pool, s, &mut valid),
+            flare_sim_faults(pool, &mut n),
+            flare_sim_inject_failure(pool, RawDriverCall(0), 1, 2),
+            flare_sim_inject_panic(pool),
+        ];
+        for (i, st) in statuses.into_iter().enumerate() {
+            assert_eq!(st, FlareStatus::FLARE_STATUS_NOT_SUPPORTED, "call {i}");
+        }
+        assert!(last_error().contains("not supported"), "{}", last_error());
+        // A NULL output is an invalid argument before anything else.
+        let st = flare_sim_faults(pool, ptr::null_mut());
+        assert_eq!(st, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT);
+        ok(flare_package_free(pool, p));
+    }
+    assert_eq!((stream_out, valid, n), (sentinel, 7, 77), "nothing written");
+    destroy(pool);
+}
+
+/// `read_config` of `c` (with `struct_size` as set): the Rust configuration.
+fn read(c: &FlarePoolConfig) -> Result<crate::PoolConfig, Error> {
+    // SAFETY: `c` is a whole, aligned FlarePoolConfig.
+    unsafe { super::pool::read_config(c) }
+}
+
+#[test]
+fn config_cross_stream_reuse_is_read_validated_and_versioned() {
+    let c = config();
+    assert_eq!(c.cross_stream_reuse, 0, "config_init writes WHEN_COMPLETE");
+    let mode = |raw: u32| {
+        read(&FlarePoolConfig {
+            cross_stream_reuse: raw,
+            ..c
+        })
+    };
+    assert_eq!(
+        mode(0).map(|c| c.cross_stream_reuse),
+        Ok(CrossStreamReuse::WhenComplete)
+    );
+    assert_eq!(
+        mode(1).map(|c| c.cross_stream_reuse),
+        Ok(CrossStreamReuse::Never)
+    );
+    assert_eq!(
+        mode(2).map(|c| c.cross_stream_reuse),
+        Ok(CrossStreamReuse::Wait)
+    );
+    // An unknown value: refused by create, nothing written.
+    let bad = FlarePoolConfig {
+        cross_stream_reuse: 3,
+        ..c
+    };
+    let mut pool = 0x5e5e as *mut FlarePool;
+    // SAFETY: `bad` is a valid config, `pool` writable.
+    let st = unsafe { flare_pool_create(&bad, &mut pool) };
+    assert_eq!(st, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT);
+    assert_eq!(pool, 0x5e5e as *mut FlarePool);
+    assert!(
+        last_error().contains("cross_stream_reuse 3 is not a FlareCrossStreamReuse (0..2)"),
+        "{}",
+        last_error()
+    );
+    // A caller compiled before the field (struct_size 64): the bytes where it would
+    // be are not read, the mode is the default, even when they hold a bad value.
+    for raw in [2, 3, u32::MAX] {
+        let older = FlarePoolConfig {
+            struct_size: 64,
+            cross_stream_reuse: raw,
+            ..c
+        };
+        assert_eq!(
+            read(&older).map(|c| c.cross_stream_reuse),
+            Ok(CrossStreamReuse::WhenComplete),
+            "raw {raw}"
+        );
+    }
+    // struct_size 68 covers the field: read.
+    let exact = FlarePoolConfig {
+        struct_size: 68,
+        cross_stream_reuse: 2,
+        ..c
+    };
+    assert_eq!(
+        read(&exact).map(|c| c.cross_stream_reuse),
+        Ok(CrossStreamReuse::Wait)
+    );
+    // The other fields are read as before.
+    let other = read(&FlarePoolConfig {
+        release_threshold_bytes: 5 * MIB,
+        cross_stream_reuse: 1,
+        ..c
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(other.release_threshold_bytes, 5 * MIB);
+    assert_eq!(other.best_fit_max_waste_percent, 30);
+}
+
+// ---- the semantics (they need the stream-ordered engine of issue 11)
+
+/// Issue 11: "memory whose last free was on S is handed out at once (stream order
+/// makes it safe)", and "no host synchronization, ever, on this path", with the
+/// default release threshold (0) and work still queued on the memory.
+#[test]
+fn free_async_then_allocate_async_on_the_same_stream_reuses_at_once() {
+    let pool = stream_pool(0, 0);
+    let sim = snap_sim(pool);
+    let s = stream_create(pool);
+    let p = allocate_on(pool, 3 * MIB as usize, s);
+    launch(pool, s, p, 3 * MIB);
+    free_on(pool, p, s);
+    let after_free = snap(pool);
+    assert_eq!(
+        (
+            after_free.live_count,
+            after_free.idle_bytes,
+            after_free.physical_bytes
+        ),
+        (0, 4 * MIB, 4 * MIB),
+        "kept idle, not released, while S's work touches it"
+    );
+    assert_eq!(
+        after_free.event_wait_bytes,
+        4 * MIB,
+        "S's work up to the free is not complete"
+    );
+    let q = allocate_on(pool, 3 * MIB as usize, s);
+    assert_eq!(q, p, "the same stream gets it back at once");
+    let s2 = snap(pool);
+    assert_eq!((s2.reuse_hits, s2.cross_stream_hits), (1, 0));
+    assert_eq!(faults(pool), 0);
+    assert_eq!(sim.queued_work().len(), 1, "the launch is still queued");
+    // No host synchronization on these paths: no device, stream or event synchronize.
+    assert_eq!(sim.call_count(DriverCall::Synchronize), 0);
+    assert_eq!(sim.stream_call_count(SimStreamCall::EventSynchronize), 0);
+    assert_eq!(sim.stream_call_count(SimStreamCall::StreamSynchronize), 0);
+    free_on(pool, q, s);
+    complete(pool, s);
+    trim_check_destroy(pool);
+}
+
+/// Issue 11, `cross_stream_reuse` "when complete" (the default): memory freed on S is
+/// handed to another stream T only once S's work up to the free has completed. A
+/// release threshold keeps the completed memory cached, so that T can get it.
+#[test]
+fn another_stream_gets_freed_memory_only_after_the_free_completes() {
+    let pool = stream_pool(64 * MIB, 0);
+    let s = stream_create(pool);
+    let t = stream_create(pool);
+    let p = allocate_on(pool, 2 * MIB as usize, s);
+    launch(pool, s, p, 2 * MIB);
+    free_on(pool, p, s);
+    let r = allocate_on(pool, 2 * MIB as usize, t);
+    assert_ne!(r, p, "T must not get memory S's queued work still touches");
+    assert_eq!(faults(pool), 0);
+    assert_eq!(snap(pool).cross_stream_hits, 0);
+    complete(pool, s);
+    let u = allocate_on(pool, 2 * MIB as usize, t);
+    assert_eq!(u, p, "S's work completed: T gets it");
+    let st = snap(pool);
+    assert_eq!((st.cross_stream_hits, st.cross_stream_waits), (1, 0));
+    assert_eq!(faults(pool), 0);
+    free_on(pool, r, t);
+    free_on(pool, u, t);
+    trim_check_destroy(pool);
+}
+
+/// Issue 11, `cross_stream_reuse` "wait": memory freed on S is handed to T at once,
+/// after making T wait on a fence recorded on S (`cuStreamWaitEvent`), so the hand-off
+/// is ordered and no fault is seen.
+#[test]
+fn cross_stream_wait_hands_memory_over_at_once_with_a_wait() {
+    let pool = stream_pool(0, CrossStreamReuse::Wait as u32);
+    let sim = snap_sim(pool);
+    let s = stream_create(pool);
+    let t = stream_create(pool);
+    let p = allocate_on(pool, 2 * MIB as usize, s);
+    launch(pool, s, p, 2 * MIB);
+    free_on(pool, p, s);
+    let r = allocate_on(pool, 2 * MIB as usize, t);
+    assert_eq!(r, p, "handed over at once");
+    let st = snap(pool);
+    assert_eq!((st.cross_stream_hits, st.cross_stream_waits), (1, 1));
+    assert!(sim.stream_call_count(SimStreamCall::StreamWaitEvent) >= 1);
+    assert_eq!(faults(pool), 0);
+    free_on(pool, r, t);
+    complete(pool, t); // T's work, and S's work it waits on
+    trim_check_destroy(pool);
+}
+
+/// Issue 11: "a free never synchronizes, never unmaps and records nothing that breaks
+/// the capture; memory freed during the capture is reused only by later allocations
+/// on the same capture, and afterwards is kept ... with none open, until trim or
+/// destroy". No retention scope anywhere, release threshold 0.
+#[test]
+fn a_free_async_during_a_capture_leaves_it_valid_without_a_scope() {
+    let pool = stream_pool(0, 0);
+    let s = stream_create(pool);
+    let t = stream_create(pool);
+    let before = allocate_on(pool, 2 * MIB as usize, s);
+    // SAFETY: `pool` is live.
+    ok(unsafe { flare_sim_begin_capture(pool, s) });
+    let inside = allocate_on(pool, 2 * MIB as usize, s);
+    launch(pool, s, inside, 2 * MIB);
+    free_on(pool, inside, s);
+    free_on(pool, before, s);
+    let again = allocate_on(pool, 2 * MIB as usize, s);
+    free_on(pool, again, s);
+    assert_eq!(faults(pool), 0, "nothing broke the capture");
+    assert!(end_capture(pool, s), "the capture ended valid");
+    let st = snap(pool);
+    assert_eq!(st.live_count, 0);
+    assert!(st.physical_bytes >= 4 * MIB, "{st:?}");
+    assert_eq!(
+        st.capture_held_bytes, st.physical_bytes,
+        "everything freed in the capture is kept for the graph"
+    );
+    assert!(st.captures_seen >= 1);
+    // After the capture, neither another stream nor the capturing one gets it.
+    let on_t = allocate_on(pool, 2 * MIB as usize, t);
+    let on_s = allocate_on(pool, 2 * MIB as usize, s);
+    for p in [on_t, on_s] {
+        assert!(
+            p != before && p != inside && p != again,
+            "memory a graph may replay into was handed out"
+        );
+    }
+    free_on(pool, on_t, t);
+    free_on(pool, on_s, s);
+    assert_eq!(faults(pool), 0);
+    // Trim releases what the capture held (no scope was open).
+    trim_check_destroy(pool);
+}
+
+/// Issue 11: after `record_stream(p, T)`, a free of p on S waits for T's work too: p
+/// is not handed back, even on S, while T's queued work touches it.
+#[test]
+fn record_stream_keeps_memory_from_reuse_while_the_recorded_stream_uses_it() {
+    let pool = stream_pool(64 * MIB, 0);
+    let s = stream_create(pool);
+    let t = stream_create(pool);
+    let p = allocate_on(pool, 2 * MIB as usize, s);
+    // SAFETY: `pool` is live, `p` its allocation.
+    ok(unsafe { flare_package_record_stream(pool, p, t) });
+    launch(pool, t, p, 2 * MIB);
+    free_on(pool, p, s);
+    let q = allocate_on(pool, 2 * MIB as usize, s);
+    assert_ne!(q, p, "T's queued work still touches p");
+    assert_eq!(faults(pool), 0);
+    complete(pool, t);
+    free_on(pool, q, s);
+    trim_check_destroy(pool);
 }

@@ -1,11 +1,13 @@
-//! The C ABI's types: the enums (status, backend, reuse policy, driver call), the
-//! versioned structs (configuration, snapshot, destroy report) with their layouts,
-//! and the `struct_size` prefix rule every versioned struct follows.
+//! The C ABI's types: the enums (status, backend, reuse policy, cross-stream reuse,
+//! driver call), the stream handle, the versioned structs (configuration, snapshot,
+//! destroy report) with their layouts, and the `struct_size` prefix rule every
+//! versioned struct follows.
 //!
 //! The enums and structs are generated ([`super::generate`]) from lists written once:
-//! the status and backend values here, the reuse policies, driver calls and
-//! snapshot counters with the Rust types they mirror.
+//! the status and backend values here, the reuse policies, cross-stream reuse modes,
+//! driver calls and snapshot counters with the Rust types they mirror.
 
+use std::ffi::c_void;
 use std::mem::size_of;
 use std::ptr;
 
@@ -13,7 +15,8 @@ use super::boundary::check_out;
 use super::generate::{c_enum, c_snapshot, versioned_struct};
 use crate::driver::{driver_calls, DriverCall};
 use crate::pool::{
-    reuse_policies, snapshot_counters, ReusePolicy, Snapshot, DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
+    cross_stream_modes, reuse_policies, snapshot_counters, CrossStreamReuse, ReusePolicy, Snapshot,
+    DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
 };
 use crate::Error;
 
@@ -73,11 +76,27 @@ reuse_policies!(c_enum! {
     pub enum FlareReusePolicy for ReusePolicy;
 });
 
+cross_stream_modes!(c_enum! {
+    /// When memory freed on one stream (`flare_package_free_async`) may be handed to
+    /// an allocation on another (`flare_package_allocate_async`), the
+    /// `cross_stream_reuse` field of `FlarePoolConfig`. Memory freed on the allocating
+    /// stream itself is always reused at once: stream order makes it safe. The
+    /// numbers are stable; 0 is the default, so a zeroed field means it.
+    pub enum FlareCrossStreamReuse for CrossStreamReuse;
+});
+
 driver_calls!(c_enum! {
     /// The driver calls a pool makes, for `flare_sim_inject_failure`. The numbers are
     /// stable.
     pub enum FlareDriverCall for DriverCall;
 });
+
+/// A CUDA stream as C passes it: a `CUstream` (or a runtime `cudaStream_t`, the same
+/// handle), never dereferenced by the library. NULL is the legacy default stream of
+/// the current context (as `CU_STREAM_LEGACY`, 1, is too); `CU_STREAM_PER_THREAD` (2)
+/// and created streams are passed through unchanged. On the simulated backend, a
+/// handle from `flare_sim_stream_create`, or NULL.
+pub type FlareStream = *mut c_void;
 
 /// A `FlareStatus` as C passes it: read as its integer so that any value is
 /// defined. Rendered as `FlareStatus` in the header.
@@ -142,9 +161,17 @@ versioned_struct! {
         /// the size). `flare_pool_config_init` writes the default, 30 (chosen by
         /// replaying real traces, BENCHMARKS.md); 0 is also taken as that default (a
         /// bound of 0% is `FLARE_REUSE_EXACT`). Added in 0.1.0 after `sim_device_count`,
-        /// in what was the struct's tail padding (`sizeof` stays 64): a caller compiled
+        /// in what was the struct's tail padding (`sizeof` stayed 64): a caller compiled
         /// with an older header must have initialised or zeroed the whole struct.
         pub best_fit_max_waste_percent: u32,
+        /// When memory freed on one stream may serve an allocation on another, a
+        /// `FlareCrossStreamReuse` value (default, and 0,
+        /// `FLARE_CROSS_STREAM_WHEN_COMPLETE`; an unknown value is
+        /// `FLARE_STATUS_INVALID_ARGUMENT`). Only the stream-ordered calls
+        /// (`flare_package_allocate_async`, `flare_package_free_async`) use it. Added
+        /// in 0.1.0 after `best_fit_max_waste_percent` (`sizeof` grew from 64 to 72):
+        /// an older caller's `struct_size` of 64 leaves it at its default.
+        pub cross_stream_reuse: u32,
     }
 }
 
@@ -192,11 +219,12 @@ versioned_struct! {
     }
 }
 
-// The layouts the C tests assert too (`sizeof` 64, 304 and 40 on 64-bit targets).
+// The layouts the C tests assert too (`sizeof` 72, 304 and 40 on 64-bit targets).
 const _: () = assert!(size_of::<FlareStatus>() == 4 && size_of::<FlareBackend>() == 4);
 const _: () = assert!(size_of::<FlareReusePolicy>() == 4 && size_of::<FlareDriverCall>() == 4);
+const _: () = assert!(size_of::<FlareCrossStreamReuse>() == 4);
 const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 37 * 8);
-const _: () = assert!(size_of::<FlarePoolConfig>() == 64);
+const _: () = assert!(size_of::<FlarePoolConfig>() == 72);
 const _: () = assert!(size_of::<FlareDestroyReport>() == 8 + 4 * 8);
 
 /// The largest `struct_size` accepted from a caller.
@@ -218,6 +246,7 @@ impl FlarePoolConfig {
             sim_granularity_bytes: 0,
             sim_device_count: 0,
             best_fit_max_waste_percent: DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
+            cross_stream_reuse: FlareCrossStreamReuse::FLARE_CROSS_STREAM_WHEN_COMPLETE as u32,
         }
     }
 }
@@ -336,13 +365,23 @@ mod tests {
                 (4096, Some(304)),
             ],
         );
-        // best_fit_max_waste_percent (4 bytes at 60) fills what was the tail padding.
-        assert_eq!(FlarePoolConfig::FIELD_ENDS.last().copied(), Some(64));
-        assert_eq!(size_of::<FlarePoolConfig>(), 64);
+        // best_fit_max_waste_percent (4 bytes at 60) filled what was the tail
+        // padding; cross_stream_reuse (4 bytes at 64) grew the struct to 72, with 4
+        // bytes of tail padding.
+        assert_eq!(offset_of!(FlarePoolConfig, best_fit_max_waste_percent), 60);
+        assert_eq!(offset_of!(FlarePoolConfig, cross_stream_reuse), 64);
+        assert_eq!(FlarePoolConfig::FIELD_ENDS.last().copied(), Some(68));
+        assert_eq!(size_of::<FlarePoolConfig>(), 72);
         check_prefixes::<FlarePoolConfig>(
             &FlarePoolConfig::FIELD_ENDS,
             &[
+                (72, Some(68)),
+                (4096, Some(68)),
+                // A caller compiled before cross_stream_reuse (sizeof 64): every field
+                // up to best_fit_max_waste_percent, not the new one.
                 (64, Some(64)),
+                (67, Some(64)),
+                (68, Some(68)),
                 // An older caller whose struct ended with sim_device_count (at 60).
                 (60, Some(60)),
                 // peer_device_count ends at 36; 40 has padding, then
@@ -413,6 +452,36 @@ mod tests {
         );
         assert_eq!(ReusePolicy::from(P::FLARE_REUSE_EXACT), ReusePolicy::Exact);
         assert_eq!(ReusePolicy::from(P::FLARE_REUSE_NONE), ReusePolicy::None);
+        // The cross-stream modes: 0 is the default, so that a zeroed field means it.
+        use FlareCrossStreamReuse as X;
+        assert_eq!(
+            X::from_raw(0).map(CrossStreamReuse::from),
+            Some(CrossStreamReuse::default())
+        );
+        assert_eq!(
+            X::from_raw(0).map(CrossStreamReuse::from),
+            Some(CrossStreamReuse::WhenComplete)
+        );
+        assert_eq!(
+            X::from_raw(1).map(CrossStreamReuse::from),
+            Some(CrossStreamReuse::Never)
+        );
+        assert_eq!(
+            X::from_raw(2).map(CrossStreamReuse::from),
+            Some(CrossStreamReuse::Wait)
+        );
+        assert_eq!(X::from_raw(3), None);
+        assert_eq!(
+            X::FLARE_CROSS_STREAM_WAIT.name(),
+            c"FLARE_CROSS_STREAM_WAIT"
+        );
+        assert_eq!(
+            X::parse(7, "cross_stream_reuse").map_err(|e| e.to_string()),
+            Err(
+                "invalid argument: cross_stream_reuse 7 is not a FlareCrossStreamReuse (0..2)"
+                    .into()
+            )
+        );
         let call = FlareDriverCall::from_raw(4).map(DriverCall::from);
         assert_eq!(call, Some(DriverCall::Map));
         assert_eq!(

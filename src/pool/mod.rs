@@ -21,7 +21,6 @@ mod release;
 mod snapshot;
 mod streams;
 
-#[allow(unused_imports)] // used by the C ABI (issue 11, in progress)
 pub(crate) use config::cross_stream_modes;
 pub(crate) use config::reuse_policies;
 pub use config::{
@@ -184,7 +183,7 @@ impl Pool {
     /// retained released); [`Error::Driver`] for any other failed driver call.
     pub fn allocate_raw(&self, bytes: u64) -> Result<DevicePtr> {
         let (rounded, max_size) = self.sizes(bytes)?;
-        if let Some(ptr) = lock(&self.state).take_idle(ANY, rounded, bytes, self.policy, max_size) {
+        if let Some(ptr) = self.take_for(&mut lock(&self.state), None, rounded, bytes, max_size) {
             return Ok(ptr);
         }
         if let Some(p) = self.take_cross_stream(None, None, rounded, bytes, max_size) {

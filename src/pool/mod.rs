@@ -334,7 +334,9 @@ impl Pool {
                 return Err(Error::UnknownPointer { ptr });
             }
             st.make_idle(slot);
-            st.recorded.remove(&slot);
+            if !st.recorded.is_empty() {
+                st.recorded.remove(&slot);
+            }
             if st.counters.scope_open || st.counters.idle_bytes <= self.release_threshold {
                 st.index_insert(slot, SYNC_FREED);
                 return Ok(());

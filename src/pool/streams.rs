@@ -184,7 +184,7 @@ impl Pool {
                 }
             }
         }
-        self.poll(&mut st, &candidates);
+        self.poll(&mut st, &candidates, true);
         self.settle_deferred(&mut st);
         let mut moved = Batch::default();
         for &b in &candidates {
@@ -436,11 +436,14 @@ impl Pool {
         st.fence_stream
     }
 
-    /// Polls buckets `buckets` (recording a fence first where idle memory is not
-    /// covered and none is outstanding) and every bucket deferred memory waits on,
-    /// with the calling thread in relaxed capture mode. Returns whether a fence
-    /// completed.
-    fn poll(&self, st: &mut State, buckets: &[u32]) -> bool {
+    /// Polls buckets `buckets` and every bucket deferred memory waits on, with the
+    /// calling thread in relaxed capture mode, and records a fence where idle memory
+    /// is not covered and none is outstanding: before the queries with
+    /// `record_first` (a miss that wants the memory now), after them otherwise (a
+    /// free's poll: memory is then released at the earliest one poll after its free,
+    /// so a stream that frees and allocates the same size keeps reusing it instead of
+    /// releasing and re-creating it on every pair). Returns whether a fence completed.
+    fn poll(&self, st: &mut State, buckets: &[u32], record_first: bool) -> bool {
         let mut list: Vec<u32> = buckets.to_vec();
         for d in &st.deferred {
             let own = st.mapping(d.slot).bucket;
@@ -451,18 +454,16 @@ impl Pool {
                 }
             }
         }
-        for (i, &b) in list.iter().enumerate() {
-            let bucket = &st.buckets[b as usize];
-            // Deferred memory's buckets (after `buckets`) are waited on even empty.
-            let waited_on = i >= buckets.len() || !st.idle.bucket_is_empty(b);
-            if bucket.fences.is_empty() && bucket.fenced < bucket.marks && waited_on {
-                let _ = self.cover(st, b);
-            }
+        if record_first {
+            self.cover_waited(st, &list, buckets.len());
         }
         if list
             .iter()
             .all(|&b| st.buckets[b as usize].fences.is_empty())
         {
+            if !record_first {
+                self.cover_waited(st, &list, buckets.len());
+            }
             return false;
         }
         let mut progress = false;
@@ -482,7 +483,24 @@ impl Pool {
                 }
             }
         }
+        drop(_relaxed);
+        if !record_first {
+            self.cover_waited(st, &list, buckets.len());
+        }
         progress
+    }
+
+    /// Records a fence on each bucket of `list` whose idle memory (or, from index
+    /// `first_deferred` on, deferred memory) no outstanding fence covers.
+    fn cover_waited(&self, st: &mut State, list: &[u32], first_deferred: usize) {
+        for (i, &b) in list.iter().enumerate() {
+            let bucket = &st.buckets[b as usize];
+            // Deferred memory's buckets (after `buckets`) are waited on even empty.
+            let waited_on = i >= first_deferred || !st.idle.bucket_is_empty(b);
+            if bucket.fences.is_empty() && bucket.fenced < bucket.marks && waited_on {
+                let _ = self.cover(st, b);
+            }
+        }
     }
 
     /// A free over the release threshold, when its countdown ran out: polls every
@@ -492,7 +510,7 @@ impl Pool {
         let streams: Vec<u32> = (0..st.buckets.len() as u32)
             .filter(|&b| matches!(st.buckets[b as usize].kind, BucketKind::Stream(_)))
             .collect();
-        self.poll(st, &streams);
+        self.poll(st, &streams, false);
         self.settle_deferred(st);
         let mut released = Batch::default();
         for &b in &streams {

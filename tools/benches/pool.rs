@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
-use flare_package::{trace, Pool, PoolConfig, SimConfig};
+use flare_package::{trace, Pool, PoolConfig, SimConfig, Stream};
 use flare_tools::cuda_baseline::raw_mapping_cycle;
 
 const MIB: u64 = 1 << 20;
@@ -94,6 +94,38 @@ fn reuse(c: &mut Criterion) {
     g.finish();
 }
 
+/// The stream-ordered pair on one simulated stream, outside a scope with the default
+/// threshold 0 (so each free counts down to its fence poll): the CPU cost of the
+/// bookkeeping, beside `reuse` (the simulated driver's capture query takes its own
+/// lock; on the H200, `flare-bench-gpu` measures the pair against
+/// `cuMemAllocAsync` + `cuMemFreeAsync`).
+fn reuse_async(c: &mut Criterion) {
+    let mut g = c.benchmark_group("reuse_async");
+    for (size, size_name) in SIZES {
+        let mut state: Option<(Pool, Stream)> = None;
+        g.bench_with_input(BenchmarkId::new(size_name, 0), &size, |b, &size| {
+            let (pool, s) = state.get_or_insert_with(|| {
+                let pool = Pool::new(big_sim()).expect("simulated pool");
+                let sim = pool.sim_driver().expect("simulated");
+                let s = Stream(sim.stream_create().expect("stream"));
+                (pool, s)
+            });
+            b.iter(|| {
+                let p = pool.allocate_async_raw(black_box(size), *s).expect("alloc");
+                pool.free_async_raw(p, *s).expect("free");
+            })
+        });
+        if let Some((pool, _)) = state {
+            let snap = pool.snapshot();
+            assert_eq!(
+                snap.mappings_created, 1,
+                "every pair after the first was a hit"
+            );
+        }
+    }
+    g.finish();
+}
+
 fn miss(c: &mut Criterion) {
     let mut g = c.benchmark_group("miss");
     for (size, size_name) in SIZES {
@@ -160,6 +192,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = reuse, miss, replay
+    targets = reuse, reuse_async, miss, replay
 }
 criterion_main!(benches);

@@ -201,7 +201,10 @@ impl std::str::FromStr for CrossStreamReuse {
             .find(|m| m.name() == s)
             .ok_or_else(|| {
                 let names: Vec<&str> = CrossStreamReuse::ALL.iter().map(|m| m.name()).collect();
-                format!("unknown cross-stream reuse mode {s:?} ({})", names.join(", "))
+                format!(
+                    "unknown cross-stream reuse mode {s:?} ({})",
+                    names.join(", ")
+                )
             })
     }
 }

@@ -30,7 +30,9 @@ use cudarc::driver::sys;
 #[cfg(feature = "testing")]
 mod testing;
 #[cfg(feature = "testing")]
-pub use testing::{driver_functions_called, TestGraph, TestGraphExec, TestKernel, TransferError};
+pub use testing::{
+    driver_functions_called, TestGraph, TestGraphExec, TestKernel, TransferError, SUM_REPEAT_PTX,
+};
 
 use super::{
     check, CaptureMode, CuResult, DevicePtr, Driver, DriverCall, DriverError, Event, MemInfo,

@@ -753,9 +753,9 @@ impl Driver for CudaDriver {
     ///
     /// # Errors
     ///
-    /// [`DriverCall::EventSynchronize`]: `CUDA_ERROR_INVALID_HANDLE`;
-    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` in global mode during a capture; a
-    /// sticky fault of the work it covers.
+    /// [`DriverCall::EventSynchronize`] with the driver's code:
+    /// `CUDA_ERROR_INVALID_HANDLE`, `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` in global
+    /// mode during a capture, a sticky fault of the work it covers.
     fn event_synchronize(&self, event: Event) -> Result<(), DriverError> {
         // SAFETY: `event` came from `event_create` on this driver (the pool's
         // contract); no Rust memory is passed.

@@ -5,10 +5,14 @@
 //!   machine with no CUDA at all; [`CudaDriver::is_available`] says whether it loads,
 //!   and [`CudaDriver::new`] fails with a typed [`DriverCall::Init`] error (never a
 //!   panic) when it does not.
-//! - Every call runs with the pool's device context (the device's primary context,
-//!   retained for the driver's lifetime) current on the calling thread: it is pushed
-//!   before the call and popped after, so the caller's own context is left as it was,
-//!   and a thread with no current context works.
+//! - Every call that needs a current context runs with the pool's device context (the
+//!   device's primary context, retained for the driver's lifetime) current on the
+//!   calling thread: it is pushed before the call and popped after, so the caller's
+//!   own context is left as it was, and a thread with no current context works. The
+//!   stream-order calls whose handles carry their context (event query, synchronize
+//!   and destroy; a wait, a capture query or a destroy on a created stream) and the
+//!   per-thread capture-mode exchange push nothing (section "stream order" of the
+//!   [`Driver`] implementation).
 //! - Errors keep the raw `CUresult` and the call that returned it
 //!   ([`DriverError`]); cudarc's own error type is never formatted, because that
 //!   calls the driver.
@@ -161,7 +165,8 @@ fn to_usize(v: u64) -> Result<usize, CuResult> {
 /// (pinned device memory on that device, no exportable handle types).
 ///
 /// `Send + Sync`: every method may be called from any thread, concurrently; each one
-/// makes the context current on the calling thread for the duration of the call.
+/// that needs a current context makes the context current on the calling thread for
+/// the duration of the call.
 pub struct CudaDriver {
     /// The device ordinal given to [`CudaDriver::new`].
     device: i32,

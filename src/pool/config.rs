@@ -201,10 +201,7 @@ impl std::str::FromStr for CrossStreamReuse {
             .find(|m| m.name() == s)
             .ok_or_else(|| {
                 let names: Vec<&str> = CrossStreamReuse::ALL.iter().map(|m| m.name()).collect();
-                format!(
-                    "unknown cross-stream reuse mode {s:?} ({})",
-                    names.join(", ")
-                )
+                format!("unknown cross-stream reuse mode {s:?} ({})", names.join(", "))
             })
     }
 }

@@ -20,9 +20,9 @@ mod index;
 mod release;
 mod snapshot;
 
+pub(crate) use config::reuse_policies;
 #[allow(unused_imports)] // used by the C ABI (issue 11, in progress)
 pub(crate) use config::cross_stream_modes;
-pub(crate) use config::reuse_policies;
 pub use config::{
     Backend, CrossStreamReuse, PoolConfig, ReusePolicy, DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
 };

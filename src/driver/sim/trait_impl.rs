@@ -79,10 +79,7 @@ impl Driver for SimDriver {
 
     /// [`SimDriver::event_destroy`].
     fn event_destroy(&self, event: Event) -> Result<(), DriverError> {
-        wrap(
-            DriverCall::EventDestroy,
-            SimDriver::event_destroy(self, event),
-        )
+        wrap(DriverCall::EventDestroy, SimDriver::event_destroy(self, event))
     }
 
     /// [`SimDriver::event_record`].

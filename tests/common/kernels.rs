@@ -1,64 +1,15 @@
 //! The hand-written PTX kernel the GPU tests launch (no nvcc on the build machine).
 
-/// `sum_repeat(data, n, iters, out)`: one block; each thread walks `data[0..n)` (u32)
-/// with a block-stride loop, `iters` times, summing (wrapping) into a register, then
-/// adds its sum to `*out`. Every parameter is 64-bit. Written by hand (no nvcc here):
-/// PTX ISA 7.0 for sm_52, which the driver JIT-compiles for the device. The loads are
-/// volatile so that the JIT cannot hoist them out of the outer loop: the kernel
-/// really reads the range for its whole run.
-pub const PTX: &str = r#".version 7.0
-.target sm_52
-.address_size 64
-
-.visible .entry sum_repeat(
-    .param .u64 data,
-    .param .u64 n,
-    .param .u64 iters,
-    .param .u64 out
-)
-{
-    .reg .pred %p<3>;
-    .reg .b32 %r<6>;
-    .reg .b64 %rd<12>;
-
-    ld.param.u64 %rd1, [data];
-    ld.param.u64 %rd2, [n];
-    ld.param.u64 %rd3, [iters];
-    ld.param.u64 %rd4, [out];
-    cvta.to.global.u64 %rd1, %rd1;
-    cvta.to.global.u64 %rd4, %rd4;
-    mov.u32 %r1, %tid.x;
-    mov.u32 %r2, %ntid.x;
-    cvt.u64.u32 %rd5, %r1;
-    cvt.u64.u32 %rd6, %r2;
-    mov.u32 %r3, 0;
-    mov.u64 %rd7, 0;
-$L_outer:
-    setp.ge.u64 %p1, %rd7, %rd3;
-    @%p1 bra $L_done;
-    mov.u64 %rd8, %rd5;
-$L_inner:
-    setp.ge.u64 %p2, %rd8, %rd2;
-    @%p2 bra $L_next;
-    shl.b64 %rd9, %rd8, 2;
-    add.u64 %rd10, %rd1, %rd9;
-    ld.volatile.global.u32 %r4, [%rd10];
-    add.u32 %r3, %r3, %r4;
-    add.u64 %rd8, %rd8, %rd6;
-    bra $L_inner;
-$L_next:
-    add.u64 %rd7, %rd7, 1;
-    bra $L_outer;
-$L_done:
-    atom.global.add.u32 %r5, [%rd4], %r3;
-    ret;
-}
-"#;
+/// `sum_repeat(data, n, iters, out)`, hand-written PTX: see
+/// [`SUM_REPEAT_PTX`](flare_package::driver::cuda::SUM_REPEAT_PTX) (in the library's
+/// test support, so that the GPU benchmark launches the same kernel).
+pub const PTX: &str = flare_package::driver::cuda::SUM_REPEAT_PTX;
 
 /// Threads per block the tests launch `sum_repeat` with.
 pub const THREADS: u32 = 1024;
 
 use flare_package::driver::cuda::{CudaDriver, TestKernel};
+use flare_package::driver::Stream;
 use flare_package::{DevicePtr, Driver};
 use std::time::{Duration, Instant};
 
@@ -124,6 +75,59 @@ impl SumRun<'_> {
         self.driver.synchronize(self.device).unwrap();
         let one = t.elapsed().max(Duration::from_micros(50));
         assert_eq!(self.read_out(), self.expected(1), "one pass sums right");
+        let iters = (Duration::from_millis(700).as_secs_f64() / one.as_secs_f64()).ceil() as u64;
+        (one, iters.clamp(1, 1 << 20))
+    }
+
+    /// The u32 at `out` once `stream`'s work so far has completed: a stream
+    /// synchronize (not a device-wide one), then a copy on the legacy stream.
+    pub fn read_out_on(&self, stream: Stream) -> u32 {
+        self.driver.stream_synchronize(stream).unwrap();
+        self.read_out()
+    }
+
+    /// [`SumRun::launch`] on `stream`, with no synchronize at all: zeroes `out` and
+    /// queues `iters` passes, both on `stream` (on a stream being captured, both
+    /// become graph nodes).
+    ///
+    /// # Safety
+    ///
+    /// As [`SumRun::launch`], with "until the kernel is done" meaning until
+    /// `stream`'s work up to it has completed; `stream` is a live stream of this
+    /// device.
+    pub unsafe fn launch_on(&self, iters: u64, stream: Stream) {
+        // SAFETY: `out` is a live 4-byte allocation (the caller's promise).
+        unsafe { self.driver.memset_d8_async(self.out, 0, 4, stream) }.unwrap();
+        let params = [self.data, self.n, iters, self.out];
+        // SAFETY: `sum_repeat` takes four 64-bit parameters (data, count, passes,
+        // out); the caller keeps both ranges mapped until it is done.
+        unsafe {
+            self.driver
+                .launch_test_kernel_on(self.kernel, 1, THREADS, &params, stream)
+        }
+        .unwrap();
+    }
+
+    /// [`SumRun::calibrate`] on `stream`, with stream synchronizes only: one pass,
+    /// timed and checked, then the number of passes that take about 0.7 s.
+    ///
+    /// # Safety
+    ///
+    /// As [`SumRun::launch_on`].
+    pub unsafe fn calibrate_on(&self, stream: Stream) -> (Duration, u64) {
+        // Once untimed: the first launch of a module pays for its loading.
+        // SAFETY: the caller's promise.
+        unsafe { self.launch_on(1, stream) };
+        assert_eq!(
+            self.read_out_on(stream),
+            self.expected(1),
+            "one pass sums right"
+        );
+        let t = Instant::now();
+        // SAFETY: the caller's promise.
+        unsafe { self.launch_on(1, stream) };
+        self.driver.stream_synchronize(stream).unwrap();
+        let one = t.elapsed().max(Duration::from_micros(50));
         let iters = (Duration::from_millis(700).as_secs_f64() / one.as_secs_f64()).ceil() as u64;
         (one, iters.clamp(1, 1 << 20))
     }

@@ -2,6 +2,7 @@
 //! scenarios that run both on the simulated driver (CI) and on the real one (GPU).
 #![allow(dead_code)]
 
+pub mod counting;
 pub mod hammer;
 pub mod kernels;
 

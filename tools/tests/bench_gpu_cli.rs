@@ -93,3 +93,131 @@ fn help_says_where_the_default_is_looked_up() {
         format!("flare-bench-gpu {}", env!("CARGO_PKG_VERSION"))
     );
 }
+
+/// The shipped traces, by absolute path (the tools' tests run from `tools/`).
+fn shipped_traces() -> String {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data");
+    dir.to_str().unwrap().to_string()
+}
+
+/// Without a usable device the default (CUDA) backend stops before measuring: exit
+/// 2, a message naming the device, the failed call and the way out (`--backend
+/// sim`), nothing on stdout, no report. Device 1000 exists on no machine, so this
+/// holds with or without a GPU (without libcuda the load fails; with it,
+/// `cuDeviceGet`).
+#[test]
+fn no_usable_device_fails_before_measuring_with_a_message() {
+    let cwd = scratch_dir("no-device");
+    let json = cwd.join("report.json");
+    let traces = shipped_traces();
+    let o = bench(
+        &[
+            "--device",
+            "1000",
+            "--traces",
+            &traces,
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        Some(&cwd),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(o.stdout.is_empty(), "measured before failing: {err}");
+    assert!(!json.exists(), "wrote a report");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("CUDA is not available for device 1000"),
+        "{err}"
+    );
+    assert!(err.contains("cuInit failed with CUDA_ERROR_"), "{err}");
+    assert!(err.contains("--backend sim"), "{err}");
+}
+
+/// A quick dry run on the simulated driver reports the two stream-order sections
+/// (issue 11) with flare-package's side measured and no alternative: three stream
+/// pair sizes of a tenth of 20,000 pairs each; one round of 1,000 frees of 2 MiB
+/// buffers in flight, through `free_async_raw` and through the synchronous
+/// `free_raw`; the two new targets, unmeasured. The synchronous free drains the
+/// stream (its release synchronizes the device first), so its buffers are never in
+/// flight at the last free.
+#[test]
+fn a_simulated_quick_run_reports_the_stream_order_sections() {
+    let cwd = scratch_dir("sim-run");
+    let json = cwd.join("report.json");
+    let traces = shipped_traces();
+    let o = bench(
+        &[
+            "--backend",
+            "sim",
+            "--quick",
+            "--traces",
+            &traces,
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        Some(&cwd),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    for header in ["stream pair", "in-flight frees", "flare free_async"] {
+        assert!(out.contains(header), "no {header:?} in the tables:\n{out}");
+    }
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let mib = 1u64 << 20;
+
+    let pairs = r["stream_pair"].as_array().expect("stream_pair");
+    let sizes: Vec<u64> = pairs
+        .iter()
+        .map(|p| p["size_bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [2 * mib, 64 * mib, 1024 * mib]);
+    for p in pairs {
+        assert_eq!(p["flare"]["iterations"], 2_000, "{p}");
+        assert!(p["flare"]["median_ns"].as_f64().unwrap() > 0.0, "{p}");
+        for alt in [
+            "cu_mem_alloc_async",
+            "stream_ordered",
+            "ratio_median_vs_cu_mem_alloc_async",
+        ] {
+            assert!(
+                p[alt].is_null(),
+                "{alt} measured on the simulated driver: {p}"
+            );
+        }
+    }
+
+    let f = &r["inflight_frees"];
+    assert_eq!(f["buffers"], 1_000, "{f}");
+    assert_eq!(f["buffer_bytes"], 2 * mib, "{f}");
+    for batch in ["flare_free_async", "flare_free_sync"] {
+        assert_eq!(f[batch]["rounds"], 1, "{batch}: {f}");
+        assert_eq!(f[batch]["per_free"]["iterations"], 1_000, "{batch}: {f}");
+        assert!(f[batch]["total_ns_median"].as_f64().unwrap() > 0.0, "{f}");
+    }
+    assert_eq!(f["flare_free_sync"]["in_flight_at_last_free"], false, "{f}");
+    for alt in [
+        "cu_mem_free_async",
+        "kernel_ms",
+        "ratio_total_vs_cu_mem_free_async",
+    ] {
+        assert!(f[alt].is_null(), "{alt} on the simulated driver: {f}");
+    }
+
+    let targets = r["targets"].as_array().expect("targets");
+    let find = |prefix: &str| {
+        targets
+            .iter()
+            .find(|t| t["what"].as_str().unwrap().starts_with(prefix))
+            .unwrap_or_else(|| panic!("no target {prefix:?}: {targets:?}"))
+    };
+    let pair = find("stream pair 2.0 MiB / cuMemAllocAsync + cuMemFreeAsync pair");
+    assert_eq!(pair["limit"], 0.25);
+    let frees = find("1000 free_async of 2.0 MiB in flight / as many cuMemFreeAsync");
+    assert_eq!(frees["limit"], 2.0);
+    for t in [pair, frees] {
+        assert!(t["measured"].is_null() && t["met"].is_null(), "{t}");
+    }
+}

@@ -5,10 +5,14 @@
 //!   machine with no CUDA at all; [`CudaDriver::is_available`] says whether it loads,
 //!   and [`CudaDriver::new`] fails with a typed [`DriverCall::Init`] error (never a
 //!   panic) when it does not.
-//! - Every call runs with the pool's device context (the device's primary context,
-//!   retained for the driver's lifetime) current on the calling thread: it is pushed
-//!   before the call and popped after, so the caller's own context is left as it was,
-//!   and a thread with no current context works.
+//! - Every call that needs a current context runs with the pool's device context (the
+//!   device's primary context, retained for the driver's lifetime) current on the
+//!   calling thread: it is pushed before the call and popped after, so the caller's
+//!   own context is left as it was, and a thread with no current context works. The
+//!   stream-order calls whose handles carry their context (event query, synchronize
+//!   and destroy; a wait, a capture query or a destroy on a created stream) and the
+//!   per-thread capture-mode exchange push nothing (section "stream order" of the
+//!   [`Driver`] implementation).
 //! - Errors keep the raw `CUresult` and the call that returned it
 //!   ([`DriverError`]); cudarc's own error type is never formatted, because that
 //!   calls the driver.
@@ -30,19 +34,22 @@ use cudarc::driver::sys;
 #[cfg(feature = "testing")]
 mod testing;
 #[cfg(feature = "testing")]
-pub use testing::{driver_functions_called, TestKernel, TransferError};
-
-use super::{
-    check, CuResult, DevicePtr, Driver, DriverCall, DriverError, MemInfo, PhysicalHandle,
-    Reservation,
+pub use testing::{
+    driver_functions_called, TestGraph, TestGraphExec, TestKernel, TransferError, SUM_REPEAT_PTX,
 };
 
-/// Every driver function this backend calls, the test-support ones included.
+use super::{
+    check, CaptureMode, CuResult, DevicePtr, Driver, DriverCall, DriverError, Event, MemInfo,
+    PhysicalHandle, Reservation, Stream,
+};
+
+/// Every driver function this backend calls, the test-support ones included, but
+/// for `cuStreamGetCaptureInfo` (one of [`CAPTURE_INFO_SYMBOLS`]).
 /// [`CudaDriver::new`] checks that libcuda exports each of them, so that no later call
 /// can hit cudarc's panic on a missing symbol (a unit test checks that every
-/// `sys::cu*` call in this file is listed, and every one in `cuda_baseline.rs` is
-/// here or in its own list).
-pub const REQUIRED_SYMBOLS: [&str; 24] = [
+/// `sys::cu*` call in this file and in `testing.rs` is in one of the two lists, and
+/// every one in `cuda_baseline.rs` is here or in its own list).
+pub const REQUIRED_SYMBOLS: [&str; 42] = [
     "cuInit",
     "cuDeviceGet",
     "cuDevicePrimaryCtxRetain",
@@ -60,18 +67,90 @@ pub const REQUIRED_SYMBOLS: [&str; 24] = [
     "cuMemSetAccess",
     "cuMemUnmap",
     "cuMemGetInfo_v2",
+    // Stream order (issue 11).
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventSynchronize",
+    "cuStreamWaitEvent",
+    "cuThreadExchangeStreamCaptureMode",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    // Test support (`testing.rs`).
     "cuMemsetD8_v2",
+    "cuMemsetD8Async",
     "cuMemcpyDtoH_v2",
     "cuMemcpyHtoD_v2",
     "cuModuleLoadData",
     "cuModuleGetFunction",
     "cuModuleUnload",
     "cuLaunchKernel",
+    "cuStreamSynchronize",
+    "cuStreamQuery",
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch",
+    "cuGraphExecDestroy",
+    "cuGraphDestroy",
 ];
+
+/// The versions of `cuStreamGetCaptureInfo` this backend can call, newest first:
+/// [`CudaDriver::new`] requires libcuda to export at least one and uses the first it
+/// finds. `_v3` (CUDA 12.3, driver 545, and the one CUDA 13's header names
+/// `cuStreamGetCaptureInfo`) adds only the graph-edge data this backend does not ask
+/// for; `_v2` (CUDA 11.3) keeps drivers of the 535 long-term branch (CUDA 12.2)
+/// working. Both return the same capture status and id.
+pub const CAPTURE_INFO_SYMBOLS: [&str; 2] =
+    ["cuStreamGetCaptureInfo_v3", "cuStreamGetCaptureInfo_v2"];
 
 /// The raw `CUresult` as the project's own value, without calling the driver.
 fn code(r: sys::CUresult) -> CuResult {
     CuResult(r as u32)
+}
+
+/// The largest special stream handle: `0` (the NULL stream), `CU_STREAM_LEGACY` (1)
+/// and `CU_STREAM_PER_THREAD` (2) name a stream of whatever context is current on the
+/// calling thread (CUDA's "default stream semantics"); every other handle is a
+/// created stream, which carries its own context.
+const LAST_SPECIAL_STREAM: u64 = 2;
+
+/// Whether `stream` is one of the special handles that the driver resolves against
+/// the calling thread's current context (see [`LAST_SPECIAL_STREAM`]).
+fn resolved_by_current_context(stream: Stream) -> bool {
+    stream.0 <= LAST_SPECIAL_STREAM
+}
+
+/// The driver's event handle for a raw [`Event`] value (the handle's address).
+fn cu_event(event: Event) -> sys::CUevent {
+    event as usize as sys::CUevent
+}
+
+/// The driver's stream handle for a [`Stream`] (its raw value, as the address).
+fn cu_stream(stream: Stream) -> sys::CUstream {
+    stream.0 as usize as sys::CUstream
+}
+
+/// `CUstreamCaptureMode` for a [`CaptureMode`] (the same numbers).
+fn cu_capture_mode(mode: CaptureMode) -> sys::CUstreamCaptureMode {
+    match mode {
+        CaptureMode::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        CaptureMode::ThreadLocal => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        CaptureMode::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    }
+}
+
+/// The [`CaptureMode`] of a raw `CUstreamCaptureMode` value; `None` for a value CUDA
+/// does not define.
+fn capture_mode_of(raw: u32) -> Option<CaptureMode> {
+    [
+        CaptureMode::Global,
+        CaptureMode::ThreadLocal,
+        CaptureMode::Relaxed,
+    ]
+    .into_iter()
+    .find(|&m| cu_capture_mode(m) as u32 == raw)
 }
 
 /// A byte count or address as the driver's `size_t`. Only fails on a target whose
@@ -86,7 +165,8 @@ fn to_usize(v: u64) -> Result<usize, CuResult> {
 /// (pinned device memory on that device, no exportable handle types).
 ///
 /// `Send + Sync`: every method may be called from any thread, concurrently; each one
-/// makes the context current on the calling thread for the duration of the call.
+/// that needs a current context makes the context current on the calling thread for
+/// the duration of the call.
 pub struct CudaDriver {
     /// The device ordinal given to [`CudaDriver::new`].
     device: i32,
@@ -102,6 +182,9 @@ pub struct CudaDriver {
     /// primary context retained in `with_peers` and released in `Drop`), so that a
     /// release can synchronize every device with access.
     peers: Vec<(i32, sys::CUdevice, sys::CUcontext)>,
+    /// Whether libcuda exports `cuStreamGetCaptureInfo_v3` (else `_v2` is used):
+    /// looked up once in `new`.
+    capture_info_v3: bool,
 }
 
 // SAFETY: `context` (and each peer's context) is a primary context. The driver API allows a context to be made
@@ -240,6 +323,14 @@ impl CudaDriver {
                 return Err(init_err(CuResult::NOT_FOUND));
             }
         }
+        let exported = |name: &str| {
+            // SAFETY: as above, a lookup only.
+            unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_ok()
+        };
+        let capture_info_v3 = exported(CAPTURE_INFO_SYMBOLS[0]);
+        if !capture_info_v3 && !exported(CAPTURE_INFO_SYMBOLS[1]) {
+            return Err(init_err(CuResult::NOT_FOUND));
+        }
         // SAFETY: libcuda is loaded and exports `cuInit`; flags must be 0.
         check(DriverCall::Init, code(unsafe { sys::cuInit(0) }))?;
         let (cu_device, context) = retain_primary(device)?;
@@ -267,6 +358,7 @@ impl CudaDriver {
             prop,
             granularity: 0,
             peers: Vec::new(),
+            capture_info_v3,
         };
         let mut granularity: usize = 0;
         driver.in_context(DriverCall::Granularity, || {
@@ -332,6 +424,22 @@ impl CudaDriver {
     ) -> Result<(), DriverError> {
         self.with_context(f)
             .map_err(|(_, c)| DriverError::new(call, c))
+    }
+
+    /// [`CudaDriver::in_context`] when `needed`, else `f` alone (no push, no pop): for
+    /// the stream calls, which need the pool's context current only for the special
+    /// stream handles ([`resolved_by_current_context`]).
+    fn in_context_if(
+        &self,
+        needed: bool,
+        call: DriverCall,
+        f: impl FnOnce() -> CuResult,
+    ) -> Result<(), DriverError> {
+        if needed {
+            self.in_context(call, f)
+        } else {
+            check(call, f())
+        }
     }
 }
 
@@ -552,5 +660,307 @@ impl Driver for CudaDriver {
             free: free as u64,
             total: total as u64,
         })
+    }
+
+    // ---- stream order (issue 11). Each method is one driver call and allocates
+    // nothing. The pool's context is pushed only where the call needs a current
+    // context: creating an event or a stream (they belong to the current context),
+    // recording an event, and a call given a special stream handle (`0`,
+    // `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`, which name the current context's
+    // stream). Event and created-stream handles carry their context, and the capture
+    // mode is per thread, so the other calls make no push.
+
+    /// `cuEventCreate(CU_EVENT_DISABLE_TIMING)` in this device's primary context (the
+    /// context pushed around the call). No timing: recording and querying such an
+    /// event is the cheapest fence the driver has.
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::EventCreate`] with the driver's code (`CUDA_ERROR_OUT_OF_MEMORY`
+    /// when the driver cannot allocate the event); a failed context push with its
+    /// own code.
+    fn event_create(&self) -> Result<Event, DriverError> {
+        let mut event: sys::CUevent = ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        self.in_context(DriverCall::EventCreate, || {
+            // SAFETY: `event` is a valid out-pointer for the call; the context is
+            // current (pushed by `in_context`).
+            code(unsafe { sys::cuEventCreate(&mut event, flags) })
+        })?;
+        Ok(event as usize as u64)
+    }
+
+    /// `cuEventDestroy_v2(event)`; no context push (the handle names its context).
+    /// An event whose recorded work has not completed yet is destroyed once it
+    /// completes (documented by NVIDIA); the call does not wait.
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::EventDestroy`]: `CUDA_ERROR_INVALID_HANDLE` or
+    /// `CUDA_ERROR_INVALID_VALUE` for a value the driver does not know as an event.
+    fn event_destroy(&self, event: Event) -> Result<(), DriverError> {
+        // SAFETY: `event` is an event handle made by `event_create` on this driver and
+        // not destroyed before (the pool passes no other value; the trait's
+        // contract). The call takes no pointer to Rust memory.
+        check(
+            DriverCall::EventDestroy,
+            code(unsafe { sys::cuEventDestroy_v2(cu_event(event)) }),
+        )
+    }
+
+    /// `cuEventRecord(event, stream)` with the pool's context pushed: a special stream
+    /// handle then names this device's stream, and the event (made in this context)
+    /// and the stream must belong to the same context (`CUDA_ERROR_INVALID_HANDLE`
+    /// otherwise, documented by NVIDIA). Legal during any capture (measured on the
+    /// H200, `docs/vmm-semantics.md`); on a stream being captured it becomes a graph
+    /// node instead, so the pool does not record a fence there. Not on a hot path:
+    /// the pool records lazily, once per stream per release point.
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::EventRecord`]: `CUDA_ERROR_INVALID_HANDLE` for an event or stream
+    /// of another context; a sticky fault of earlier work (`CUDA_ERROR_ILLEGAL_ADDRESS`,
+    /// ...); a failed context push with its own code.
+    fn event_record(&self, event: Event, stream: Stream) -> Result<(), DriverError> {
+        let (e, s) = (cu_event(event), cu_stream(stream));
+        self.in_context(DriverCall::EventRecord, || {
+            // SAFETY: `event` came from `event_create` on this driver and `stream` is a
+            // stream handle of this device or a special handle (the pool's and the
+            // caller's contract); the context is current. No Rust memory is passed.
+            code(unsafe { sys::cuEventRecord(e, s) })
+        })
+    }
+
+    /// `cuEventQuery(event)`, no context push: `CUDA_SUCCESS` is `Ok(true)` (the work
+    /// the event covers has completed, or it was never recorded),
+    /// `CUDA_ERROR_NOT_READY` is `Ok(false)`. Called by the pool with the thread in
+    /// relaxed capture mode: in global mode it would invalidate a capture open on any
+    /// stream (measured on the H200, `docs/vmm-semantics.md`).
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::EventQuery`] with any other code: `CUDA_ERROR_INVALID_HANDLE`,
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` (queried in global mode during a
+    /// capture), a sticky fault of the work it covers.
+    fn event_query(&self, event: Event) -> Result<bool, DriverError> {
+        // SAFETY: `event` came from `event_create` on this driver (the pool's
+        // contract); no Rust memory is passed.
+        match unsafe { sys::cuEventQuery(cu_event(event)) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => Err(DriverError::new(DriverCall::EventQuery, code(other))),
+        }
+    }
+
+    /// `cuEventSynchronize(event)`, no context push: blocks the calling thread until
+    /// the work the event covers has completed (at once for an event never
+    /// recorded). Called in relaxed capture mode, as [`Driver::event_query`].
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::EventSynchronize`] with the driver's code:
+    /// `CUDA_ERROR_INVALID_HANDLE`, `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` in global
+    /// mode during a capture, a sticky fault of the work it covers.
+    fn event_synchronize(&self, event: Event) -> Result<(), DriverError> {
+        // SAFETY: `event` came from `event_create` on this driver (the pool's
+        // contract); no Rust memory is passed.
+        check(
+            DriverCall::EventSynchronize,
+            code(unsafe { sys::cuEventSynchronize(cu_event(event)) }),
+        )
+    }
+
+    /// `cuStreamWaitEvent(stream, event, 0)`: later work on `stream` waits on the
+    /// device for the work `event` covers; the host does not wait. The event may
+    /// belong to another context (documented by NVIDIA). The pool's context is pushed
+    /// only for a special stream handle. Legal during any capture (measured on the
+    /// H200); on a stream being captured it adds a dependency to the graph.
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::StreamWaitEvent`]: `CUDA_ERROR_INVALID_HANDLE` for an unknown
+    /// stream or event; a failed context push with its own code.
+    fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<(), DriverError> {
+        let (s, e) = (cu_stream(stream), cu_event(event));
+        self.in_context_if(
+            resolved_by_current_context(stream),
+            DriverCall::StreamWaitEvent,
+            || {
+                // SAFETY: `stream` is a stream of this device or a special handle
+                // (with the context current), `event` came from `event_create` (the
+                // pool's and the caller's contract); flags 0 is the default wait. No
+                // Rust memory is passed.
+                code(unsafe { sys::cuStreamWaitEvent(s, e, 0) })
+            },
+        )
+    }
+
+    /// `cuStreamGetCaptureInfo_v3` (or `_v2` on a driver older than CUDA 12.3, see
+    /// [`CAPTURE_INFO_SYMBOLS`]), asking for the status and the capture id only:
+    /// `Some(id)` while `stream` is being captured (status active or invalidated),
+    /// `None` when not. The id is unique over the process's lifetime (documented by
+    /// NVIDIA); CUDA documents it as valid only while the capture is active, so for an
+    /// invalidated capture it is whatever the driver wrote (0 if it wrote nothing).
+    /// Legal during any capture, from any thread (measured on the H200). The pool's
+    /// context is pushed only for a special stream handle.
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::StreamGetCaptureInfo`]: `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` for
+    /// the legacy stream while a blocking stream of the context is being captured
+    /// (documented by NVIDIA); `CUDA_ERROR_INVALID_HANDLE`; a failed context push
+    /// with its own code.
+    fn stream_capture(&self, stream: Stream) -> Result<Option<u64>, DriverError> {
+        let s = cu_stream(stream);
+        // Read as plain integers: the driver writes a `CUstreamCaptureStatus` and a
+        // `cuuint64_t`; a `u32` holds any status value, even one this crate's
+        // bindings do not name.
+        let mut status: u32 = 0;
+        let mut id: u64 = 0;
+        let status_out = ptr::from_mut(&mut status).cast::<sys::CUstreamCaptureStatus>();
+        let id_out = ptr::from_mut(&mut id);
+        let v3 = self.capture_info_v3;
+        self.in_context_if(
+            resolved_by_current_context(stream),
+            DriverCall::StreamGetCaptureInfo,
+            || {
+                // SAFETY: `status_out` and `id_out` point to live, writable locals of
+                // the sizes the driver writes (`CUstreamCaptureStatus` is a 32-bit
+                // enum); every other out-pointer is NULL, which the driver documents
+                // as "not requested". `new` checked that the symbol called is
+                // exported. `stream` is a stream of this device or a special handle
+                // (with the context current).
+                code(unsafe {
+                    if v3 {
+                        sys::cuStreamGetCaptureInfo_v3(
+                            s,
+                            status_out,
+                            id_out,
+                            ptr::null_mut(),
+                            ptr::null_mut(),
+                            ptr::null_mut(),
+                            ptr::null_mut(),
+                        )
+                    } else {
+                        sys::cuStreamGetCaptureInfo_v2(
+                            s,
+                            status_out,
+                            id_out,
+                            ptr::null_mut(),
+                            ptr::null_mut(),
+                            ptr::null_mut(),
+                        )
+                    }
+                })
+            },
+        )?;
+        let none = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE as u32;
+        Ok((status != none).then_some(id))
+    }
+
+    /// `cuThreadExchangeStreamCaptureMode`: sets the calling thread's capture mode to
+    /// `mode` and returns the one it had (per thread; no context push). Cheap: it
+    /// touches only thread-local driver state.
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::ThreadExchangeCaptureMode`] with the driver's code; with
+    /// `CUDA_ERROR_UNKNOWN` if the driver reports a previous mode CUDA does not
+    /// define, after putting that mode back (the thread is left as it was).
+    fn exchange_capture_mode(&self, mode: CaptureMode) -> Result<CaptureMode, DriverError> {
+        let call = DriverCall::ThreadExchangeCaptureMode;
+        let mut raw: u32 = cu_capture_mode(mode) as u32;
+        let exchange = |raw: &mut u32| {
+            // SAFETY: `raw` is a live, writable 32-bit value holding a valid
+            // `CUstreamCaptureMode` on the way in (the driver reads it and writes
+            // the previous mode back); `CUstreamCaptureMode` is a 32-bit enum.
+            code(unsafe {
+                sys::cuThreadExchangeStreamCaptureMode(
+                    ptr::from_mut(raw).cast::<sys::CUstreamCaptureMode>(),
+                )
+            })
+        };
+        check(call, exchange(&mut raw))?;
+        match capture_mode_of(raw) {
+            Some(previous) => Ok(previous),
+            None => {
+                let _ = exchange(&mut raw);
+                Err(DriverError::new(call, CuResult::UNKNOWN))
+            }
+        }
+    }
+
+    /// `cuStreamCreate(CU_STREAM_DEFAULT)` in this device's primary context (pushed
+    /// around the call): a blocking stream, whose work is ordered after earlier work
+    /// on the legacy stream (documented by NVIDIA).
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::StreamCreate`] with the driver's code
+    /// (`CUDA_ERROR_OUT_OF_MEMORY`); a failed context push with its own code.
+    fn stream_create_blocking(&self) -> Result<Stream, DriverError> {
+        let mut stream: sys::CUstream = ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_DEFAULT as u32;
+        self.in_context(DriverCall::StreamCreate, || {
+            // SAFETY: `stream` is a valid out-pointer for the call; the context is
+            // current (pushed by `in_context`).
+            code(unsafe { sys::cuStreamCreate(&mut stream, flags) })
+        })?;
+        Ok(Stream(stream as usize as u64))
+    }
+
+    /// `cuStreamDestroy_v2(stream)`, no context push (the handle names its context).
+    /// Work still queued on it completes first; the call does not wait (documented
+    /// by NVIDIA).
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::StreamDestroy`]: `CUDA_ERROR_INVALID_HANDLE` for a handle the
+    /// driver does not know as a stream.
+    fn stream_destroy(&self, stream: Stream) -> Result<(), DriverError> {
+        // SAFETY: `stream` was made by `stream_create_blocking` on this driver and not
+        // destroyed before (the pool's contract); no Rust memory is passed.
+        check(
+            DriverCall::StreamDestroy,
+            code(unsafe { sys::cuStreamDestroy_v2(cu_stream(stream)) }),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{capture_mode_of, cu_capture_mode, resolved_by_current_context};
+    use crate::driver::{CaptureMode, Stream};
+
+    /// `CUstreamCaptureMode`'s values in CUDA's header (`cuda.h`): GLOBAL 0,
+    /// THREAD_LOCAL 1, RELAXED 2; the mode read back from the driver maps to the
+    /// same mode, and a value CUDA does not define to none.
+    #[test]
+    fn capture_modes_have_cudas_numbers_both_ways() {
+        for (mode, n) in [
+            (CaptureMode::Global, 0),
+            (CaptureMode::ThreadLocal, 1),
+            (CaptureMode::Relaxed, 2),
+        ] {
+            assert_eq!(cu_capture_mode(mode) as u32, n, "{mode:?}");
+            assert_eq!(mode as u32, n, "{mode:?}: the Rust discriminant");
+            assert_eq!(capture_mode_of(n), Some(mode));
+        }
+        assert_eq!(capture_mode_of(3), None);
+        assert_eq!(capture_mode_of(u32::MAX), None);
+    }
+
+    /// The special handles (NULL, `CU_STREAM_LEGACY` = 1, `CU_STREAM_PER_THREAD` = 2
+    /// in `cuda.h`) are resolved against the current context, so the pool's context
+    /// is pushed for them; a created stream's handle (a driver address) is not.
+    #[test]
+    fn only_the_special_stream_handles_need_the_context() {
+        for raw in [0, 1, 2] {
+            assert!(resolved_by_current_context(Stream(raw)), "{raw}");
+        }
+        assert!(resolved_by_current_context(Stream::LEGACY));
+        for raw in [3, 0x5555_0000_1000, u64::MAX] {
+            assert!(!resolved_by_current_context(Stream(raw)), "{raw:#x}");
+        }
     }
 }

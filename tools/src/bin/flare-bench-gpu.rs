@@ -14,15 +14,27 @@
 //!    driver sequence it wraps (create, reserve, map, set access, synchronize, unmap,
 //!    release, free the reservation) on the same driver; the two alternate, pair by
 //!    pair.
-//! 3. Replay of every shipped trace through the pool (`trace::replay`) and through the
+//! 3. Stream pair (issue 11): `allocate_async_raw` + `free_async_raw` on one created
+//!    stream (no scope, release threshold `u64::MAX`: every pair after the first is a
+//!    same-stream reuse) against `cuMemAllocAsync` + `cuMemFreeAsync` on the same
+//!    stream (the device's current pool, warm: no synchronize between pairs) and
+//!    against the stream-ordered pool's warm pair on it, at 2 MiB, 64 MiB and 1 GiB.
+//! 4. Frees of memory in flight (issue 11): the host time of 1,000 `free_async_raw`
+//!    of 2 MiB buffers (release threshold 0, no scope) while a long kernel queued
+//!    ahead of the frees keeps the stream busy and short kernels behind it read the
+//!    buffers, against 1,000 `cuMemFreeAsync` of buffers in flight the same way, and
+//!    the old synchronous `free_raw` of buffers in flight for contrast (each release
+//!    synchronizes the device, so the first free waits for the kernel).
+//! 5. Replay of every shipped trace through the pool (`trace::replay`) and through the
 //!    stream-ordered pool (alloc / free by id on one stream, synchronize at the end):
 //!    wall time and peak physical memory.
-//! 4. Reuse throughput with 1, 2, 4, 8 and 16 threads on one pool (each thread its own
+//! 6. Reuse throughput with 1, 2, 4, 8 and 16 threads on one pool (each thread its own
 //!    size, inside a scope), pairs per second.
 //!
 //! Prints tables and writes every figure, with the ratios ours / alternative, to
 //! `--json PATH`. `--backend sim` runs flare-package's side only, on the simulated
-//! driver (a dry run for machines without a GPU). Exit status: 0 on success, 1 when a
+//! driver (a dry run for machines without a GPU; the stream sections then queue
+//! simulated work, `SimDriver::launch`, instead of kernels). Exit status: 0 on success, 1 when a
 //! measurement failed, 2 when CUDA is not available or the arguments are wrong
 //! (`--traces` not a readable directory with `*.trace` files, checked first).
 
@@ -30,7 +42,7 @@ use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
@@ -38,10 +50,12 @@ use comfy_table::Table;
 use serde::Serialize;
 
 use flare_package::driver::cuda::CudaDriver;
-use flare_package::driver::MemInfo;
+use flare_package::driver::{CuResult, MemInfo, Stream};
 use flare_package::trace::{self, Event, Trace};
-use flare_package::{fmt_bytes, Driver, Pool, PoolConfig, SimConfig};
-use flare_tools::cuda_baseline::{make_current, raw_mapping_cycle, StreamOrderedPool};
+use flare_package::{fmt_bytes, DevicePtr, Driver, Pool, PoolConfig, SimConfig, SimDriver};
+use flare_tools::cuda_baseline::{
+    make_current, raw_mapping_cycle, InflightKernels, StreamOrderedPool,
+};
 
 type BoxResult<T> = Result<T, Box<dyn Error>>;
 
@@ -49,6 +63,16 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const SIZES: [u64; 3] = [2 * MIB, 64 * MIB, GIB];
 const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
+/// Buffers freed in flight per round, and their size (section 4).
+const INFLIGHT_BUFFERS: usize = 1_000;
+const INFLIGHT_BYTES: u64 = 2 * MIB;
+/// Every this many buffers, one is read by a short kernel queued behind the long one.
+const TOUCH_EVERY: usize = 8;
+/// How long the kernel queued ahead of the frees runs: far longer than queueing the
+/// short kernels and making 1,000 frees (a few milliseconds).
+const INFLIGHT_KERNEL: Duration = Duration::from_millis(200);
+/// `CUDA_ERROR_NOT_READY`: what a stream query answers while work is queued.
+const NOT_READY: CuResult = CuResult(600);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -145,6 +169,56 @@ struct ReusePair {
 }
 
 #[derive(Debug, Serialize)]
+struct StreamPair {
+    size_bytes: u64,
+    /// `allocate_async_raw` + `free_async_raw` on one stream.
+    flare: Stats,
+    /// `cuMemAllocAsync` + `cuMemFreeAsync` on the same stream (device's pool).
+    cu_mem_alloc_async: Option<Stats>,
+    /// `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` on the same stream (own pool).
+    stream_ordered: Option<Stats>,
+    /// ours / cuMemAllocAsync pair.
+    ratio_median_vs_cu_mem_alloc_async: Option<f64>,
+    ratio_p99_vs_cu_mem_alloc_async: Option<f64>,
+    /// ours / own stream-ordered pool's pair.
+    ratio_median_vs_stream_ordered: Option<f64>,
+}
+
+/// One way of freeing buffers in flight, over several rounds.
+#[derive(Debug, Serialize)]
+struct FreeBatch {
+    rounds: usize,
+    /// Host time of one round's frees (the sum of the per-free times), ns: median and
+    /// least over the rounds.
+    total_ns_median: f64,
+    total_ns_min: f64,
+    /// Every free of every round.
+    per_free: Stats,
+    /// Whether the stream still had the round's work queued when the round's last
+    /// free returned, in every round.
+    in_flight_at_last_free: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct InflightFrees {
+    buffers: usize,
+    buffer_bytes: u64,
+    /// Passes of the long kernel, and its calibrated duration (CUDA only).
+    kernel_passes: Option<u64>,
+    kernel_ms: Option<f64>,
+    /// `free_async_raw` (release threshold 0, no scope).
+    flare_free_async: FreeBatch,
+    /// `cuMemFreeAsync` of the stream-ordered pool's buffers.
+    cu_mem_free_async: Option<FreeBatch>,
+    /// `free_raw`, the synchronous path (each release synchronizes the device).
+    flare_free_sync: FreeBatch,
+    /// ours (free_async) / cuMemFreeAsync, median round totals.
+    ratio_total_vs_cu_mem_free_async: Option<f64>,
+    /// ours (free_raw) / cuMemFreeAsync, median round totals.
+    ratio_total_sync_vs_cu_mem_free_async: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
 struct FreshMapping {
     size_bytes: u64,
     flare: Stats,
@@ -220,6 +294,8 @@ struct Report {
     mem_total_bytes: Option<u64>,
     reuse_pair: Vec<ReusePair>,
     fresh_mapping: Vec<FreshMapping>,
+    stream_pair: Vec<StreamPair>,
+    inflight_frees: InflightFrees,
     replay: Vec<Replay>,
     threads: Vec<Threads>,
     targets: Vec<Target>,
@@ -515,6 +591,335 @@ impl Bench {
     }
 }
 
+/// How a stream-ordered measurement keeps its stream busy: kernels on the GPU, or
+/// simulated work on the pool's simulated driver.
+enum Work<'a> {
+    Cuda {
+        driver: &'a CudaDriver,
+        kernels: &'a InflightKernels<'a>,
+        passes: u64,
+    },
+    Sim(Arc<SimDriver>),
+}
+
+impl Work<'_> {
+    /// Queues work on `stream` that is still running when this returns and touches
+    /// `buffers` (every [`TOUCH_EVERY`]-th one).
+    ///
+    /// # Safety
+    ///
+    /// As [`InflightKernels::queue`]: every buffer stays mapped until `stream`'s
+    /// work reading it has completed (it is freed stream-ordered on `stream`, or by a
+    /// free that synchronizes the device first), and `stream` is live.
+    unsafe fn queue(&self, stream: Stream, buffers: &[DevicePtr]) -> BoxResult<()> {
+        match self {
+            Work::Cuda {
+                kernels, passes, ..
+            } => {
+                // SAFETY: the caller's promise, as documented.
+                unsafe { kernels.queue(stream, *passes, buffers, TOUCH_EVERY) }?;
+            }
+            Work::Sim(sim) => {
+                for &b in buffers.iter().step_by(TOUCH_EVERY) {
+                    let c = sim.launch(stream.raw(), b, INFLIGHT_BYTES);
+                    if !c.is_success() {
+                        return Err(format!("simulated launch: {c}").into());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `stream` still has work queued.
+    fn busy(&self, stream: Stream) -> BoxResult<bool> {
+        Ok(match self {
+            Work::Cuda { driver, .. } => !driver.stream_query(stream)?,
+            Work::Sim(sim) => sim.stream_query(stream.raw()) == NOT_READY,
+        })
+    }
+
+    /// Waits for (or, simulated, completes) the work queued on `stream`. Simulated,
+    /// also fails if the driver saw a contract fault (memory unmapped or handed to
+    /// another stream under queued work, a capture broken).
+    fn drain(&self, stream: Stream) -> BoxResult<()> {
+        match self {
+            Work::Cuda { driver, .. } => driver.stream_synchronize(stream)?,
+            Work::Sim(sim) => {
+                let c = sim.stream_complete(stream.raw());
+                if !c.is_success() {
+                    return Err(format!("simulated stream complete: {c}").into());
+                }
+                let faults = sim.faults();
+                if !faults.is_empty() {
+                    return Err(format!("the simulated driver saw faults: {faults:?}").into());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A simulated stream on `pool`'s simulated driver, and that driver.
+fn sim_stream(pool: &Pool) -> BoxResult<(Arc<SimDriver>, Stream)> {
+    let sim = pool
+        .sim_driver()
+        .ok_or("the pool is not on the simulated driver")?;
+    let s = sim
+        .stream_create()
+        .map_err(|c| format!("simulated stream create: {c}"))?;
+    Ok((sim, Stream(s)))
+}
+
+/// Rounds of: allocate [`INFLIGHT_BUFFERS`] buffers with `alloc`, queue `work` on
+/// `stream` touching them, free each with `free` (each free timed), note whether the
+/// stream was still busy after the last free, then let the work end and call
+/// `after_round`.
+fn free_rounds(
+    rounds: usize,
+    work: &Work<'_>,
+    stream: Stream,
+    mut alloc: impl FnMut() -> BoxResult<DevicePtr>,
+    mut free: impl FnMut(DevicePtr) -> BoxResult<()>,
+    mut after_round: impl FnMut() -> BoxResult<()>,
+) -> BoxResult<FreeBatch> {
+    let mut every = Vec::with_capacity(rounds * INFLIGHT_BUFFERS);
+    let mut totals = Vec::with_capacity(rounds);
+    let mut in_flight = true;
+    for _ in 0..rounds {
+        let buffers = (0..INFLIGHT_BUFFERS)
+            .map(|_| alloc())
+            .collect::<BoxResult<Vec<DevicePtr>>>()?;
+        // SAFETY: every buffer is a live allocation of INFLIGHT_BYTES (more than the
+        // 4 KiB the short kernels read) made just above, freed below only by `free`:
+        // stream-ordered on `stream` (`free_async_raw`, `cuMemFreeAsync`) or by the
+        // synchronous `free_raw`, which synchronizes the device before it unmaps.
+        // `stream` lives until this function's caller is done.
+        unsafe { work.queue(stream, &buffers) }?;
+        let mut total = 0u64;
+        for p in buffers {
+            let t = Instant::now();
+            free(p)?;
+            let ns = t.elapsed().as_nanos() as u64;
+            total += ns;
+            every.push(ns);
+        }
+        in_flight &= work.busy(stream)?;
+        totals.push(total);
+        work.drain(stream)?;
+        after_round()?;
+    }
+    let t = stats(totals);
+    Ok(FreeBatch {
+        rounds,
+        total_ns_median: t.median_ns,
+        total_ns_min: t.min_ns,
+        per_free: stats(every),
+        in_flight_at_last_free: in_flight,
+    })
+}
+
+impl Bench {
+    /// A pool on the benchmark's backend with release threshold `threshold`.
+    fn pool_with_threshold(&self, threshold: u64) -> BoxResult<Pool> {
+        Ok(Pool::new(PoolConfig {
+            release_threshold_bytes: threshold,
+            ..self.config()
+        })?)
+    }
+
+    fn stream_pairs(&self) -> BoxResult<Vec<StreamPair>> {
+        // Release threshold u64::MAX, no scope: a freed mapping stays cached, as the
+        // alternatives' warm pools keep theirs.
+        let pool = self.pool_with_threshold(u64::MAX)?;
+        let sop = match &self.cuda {
+            Some(_) => Some(StreamOrderedPool::new(self.args.device)?),
+            None => None,
+        };
+        let stream = match &sop {
+            Some(sop) => sop.stream(),
+            None => sim_stream(&pool)?.1,
+        };
+        let mut out = Vec::new();
+        for size in SIZES {
+            let n = self.scaled(20_000);
+            eprintln!("stream pair {}: {n} pairs", fmt_bytes(size));
+            let p = pool.allocate_async_raw(size, stream)?;
+            pool.free_async_raw(p, stream)?;
+            let before = pool.snapshot();
+            let flare = time_each(n, 1_000, || {
+                let p = pool.allocate_async_raw(size, stream)?;
+                pool.free_async_raw(p, stream)?;
+                Ok(())
+            })?;
+            let after = pool.snapshot();
+            if after.mappings_created != before.mappings_created {
+                return Err("a stream pair missed the pool".into());
+            }
+            if after.cross_stream_hits != before.cross_stream_hits {
+                return Err("a stream pair was served across streams".into());
+            }
+            let (mut cu_mem_alloc_async, mut stream_ordered) = (None, None);
+            if let Some(sop) = &sop {
+                let cur = sop.make_current()?;
+                cu_mem_alloc_async = Some(time_each(n, 1_000, || {
+                    let p = cur.default_pool_alloc(sop, size)?;
+                    cur.pool_free(sop, p)?;
+                    Ok(())
+                })?);
+                stream_ordered = Some(time_each(n, 1_000, || {
+                    let p = cur.pool_alloc(sop, size)?;
+                    cur.pool_free(sop, p)?;
+                    Ok(())
+                })?);
+                sop.synchronize()?;
+            }
+            let vs = |alt: &Option<Stats>, p99: bool| {
+                alt.as_ref().and_then(|a| {
+                    if p99 {
+                        ratio(flare.p99_ns, a.p99_ns)
+                    } else {
+                        ratio(flare.median_ns, a.median_ns)
+                    }
+                })
+            };
+            out.push(StreamPair {
+                size_bytes: size,
+                flare,
+                ratio_median_vs_cu_mem_alloc_async: vs(&cu_mem_alloc_async, false),
+                ratio_p99_vs_cu_mem_alloc_async: vs(&cu_mem_alloc_async, true),
+                ratio_median_vs_stream_ordered: vs(&stream_ordered, false),
+                cu_mem_alloc_async,
+                stream_ordered,
+            });
+        }
+        // The pool first: it may record fence events on the stream until dropped.
+        drop(pool);
+        drop(sop);
+        Ok(out)
+    }
+
+    fn inflight_frees(&self) -> BoxResult<InflightFrees> {
+        let rounds = if self.args.quick { 1 } else { 5 };
+        eprintln!(
+            "in-flight frees: {rounds} round(s) of {INFLIGHT_BUFFERS} x {}",
+            fmt_bytes(INFLIGHT_BYTES)
+        );
+        let sop = match &self.cuda {
+            Some(_) => Some(StreamOrderedPool::new(self.args.device)?),
+            None => None,
+        };
+        let kernels = match &self.cuda {
+            Some(d) => Some(InflightKernels::new(d)?),
+            None => None,
+        };
+        let (mut passes, mut kernel_ms) = (None, None);
+        if let (Some(sop), Some(k)) = (&sop, &kernels) {
+            let p = k.passes_for(sop.stream(), INFLIGHT_KERNEL)?;
+            let t = Instant::now();
+            // SAFETY: no buffer: only the kernels' own 64 MiB buffer is read, and
+            // the stream is the stream-ordered pool's, live until `sop` is dropped.
+            unsafe { k.queue(sop.stream(), p, &[], TOUCH_EVERY) }?;
+            sop.synchronize()?;
+            kernel_ms = Some(t.elapsed().as_secs_f64() * 1e3);
+            passes = Some(p);
+        }
+        // A pool, the stream its measurements run on, and the work that keeps it busy.
+        let lane = |pool: &Pool| -> BoxResult<(Stream, Option<Arc<SimDriver>>)> {
+            match &sop {
+                Some(sop) => Ok((sop.stream(), None)),
+                None => sim_stream(pool).map(|(sim, s)| (s, Some(sim))),
+            }
+        };
+        let work_for = |sim: Option<Arc<SimDriver>>| match (sim, &self.cuda, &kernels, passes) {
+            (Some(sim), _, _, _) => Ok(Work::Sim(sim)),
+            (None, Some(driver), Some(kernels), Some(passes)) => Ok(Work::Cuda {
+                driver,
+                kernels,
+                passes,
+            }),
+            _ => Err("no way to queue work on this backend"),
+        };
+
+        // flare-package's stream-ordered free: threshold 0, no scope.
+        let pool = self.pool_with_threshold(0)?;
+        let (stream, sim) = lane(&pool)?;
+        let work = work_for(sim)?;
+        let flare_free_async = free_rounds(
+            rounds,
+            &work,
+            stream,
+            || Ok(pool.allocate_async_raw(INFLIGHT_BYTES, stream)?),
+            |p| Ok(pool.free_async_raw(p, stream)?),
+            // The work is done: release what is still held (trim waits on fences).
+            || Ok(pool.trim()?),
+        )?;
+        if pool.snapshot().physical_bytes != 0 {
+            return Err("memory freed in flight was still held after trim".into());
+        }
+        drop(pool);
+
+        // cuMemFreeAsync of the stream-ordered pool's buffers, the same way.
+        let cu_mem_free_async = match &sop {
+            Some(sop) => {
+                let work = work_for(None)?;
+                let cur = sop.make_current()?;
+                let batch = free_rounds(
+                    rounds,
+                    &work,
+                    sop.stream(),
+                    || Ok(cur.pool_alloc(sop, INFLIGHT_BYTES)?),
+                    |p| Ok(cur.pool_free(sop, p)?),
+                    || Ok(()),
+                )?;
+                if !batch.in_flight_at_last_free {
+                    return Err(format!(
+                        "the kernel ahead of the frees ({:.1} ms) ended before the \
+                         1,000 cuMemFreeAsync did: the frees were not of memory in flight",
+                        kernel_ms.unwrap_or(0.0)
+                    )
+                    .into());
+                }
+                Some(batch)
+            }
+            None => None,
+        };
+
+        // The synchronous path, for contrast.
+        let pool = self.pool_with_threshold(0)?;
+        let (stream, sim) = lane(&pool)?;
+        let work = work_for(sim)?;
+        let flare_free_sync = free_rounds(
+            rounds,
+            &work,
+            stream,
+            || Ok(pool.allocate_raw(INFLIGHT_BYTES)?),
+            |p| Ok(pool.free_raw(p)?),
+            || Ok(()),
+        )?;
+        drop(pool);
+        drop(kernels);
+        drop(sop);
+
+        let vs = |b: &FreeBatch| {
+            cu_mem_free_async
+                .as_ref()
+                .and_then(|c| ratio(b.total_ns_median, c.total_ns_median))
+        };
+        Ok(InflightFrees {
+            buffers: INFLIGHT_BUFFERS,
+            buffer_bytes: INFLIGHT_BYTES,
+            kernel_passes: passes,
+            kernel_ms,
+            ratio_total_vs_cu_mem_free_async: vs(&flare_free_async),
+            ratio_total_sync_vs_cu_mem_free_async: vs(&flare_free_sync),
+            flare_free_async,
+            cu_mem_free_async,
+            flare_free_sync,
+        })
+    }
+}
+
 fn timer_overhead() -> f64 {
     stats(
         (0..10_000)
@@ -552,6 +957,26 @@ fn targets(r: &Report) -> Vec<Target> {
             f.ratio_median,
         ));
     }
+    for p in &r.stream_pair {
+        out.push(check(
+            format!(
+                "stream pair {} / cuMemAllocAsync + cuMemFreeAsync pair (median) <= 0.25",
+                fmt_bytes(p.size_bytes)
+            ),
+            0.25,
+            p.ratio_median_vs_cu_mem_alloc_async,
+        ));
+    }
+    let f = &r.inflight_frees;
+    out.push(check(
+        format!(
+            "{} free_async of {} in flight / as many cuMemFreeAsync (host time) <= 2",
+            f.buffers,
+            fmt_bytes(f.buffer_bytes)
+        ),
+        2.0,
+        f.ratio_total_vs_cu_mem_free_async,
+    ));
     out
 }
 
@@ -617,6 +1042,83 @@ fn print(r: &Report) {
             us(f.raw_driver.p99_ns),
             opt(f.ratio_median, |x| format!("{x:.3}")),
             opt(f.ratio_p99, |x| format!("{x:.3}")),
+        ]);
+    }
+    println!("{t}\n");
+
+    let mut t = Table::new();
+    t.set_header(vec![
+        "stream pair",
+        "flare median",
+        "flare p99",
+        "cuMemAllocAsync median",
+        "cuMemAllocAsync p99",
+        "own pool median",
+        "ours/cuMemAllocAsync (median)",
+        "ours/own pool (median)",
+    ]);
+    for p in &r.stream_pair {
+        t.add_row(vec![
+            fmt_bytes(p.size_bytes),
+            us(p.flare.median_ns),
+            us(p.flare.p99_ns),
+            opt(p.cu_mem_alloc_async, |s| us(s.median_ns)),
+            opt(p.cu_mem_alloc_async, |s| us(s.p99_ns)),
+            opt(p.stream_ordered, |s| us(s.median_ns)),
+            opt(p.ratio_median_vs_cu_mem_alloc_async, |x| format!("{x:.3}")),
+            opt(p.ratio_median_vs_stream_ordered, |x| format!("{x:.3}")),
+        ]);
+    }
+    println!("{t}\n");
+
+    let f = &r.inflight_frees;
+    println!(
+        "{} frees of {} buffers in flight per round{}",
+        f.buffers,
+        fmt_bytes(f.buffer_bytes),
+        match (f.kernel_passes, f.kernel_ms) {
+            (Some(p), Some(ms)) => format!(" (kernel ahead of them: {p} passes, {ms:.1} ms)"),
+            _ => String::new(),
+        }
+    );
+    let mut t = Table::new();
+    t.set_header(vec![
+        "in-flight frees",
+        "rounds",
+        "host time (median round)",
+        "per free median",
+        "per free p99",
+        "in flight at the last free",
+        "/ cuMemFreeAsync (host time)",
+    ]);
+    let rows = [
+        (
+            "flare free_async",
+            Some(&f.flare_free_async),
+            f.ratio_total_vs_cu_mem_free_async,
+        ),
+        ("cuMemFreeAsync", f.cu_mem_free_async.as_ref(), Some(1.0)),
+        (
+            "flare free_raw (synchronous)",
+            Some(&f.flare_free_sync),
+            f.ratio_total_sync_vs_cu_mem_free_async,
+        ),
+    ];
+    for (what, batch, vs) in rows {
+        let Some(b) = batch else { continue };
+        t.add_row(vec![
+            what.to_string(),
+            b.rounds.to_string(),
+            us(b.total_ns_median),
+            us(b.per_free.median_ns),
+            us(b.per_free.p99_ns),
+            if b.in_flight_at_last_free {
+                "yes"
+            } else {
+                "no"
+            }
+            .to_string(),
+            opt(vs, |x| format!("{x:.3}")),
         ]);
     }
     println!("{t}\n");
@@ -689,6 +1191,8 @@ fn run(bench: &Bench) -> BoxResult<Report> {
         mem_total_bytes: bench.mem_info(None).map(|m| m.total),
         reuse_pair: bench.reuse_pairs()?,
         fresh_mapping: bench.fresh_mappings()?,
+        stream_pair: bench.stream_pairs()?,
+        inflight_frees: bench.inflight_frees()?,
         replay: bench.replays()?,
         threads: bench.threads()?,
         targets: Vec::new(),

@@ -621,7 +621,10 @@ fn a_steady_pair_keeps_one_mapping_at_threshold_zero() {
     }
     let snap = check(&pool);
     assert_eq!((snap.mappings_created, snap.reuse_hits), (1, 999));
-    assert_eq!(snap.physical_bytes, G, "still cached, waiting for its fence");
+    assert_eq!(
+        snap.physical_bytes, G,
+        "still cached, waiting for its fence"
+    );
     // Once the stream goes quiet, a later release point releases it.
     pool.trim().unwrap();
     assert_eq!(check(&pool).physical_bytes, 0);

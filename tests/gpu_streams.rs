@@ -634,15 +634,22 @@ fn gpu_capture_without_a_scope_stays_valid_and_replays() {
     for (p, on) in [(out1, c), (out2, c), (out_z, t)] {
         pool.free_async_raw(p, on).unwrap();
     }
-    // With no scope open at capture time, trim releases what the capture held.
+    assert_eq!(
+        rig.device_syncs(),
+        0,
+        "a cuCtxSynchronize on the stream path"
+    );
+    // With no scope open at capture time, trim releases what the capture held. A
+    // graph's replays may run on any stream, so no fence covers them: that release
+    // synchronizes the device, once (the documented contract of capture-held memory).
     pool.trim().unwrap();
     let trimmed = check(pool);
     assert_eq!(trimmed.capture_held_bytes, 0, "{trimmed:#?}");
     assert_eq!(trimmed.physical_bytes, 0, "{trimmed:#?}");
     assert_eq!(
         rig.device_syncs(),
-        0,
-        "a cuCtxSynchronize on the stream path"
+        1,
+        "one synchronize, for the captured memory"
     );
     rig.finish();
 }

@@ -140,21 +140,28 @@ fn release_waits_for_the_fence_never_for_the_device() {
     let snap = check(&pool);
     assert_eq!(snap.physical_bytes, G, "still mapped: the kernel reads it");
     assert_eq!(
-        snap.events_outstanding, 1,
-        "the first free polls: one fence"
+        snap.events_outstanding, 0,
+        "the first free polls, but nothing was idle at an earlier poll: no fence"
     );
     assert_eq!(sim.call_count(DriverCall::Unmap), 0);
     sim.stream_complete(s.0);
-    // The next poll comes two frees over the threshold later (the countdown doubled
-    // to 2 after a poll that found nothing complete). The fence covers p's free
-    // only: p is released; the 4 MiB mapping, freed after it, waits for a fence of
-    // its own (recorded lazily, at a later poll).
-    for _ in 0..2 {
+    // Polls come at frees 1, 3, 7 (the countdown doubles while polls find nothing).
+    // Free 3's poll finds p idle since free 1's poll and records a fence (covering
+    // every free so far); free 7's poll queries it, complete: p is released. The
+    // 4 MiB mapping, freed again at every pair, is never old enough to fence.
+    for free in 2..=7 {
         let q = pool.allocate_async_raw(4 * MIB, s).unwrap();
         pool.free_async_raw(q, s).unwrap();
+        let snap = check(&pool);
+        let want = u64::from(free == 7);
+        assert_eq!(snap.mappings_released, want, "after free {free}\n{snap:#?}");
+        assert_eq!(
+            snap.events_outstanding,
+            u64::from((3..7).contains(&free)),
+            "after free {free}"
+        );
     }
     let snap = check(&pool);
-    assert_eq!(snap.mappings_released, 1, "{snap:#?}");
     assert_eq!(snap.physical_bytes, 4 * MIB, "{snap:#?}");
     assert_eq!(syncs(&sim), 0, "no cuCtxSynchronize on the stream path");
     assert_eq!(sim.stream_call_count(SimStreamCall::EventSynchronize), 0);
@@ -284,9 +291,11 @@ fn event_polls_elsewhere_leave_a_global_capture_valid() {
     sim.stream_begin_capture(a.0, CaptureMode::Global);
     std::thread::scope(|sc| {
         sc.spawn(|| {
-            for _ in 0..8 {
-                let p = pool.allocate_async_raw(G, b).unwrap();
-                sim.launch(b.0, p, G);
+            // Distinct sizes: every buffer stays idle, so the frees' polls fence and
+            // query it.
+            for i in 1..=8 {
+                let p = pool.allocate_async_raw(i * G, b).unwrap();
+                sim.launch(b.0, p, i * G);
                 pool.free_async_raw(p, b).unwrap();
                 sim.stream_complete(b.0);
             }
@@ -352,10 +361,10 @@ fn legacy_stream_frees_are_fenced_on_a_pool_stream() {
     let p = pool.allocate_async_raw(G, Stream::LEGACY).unwrap();
     sim.launch(0, p, G);
     pool.free_async_raw(p, Stream::LEGACY).unwrap();
-    assert_eq!(sim.stream_call_count(SimStreamCall::StreamCreate), 1);
     assert_eq!(check(&pool).physical_bytes, G);
     sim.stream_complete(0);
     pool.trim().unwrap();
+    assert_eq!(sim.stream_call_count(SimStreamCall::StreamCreate), 1);
     assert_eq!(check(&pool).physical_bytes, 0);
     assert_eq!(syncs(&sim), 0);
     // Stream handle 1 (CU_STREAM_LEGACY) is the same stream: its memory comes back.
@@ -553,10 +562,11 @@ fn in_flight_frees_poll_with_backoff() {
         pool.free_async_raw(p, s).unwrap();
     }
     let queries = sim.stream_call_count(SimStreamCall::EventQuery);
-    // Polls at frees 1, 2, 4, ..., 64 (7 polls in the first 127 frees), then every
-    // 64: (1000 - 127) / 64 = 13 more; the first poll has no fence to query yet (it
-    // records one after querying).
-    assert_eq!(queries, 7 + 13 - 1, "queries");
+    // Polls at frees 1, 3, 7, ..., 127 (7 polls: the countdown doubles from 1 to 64
+    // while polls find nothing), then every 64: (1000 - 127) / 64 = 13 more. The
+    // first two have no fence to query: the first finds nothing idle since an earlier
+    // poll, the second records the fence (after its queries).
+    assert_eq!(queries, 7 + 13 - 2, "queries");
     assert_eq!(sim.stream_call_count(SimStreamCall::EventRecord), 1);
     assert_eq!(
         check(&pool).physical_bytes,

@@ -59,6 +59,9 @@ pub(super) struct Bucket {
     pub(super) marks: u64,
     /// Marks covered by a recorded fence.
     pub(super) fenced: u64,
+    /// `marks` at the previous fence poll of a free: memory freed after it is too
+    /// fresh for a free's poll to fence (see `streams.rs`).
+    pub(super) polled_marks: u64,
     /// Marks whose stream work is known complete.
     pub(super) completed: u64,
     /// Fences recorded and not yet seen complete, oldest first.
@@ -71,6 +74,7 @@ impl Bucket {
             kind,
             marks: 0,
             fenced: 0,
+            polled_marks: 0,
             completed: 0,
             fences: VecDeque::new(),
         }
@@ -204,8 +208,9 @@ pub(super) struct State {
     /// [`SYNC_FREED`], then
     /// streams and captures as first seen).
     pub(super) buckets: Vec<Bucket>,
-    /// Bucket of each stream seen (by raw handle; the legacy stream as 0).
-    pub(super) by_stream: HashMap<u64, u32>,
+    /// Bucket of each stream seen (by raw handle; the legacy stream as 0), hashed
+    /// like pointers (stream handles are driver pointers): on every stream call.
+    pub(super) by_stream: PtrMap,
     /// Bucket of each capture seen.
     pub(super) by_capture: HashMap<u64, u32>,
     /// Streams given to `record_stream`, by live slot.
@@ -246,7 +251,7 @@ impl State {
                 Bucket::new(BucketKind::Held),
                 Bucket::new(BucketKind::SyncFreed),
             ],
-            by_stream: HashMap::new(),
+            by_stream: PtrMap::default(),
             by_capture: HashMap::new(),
             recorded: HashMap::new(),
             deferred: Vec::new(),

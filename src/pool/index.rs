@@ -157,6 +157,20 @@ impl ReuseIndex {
         out
     }
 
+    /// Whether `f` holds for some slot of `bucket` (stops at the first).
+    pub(crate) fn any_in(&self, bucket: u32, mut f: impl FnMut(u32) -> bool) -> bool {
+        for (_, &head) in self.heads.range((bucket, 0)..=(bucket, u64::MAX)) {
+            let mut s = head;
+            while s != NIL {
+                if f(s) {
+                    return true;
+                }
+                s = self.links[s as usize].next;
+            }
+        }
+        false
+    }
+
     /// Whether `bucket` holds any slot.
     pub(crate) fn bucket_is_empty(&self, bucket: u32) -> bool {
         self.heads
@@ -230,6 +244,14 @@ mod tests {
         listed.sort();
         assert_eq!(listed, vec![3, 7, 9]);
         assert_eq!(ix.len(), 5, "listing leaves them in");
+        assert!(ix.any_in(2, |s| s == 9));
+        assert!(!ix.any_in(2, |s| s == 5), "5 is bucket 0's");
+        let mut seen = 0;
+        assert!(!ix.any_in(2, |_| {
+            seen += 1;
+            false
+        }));
+        assert_eq!(seen, 3, "every slot of bucket 2 visited once");
         for s in [3, 7, 9] {
             assert!(ix.remove(s));
         }

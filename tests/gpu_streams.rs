@@ -389,9 +389,11 @@ fn gpu_wait_mode_hands_over_at_once_and_orders_the_new_stream() {
 }
 
 /// (c) Release threshold 0, no scope: memory freed on S while S's kernel reads it
-/// stays mapped through a release point that comes while the kernel runs; the
-/// first release point after the kernel is done releases it. The kernel sums right
-/// (nothing unmapped under it) and the context is healthy afterwards.
+/// stays mapped through release points that come while the kernel runs (a free's
+/// poll fences it: it was idle at the previous poll); a few release points after
+/// the kernel is done release it (polls come at frees 1, 3, 7, ... over the
+/// threshold). The kernel sums right (nothing unmapped under it) and the context is
+/// healthy afterwards.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_release_waits_for_the_kernel_then_happens_at_a_later_call() {
@@ -401,9 +403,12 @@ fn gpu_release_waits_for_the_kernel_then_happens_at_a_later_call() {
     let (pool, d) = (&rig.pool, &rig.d);
     let data = pool.allocate_async_raw(SIZE, s).unwrap();
     let out = pool.allocate_async_raw(4, s).unwrap();
-    // Freed later on T (which has no work) as release points.
-    let probe1 = pool.allocate_async_raw(2 * MIB, t).unwrap();
-    let probe2 = pool.allocate_async_raw(2 * MIB, t).unwrap();
+    // Allocated and freed on T (which has no work) as release points.
+    let probe = pool.allocate_async_raw(2 * MIB, t).unwrap();
+    let release_point = || {
+        let p = pool.allocate_async_raw(2 * MIB, t).unwrap();
+        pool.free_async_raw(p, t).unwrap();
+    };
     rig.fill(data, SIZE, 3, s);
     let a = rig.sum(data, SIZE, out, 3);
     // SAFETY: `data` and `out` are live allocations of this test, kept mapped until
@@ -411,24 +416,26 @@ fn gpu_release_waits_for_the_kernel_then_happens_at_a_later_call() {
     let (one, iters) = unsafe { a.calibrate_on(s) };
     let kernel_time = one.mul_f64(iters as f64);
     let base = check(pool);
-    assert_eq!(base.physical_bytes, SIZE + 3 * 2 * MIB);
+    assert_eq!(base.physical_bytes, SIZE + 2 * 2 * MIB);
 
     // SAFETY: as above; `data` is freed behind the kernel.
     unsafe { a.launch_on(iters, s) };
-    pool.free_async_raw(data, s).unwrap();
+    pool.free_async_raw(data, s).unwrap(); // free 1 over the threshold: a poll
     let freed = check(pool);
     assert_eq!(
         freed.physical_bytes, base.physical_bytes,
         "released at the free"
     );
     assert_eq!(freed.event_wait_bytes, SIZE);
-    // A release point while the kernel runs: it may poll S's fence, and must keep
-    // `data` mapped.
-    pool.free_async_raw(probe1, t).unwrap();
+    // Frees 2, 3 (a poll: `data` was idle at the last one, so it is fenced) and 4,
+    // while the kernel runs: `data` stays mapped.
+    pool.free_async_raw(probe, t).unwrap();
+    release_point();
+    release_point();
     let polled = check(pool);
     assert_running(d, s, kernel_time);
     assert!(
-        polled.physical_bytes >= SIZE + 2 * 2 * MIB,
+        polled.physical_bytes >= SIZE + 2 * MIB,
         "data was released while the kernel read it\n{polled:#?}"
     );
     assert!(polled.event_wait_bytes >= SIZE, "{polled:#?}");
@@ -440,11 +447,13 @@ fn gpu_release_waits_for_the_kernel_then_happens_at_a_later_call() {
     // The kernel ends with the right sum (a range unmapped under it would fault:
     // the stream synchronize returns the fault).
     assert_eq!(a.read_out_on(s), a.expected(iters), "kernel result");
-    // The next release point sees S's fence complete and releases `data`.
-    pool.free_async_raw(probe2, t).unwrap();
+    // The next poll (free 7) sees S's fence complete and releases `data`.
+    for _ in 5..=7 {
+        release_point();
+    }
     let released = check(pool);
     assert!(
-        released.physical_bytes <= 3 * 2 * MIB,
+        released.physical_bytes <= 2 * 2 * MIB,
         "data still held after its kernel completed and a release point polled\n\
          {released:#?}"
     );

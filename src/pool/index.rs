@@ -31,12 +31,24 @@ const UNLINKED: Link = Link {
 };
 
 /// Idle mapping slots by bucket and mapping size (bytes).
+///
+/// A size class whose list empties keeps its map entry (head [`NIL`]): the next
+/// free of that size (a steady allocate/free pair) then updates the entry in place,
+/// one map descent instead of a node removal and a reinsertion. Empty entries are
+/// purged when they outnumber the others (and are more than
+/// [`PURGE_AT_EMPTY`]), so a lookup never walks more than about as many empty
+/// entries as full ones.
 #[derive(Default)]
 pub(crate) struct ReuseIndex {
     heads: BTreeMap<Key, u32>,
     links: Vec<Link>,
     len: usize,
+    /// Map entries whose head is [`NIL`].
+    empty: usize,
 }
+
+/// Empty size-class entries are purged only above this many.
+const PURGE_AT_EMPTY: usize = 64;
 
 impl ReuseIndex {
     /// Number of slots in the index.
@@ -48,6 +60,12 @@ impl ReuseIndex {
     #[cfg(test)]
     pub(crate) fn contains(&self, slot: u32) -> bool {
         self.links.get(slot as usize).is_some_and(|l| l.linked)
+    }
+
+    /// Map entries kept with an empty list (for the tests of the purge).
+    #[cfg(test)]
+    pub(crate) fn empty_entries(&self) -> usize {
+        self.empty
     }
 
     /// The bucket `slot` is indexed in, if it is in the index.
@@ -68,9 +86,20 @@ impl ReuseIndex {
             self.links.resize(i + 1, UNLINKED);
         }
         debug_assert!(!self.links[i].linked, "slot {slot} indexed twice");
-        let head = self.heads.entry(key).or_insert(NIL);
-        let old = *head;
-        *head = slot;
+        let old = match self.heads.get_mut(&key) {
+            Some(head) => {
+                let old = *head;
+                *head = slot;
+                if old == NIL {
+                    self.empty -= 1;
+                }
+                old
+            }
+            None => {
+                self.heads.insert(key, slot);
+                NIL
+            }
+        };
         self.links[i] = Link {
             prev: NIL,
             next: old,
@@ -93,23 +122,59 @@ impl ReuseIndex {
         }
         if link.prev != NIL {
             self.links[link.prev as usize].next = link.next;
-        } else if link.next != NIL {
-            self.heads.insert(link.key, link.next);
-        } else {
-            self.heads.remove(&link.key);
+        } else if let Some(head) = self.heads.get_mut(&link.key) {
+            *head = link.next;
+            if link.next == NIL {
+                self.empty += 1;
+            }
         }
+        self.unlink(slot, link);
+        if link.prev == NIL && link.next == NIL {
+            self.maybe_purge();
+        }
+        true
+    }
+
+    /// The list bookkeeping after `slot` (with `link`) left its list's head or
+    /// middle: its successor's back link, its own link, the count.
+    fn unlink(&mut self, slot: u32, link: Link) {
         if link.next != NIL {
             self.links[link.next as usize].prev = link.prev;
         }
         self.links[slot as usize] = UNLINKED;
         self.len -= 1;
-        true
+    }
+
+    /// Pops the head of the list whose head is `head` (a map entry's value).
+    fn pop(head: &mut u32, links: &mut [Link], empty: &mut usize) -> u32 {
+        let slot = *head;
+        let next = links[slot as usize].next;
+        *head = next;
+        if next == NIL {
+            *empty += 1;
+        } else {
+            links[next as usize].prev = NIL;
+        }
+        links[slot as usize] = UNLINKED;
+        slot
+    }
+
+    fn maybe_purge(&mut self) {
+        if self.empty > PURGE_AT_EMPTY && self.empty > self.heads.len() / 2 {
+            self.heads.retain(|_, head| *head != NIL);
+            self.empty = 0;
+        }
     }
 
     /// Takes a mapping of exactly `size` bytes from `bucket`.
     pub(crate) fn take_exact(&mut self, bucket: u32, size: u64) -> Option<u32> {
-        let slot = *self.heads.get(&(bucket, size))?;
-        self.remove(slot);
+        let head = self.heads.get_mut(&(bucket, size))?;
+        if *head == NIL {
+            return None;
+        }
+        let slot = Self::pop(head, &mut self.links, &mut self.empty);
+        self.len -= 1;
+        self.maybe_purge();
         Some(slot)
     }
 
@@ -124,36 +189,44 @@ impl ReuseIndex {
         if max_size < size {
             return None;
         }
-        let (&(_, found), &slot) = self
-            .heads
+        self.heads
             .range((bucket, size)..=(bucket, max_size))
-            .next()?;
-        Some((slot, found))
+            .find(|(_, &head)| head != NIL)
+            .map(|(&(_, found), &slot)| (slot, found))
     }
 
     /// Takes the smallest mapping of `bucket` of at least `size` and at most
-    /// `max_size` bytes; returns its slot and size.
+    /// `max_size` bytes; returns its slot and size. An exact size is looked up
+    /// first (one map descent; the common case of a pair of one size).
     pub(crate) fn take_best_fit(
         &mut self,
         bucket: u32,
         size: u64,
         max_size: u64,
     ) -> Option<(u32, u64)> {
-        let (slot, found) = self.peek_best_fit(bucket, size, max_size)?;
-        self.remove(slot);
+        if max_size < size {
+            return None;
+        }
+        if let Some(slot) = self.take_exact(bucket, size) {
+            return Some((slot, size));
+        }
+        let (&(_, found), head) = self
+            .heads
+            .range_mut((bucket, size)..=(bucket, max_size))
+            .find(|(_, head)| **head != NIL)?;
+        let slot = Self::pop(head, &mut self.links, &mut self.empty);
+        self.len -= 1;
+        self.maybe_purge();
         Some((slot, found))
     }
 
     /// The slots of `bucket`, left in the index.
     pub(crate) fn slots_in(&self, bucket: u32) -> Vec<u32> {
         let mut out = Vec::new();
-        for (_, &head) in self.heads.range((bucket, 0)..=(bucket, u64::MAX)) {
-            let mut s = head;
-            while s != NIL {
-                out.push(s);
-                s = self.links[s as usize].next;
-            }
-        }
+        self.any_in(bucket, |s| {
+            out.push(s);
+            false
+        });
         out
     }
 
@@ -173,16 +246,46 @@ impl ReuseIndex {
 
     /// Whether `bucket` holds any slot.
     pub(crate) fn bucket_is_empty(&self, bucket: u32) -> bool {
-        self.heads
+        !self
+            .heads
             .range((bucket, 0)..=(bucket, u64::MAX))
-            .next()
-            .is_none()
+            .any(|(_, &head)| head != NIL)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Emptied size classes stay in the map until they outnumber the others (and
+    /// exceed the floor), then go all at once; lookups skip them meanwhile.
+    #[test]
+    fn empty_size_classes_are_kept_then_purged() {
+        let mut ix = ReuseIndex::default();
+        ix.insert(0, 0, 1);
+        // 65 distinct sizes inserted and taken: 65 empty entries, 1 full.
+        for k in 0..PURGE_AT_EMPTY as u64 {
+            ix.insert(1, 0, 100 + k);
+            assert_eq!(ix.take_exact(0, 100 + k), Some(1));
+        }
+        assert_eq!(ix.empty_entries(), PURGE_AT_EMPTY, "kept: at the floor");
+        assert_eq!(ix.take_exact(0, 100), None, "an empty class is not a hit");
+        assert_eq!(ix.peek_best_fit(0, 2, u64::MAX), None, "nor a best fit");
+        assert_eq!(ix.take_best_fit(0, 2, u64::MAX), None);
+        assert!(ix.bucket_is_empty(1));
+        assert!(!ix.bucket_is_empty(0));
+        // Refilling an empty class takes it back out of the count.
+        ix.insert(1, 0, 100);
+        assert_eq!(ix.empty_entries(), PURGE_AT_EMPTY - 1);
+        assert_eq!(ix.take_best_fit(0, 2, u64::MAX), Some((1, 100)));
+        assert_eq!(ix.empty_entries(), PURGE_AT_EMPTY);
+        // One more emptied class: above the floor and above half the entries.
+        ix.insert(2, 0, 5000);
+        assert!(ix.remove(2));
+        assert_eq!(ix.empty_entries(), 0, "purged");
+        assert_eq!(ix.take_exact(0, 1), Some(0), "the full class survives");
+        assert_eq!(ix.len(), 0);
+    }
 
     #[test]
     fn exact_and_best_fit() {

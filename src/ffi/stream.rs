@@ -138,20 +138,11 @@ pub unsafe extern "C" fn flare_package_free_async(
     stream: FlareStream,
 ) -> FlareStatus {
     // SAFETY: by the caller's contract.
-    pool_boundary(
-        "flare_package_free_async",
-        unsafe { pool_ref(pool) },
-        |pool| {
-            if ptr.is_null() {
-                return Ok(());
-            }
-            let result = pool
-                .pool
-                .free_async_raw(ptr as usize as u64, stream_of(stream));
-            pool.injected_panic_point();
-            result
-        },
-    )
+    unsafe {
+        on_live_ptr("flare_package_free_async", pool, ptr, |pool, p| {
+            pool.free_async_raw(p, stream_of(stream))
+        })
+    }
 }
 
 /// Marks a live allocation as used by work on `stream` too, as PyTorch's
@@ -179,18 +170,32 @@ pub unsafe extern "C" fn flare_package_record_stream(
     stream: FlareStream,
 ) -> FlareStatus {
     // SAFETY: by the caller's contract.
-    pool_boundary(
-        "flare_package_record_stream",
-        unsafe { pool_ref(pool) },
-        |pool| {
-            if ptr.is_null() {
-                return Ok(());
-            }
-            let result = pool
-                .pool
-                .record_stream(ptr as usize as u64, stream_of(stream));
-            pool.injected_panic_point();
-            result
-        },
-    )
+    unsafe {
+        on_live_ptr("flare_package_record_stream", pool, ptr, |pool, p| {
+            pool.record_stream(p, stream_of(stream))
+        })
+    }
+}
+
+/// The body of the functions that take a pool and an allocation's address: `f` on
+/// the pool and the address inside the panic boundary; a NULL `ptr` is
+/// `FLARE_STATUS_SUCCESS` and nothing happens.
+///
+/// # Safety
+/// `pool` is NULL or a live pool.
+unsafe fn on_live_ptr(
+    name: &'static str,
+    pool: *mut FlarePool,
+    ptr: *mut c_void,
+    f: impl FnOnce(&crate::Pool, u64) -> crate::Result<()>,
+) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    pool_boundary(name, unsafe { pool_ref(pool) }, |pool| {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let result = f(&pool.pool, ptr as usize as u64);
+        pool.injected_panic_point();
+        result
+    })
 }

@@ -373,6 +373,29 @@ impl State {
         c.peak_physical_bytes = c.peak_physical_bytes.max(c.physical_bytes);
     }
 
+    /// Frees live `ptr` (with `id`, only if it is that allocation): makes its slot
+    /// idle ([`State::make_idle`]) and returns it with the streams `record_stream`
+    /// gave it. Errors: [`Error::UnknownPointer`](crate::Error::UnknownPointer),
+    /// nothing changed.
+    pub(super) fn free_live(
+        &mut self,
+        ptr: DevicePtr,
+        id: Option<u64>,
+    ) -> crate::Result<(u32, Option<Vec<Stream>>)> {
+        let unknown = crate::Error::UnknownPointer { ptr };
+        let slot = *self.live.get(&ptr).ok_or(unknown)?;
+        if id.is_some_and(|id| self.mapping(slot).alloc_id != id) {
+            return Err(crate::Error::UnknownPointer { ptr });
+        }
+        self.make_idle(slot);
+        let recorded = if self.recorded.is_empty() {
+            None
+        } else {
+            self.recorded.remove(&slot)
+        };
+        Ok((slot, recorded))
+    }
+
     /// Makes live `slot` idle (out of the pointer map, not yet indexed): counted as
     /// freed, needing a device synchronize before release until a stream free says
     /// otherwise.

@@ -157,14 +157,7 @@ impl Pool {
     /// See [`Pool::allocate_raw`] for the rules and errors.
     pub fn allocate(&self, bytes: u64) -> Result<Allocation<'_>> {
         let ptr = self.allocate_raw(bytes)?;
-        let id = self.alloc_id_of(ptr);
-        Ok(Allocation {
-            pool: self,
-            ptr,
-            bytes,
-            id,
-            stream: None,
-        })
+        Ok(self.guard(ptr, bytes, None))
     }
 
     /// Allocates `bytes` of device memory and returns its device address, aligned to
@@ -329,14 +322,9 @@ impl Pool {
         let mut batch = Batch::default();
         {
             let mut st = lock(&self.state);
-            let slot = *st.live.get(&ptr).ok_or(Error::UnknownPointer { ptr })?;
-            if id.is_some_and(|id| st.mapping(slot).alloc_id != id) {
-                return Err(Error::UnknownPointer { ptr });
-            }
-            st.make_idle(slot);
-            if !st.recorded.is_empty() {
-                st.recorded.remove(&slot);
-            }
+            // Streams from `record_stream` do not matter here: the release
+            // synchronizes every device.
+            let (slot, _recorded) = st.free_live(ptr, id)?;
             if st.counters.scope_open || st.counters.idle_bytes <= self.release_threshold {
                 st.index_insert(slot, SYNC_FREED);
                 return Ok(());
@@ -356,14 +344,18 @@ impl Pool {
     /// when dropped. See [`Pool::allocate_async_raw`] for the rules and errors.
     pub fn allocate_async(&self, bytes: u64, stream: Stream) -> Result<Allocation<'_>> {
         let ptr = self.allocate_async_raw(bytes, stream)?;
-        let id = self.alloc_id_of(ptr);
-        Ok(Allocation {
+        Ok(self.guard(ptr, bytes, Some(stream)))
+    }
+
+    /// The guard of live `ptr` (`bytes` asked), freeing on `stream` if any.
+    fn guard(&self, ptr: DevicePtr, bytes: u64, stream: Option<Stream>) -> Allocation<'_> {
+        Allocation {
             pool: self,
             ptr,
             bytes,
-            id,
-            stream: Some(stream),
-        })
+            id: self.alloc_id_of(ptr),
+            stream,
+        }
     }
 
     /// The allocation id of live `ptr` (0 if not live).

@@ -118,19 +118,9 @@ impl Pool {
         bytes: u64,
         max_size: u64,
     ) -> Option<DevicePtr> {
-        if let Some(id) = capture {
-            let b = st.capture_bucket(id);
-            if let Some(p) = st.take_idle(b, rounded, bytes, self.policy, max_size) {
-                return Some(p);
-            }
-        }
-        let own = st.stream_bucket(stream);
-        if let Some(p) = st.take_idle(own, rounded, bytes, self.policy, max_size) {
-            return Some(p);
-        }
-        let p = st.take_idle(ANY, rounded, bytes, self.policy, max_size)?;
-        note_cross_stream(st, p, Some(stream));
-        Some(p)
+        take_reachable(st, stream, capture, |st, b| {
+            st.take_idle(b, rounded, bytes, self.policy, max_size)
+        })
     }
 
     /// The out-of-memory forced reuse for an allocation on `stream`: the smallest
@@ -144,21 +134,9 @@ impl Pool {
         rounded: u64,
         bytes: u64,
     ) -> Option<DevicePtr> {
-        let mut buckets = Vec::with_capacity(3);
-        if let Some(id) = capture {
-            buckets.push(st.capture_bucket(id));
-        }
-        buckets.push(st.stream_bucket(stream));
-        buckets.push(ANY);
-        for b in buckets {
-            if let Some(p) = st.take_forced(b, rounded, bytes) {
-                if b == ANY {
-                    note_cross_stream(st, p, Some(stream));
-                }
-                return Some(p);
-            }
-        }
-        None
+        take_reachable(st, stream, capture, |st, b| {
+            st.take_forced(b, rounded, bytes)
+        })
     }
 
     #[cold]
@@ -294,17 +272,8 @@ impl Pool {
         let mut batch = Batch::default();
         {
             let mut st = lock(&self.state);
-            let slot = *st.live.get(&ptr).ok_or(Error::UnknownPointer { ptr })?;
-            if id.is_some_and(|id| st.mapping(slot).alloc_id != id) {
-                return Err(Error::UnknownPointer { ptr });
-            }
-            st.make_idle(slot);
+            let (slot, recorded) = st.free_live(ptr, id)?;
             st.mapping_mut(slot).freed_on = Some(stream);
-            let recorded = if st.recorded.is_empty() {
-                None
-            } else {
-                st.recorded.remove(&slot)
-            };
             let capture = match capture {
                 Ok(c) => c,
                 Err(e) => {
@@ -742,6 +711,29 @@ impl Pool {
             let _ = self.driver.stream_destroy(s);
         }
     }
+}
+
+/// Takes with `take` from the buckets `stream` may take from at once, in order:
+/// its capture's (`capture`), its own, [`ANY`].
+fn take_reachable(
+    st: &mut State,
+    stream: Stream,
+    capture: Option<u64>,
+    mut take: impl FnMut(&mut State, u32) -> Option<DevicePtr>,
+) -> Option<DevicePtr> {
+    if let Some(id) = capture {
+        let b = st.capture_bucket(id);
+        if let Some(p) = take(st, b) {
+            return Some(p);
+        }
+    }
+    let own = st.stream_bucket(stream);
+    if let Some(p) = take(st, own) {
+        return Some(p);
+    }
+    let p = take(st, ANY)?;
+    note_cross_stream(st, p, Some(stream));
+    Some(p)
 }
 
 /// The bytes already put in `batch` for release.

@@ -640,3 +640,26 @@ fn a_steady_pair_keeps_one_mapping_at_threshold_zero() {
     assert_eq!(check(&pool).physical_bytes, 0);
     no_faults(&sim);
 }
+
+/// Found by the property test: memory freed on S (not captured) after
+/// `record_stream` on T while T is being captured becomes the capture's memory,
+/// but only after S's own queued work on it completes (a stream in the capture is
+/// not ordered after S).
+#[test]
+fn memory_recorded_on_a_capture_waits_for_its_own_stream_first() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, 0);
+    let (s, t) = (stream(&sim), stream(&sim));
+    sim.stream_begin_capture(t.0, CaptureMode::Global);
+    let p = pool.allocate_async_raw(6 * MIB, s).unwrap();
+    pool.record_stream(p, t).unwrap();
+    sim.launch(t.0, p, 6 * MIB); // a graph node: nothing queued
+    sim.launch(s.0, p, 6 * MIB); // live work on S
+    pool.free_async_raw(p, s).unwrap();
+    let q = pool.allocate_async_raw(6 * MIB, t).unwrap();
+    assert_ne!(q, p, "S's kernel still touches p");
+    sim.stream_complete(s.0);
+    let r = pool.allocate_async_raw(6 * MIB, t).unwrap();
+    assert_eq!(r, p, "S done: the capture takes it");
+    assert_eq!(sim.stream_end_capture(t.0), CuResult::SUCCESS);
+    no_faults(&sim);
+}

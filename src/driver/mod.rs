@@ -44,6 +44,8 @@ impl CuResult {
     pub const INVALID_DEVICE: CuResult = CuResult(101);
     /// `CUDA_ERROR_INVALID_CONTEXT` (201).
     pub const INVALID_CONTEXT: CuResult = CuResult(201);
+    /// `CUDA_ERROR_INVALID_HANDLE` (400): a stream or event handle that is not live.
+    pub const INVALID_HANDLE: CuResult = CuResult(400);
     /// `CUDA_ERROR_NOT_FOUND` (500): a named symbol (a driver function, a kernel) is
     /// missing.
     pub const NOT_FOUND: CuResult = CuResult(500);

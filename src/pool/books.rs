@@ -59,6 +59,11 @@ pub(super) struct Bucket {
     pub(super) marks: u64,
     /// Marks covered by a recorded fence.
     pub(super) fenced: u64,
+    /// A stream call used this bucket's stream since the last release point that may
+    /// synchronize the device (trim, finish): its stream may be capturing now, so
+    /// such a release point asks it first. Cleared there for buckets left empty, so
+    /// a stream destroyed after a trim is never passed to the driver again.
+    pub(super) active: bool,
     /// `marks` at the previous fence poll of a free: memory freed after it is too
     /// fresh for a free's poll to fence (see `streams.rs`).
     pub(super) polled_marks: u64,
@@ -74,6 +79,7 @@ impl Bucket {
             kind,
             marks: 0,
             fenced: 0,
+            active: false,
             polled_marks: 0,
             completed: 0,
             fences: VecDeque::new(),
@@ -221,6 +227,9 @@ pub(super) struct State {
     pub(super) spare_events: Vec<Event>,
     /// The pool's blocking stream, for fences after frees on the legacy stream.
     pub(super) fence_stream: Option<Stream>,
+    /// Captures open on the pool's streams when the open scope began: their memory
+    /// is not the scope's.
+    pub(super) pre_scope_captures: Vec<u64>,
     /// Frees over the release threshold until the next event poll.
     pub(super) poll_countdown: u32,
     /// Frees between event polls (doubles up to a bound while polls find nothing).
@@ -257,6 +266,7 @@ impl State {
             deferred: Vec::new(),
             spare_events: Vec::new(),
             fence_stream: None,
+            pre_scope_captures: Vec::new(),
             poll_countdown: 1,
             poll_interval: 1,
         }
@@ -307,22 +317,25 @@ impl State {
     pub(super) fn stream_bucket(&mut self, stream: Stream) -> u32 {
         let key = if stream.is_legacy() { 0 } else { stream.0 };
         if let Some(&b) = self.by_stream.get(&key) {
+            self.buckets[b as usize].active = true;
             return b;
         }
         let b = self.buckets.len() as u32;
-        self.buckets
-            .push(Bucket::new(BucketKind::Stream(Stream(key))));
+        let mut bucket = Bucket::new(BucketKind::Stream(Stream(key)));
+        bucket.active = true;
+        self.buckets.push(bucket);
         self.by_stream.insert(key, b);
         b
     }
 
     /// The bucket of capture `id`, made (and counted in `captures_seen`) on first
-    /// use, with the retention scope open now.
+    /// use, with the retention scope open now (none if the capture was already open
+    /// on one of the pool's streams when that scope began).
     pub(super) fn capture_bucket(&mut self, id: u64) -> u32 {
         if let Some(&b) = self.by_capture.get(&id) {
             return b;
         }
-        let epoch = if self.counters.scope_open {
+        let epoch = if self.counters.scope_open && !self.pre_scope_captures.contains(&id) {
             self.scope_epoch
         } else {
             0

@@ -275,7 +275,7 @@ impl Pool {
         // open on any stream): it releases only memory whose fences completed. The
         // synchronous `allocate` keeps its meaning: everything idle, after a device
         // synchronize.
-        let _ = self.release_now(Captures::Keep, on.is_none(), false);
+        let _ = self.release_now(Captures::Keep, on.is_none(), false, false);
         if let Some(ptr) = self.take_for(&mut lock(&self.state), on, rounded, bytes, max_size) {
             return Ok(ptr);
         }
@@ -376,6 +376,11 @@ impl Pool {
     /// capture begun after it, `docs/vmm-semantics.md`), and none starts while the
     /// scope is open.
     ///
+    /// Memory freed during a capture belongs to the scope open when the pool first
+    /// sees that capture, unless the capture was already open, when the scope began,
+    /// on a stream holding memory in the pool (then it belongs to no scope: trim or
+    /// destroy releases it).
+    ///
     /// Errors: [`Error::ScopeState`] when a scope is already open (scopes do not nest).
     pub fn retention_begin(&self) -> Result<()> {
         self.begin_scope().map(|_| ())
@@ -395,6 +400,8 @@ impl Pool {
         while st.releases_running > 0 {
             st = wait(&self.releases_done, st);
         }
+        // Captures already open belong to no scope of ours.
+        st.pre_scope_captures = self.open_captures(&st);
         Ok(epoch)
     }
 
@@ -447,12 +454,23 @@ impl Pool {
             } else {
                 st.counters.scopes_finished += 1;
             }
+            st.pre_scope_captures.clear();
+            // Registered before the lock is let go: a scope begun next waits for
+            // this release (the barrier).
+            st.releases_running += 1;
             st.scope_epoch
         };
-        self.release_now(Captures::OfScope(epoch), true, false)
+        self.release_now(Captures::OfScope(epoch), true, false, true)
     }
 
     /// Releases every idle (cached) mapping now, and retries pending releases.
+    /// Memory freed on streams is released once its fences complete
+    /// (`cuEventSynchronize`, no device synchronize). Memory freed with the
+    /// synchronous `free`, held for a capture, or whose stream order is unknown needs
+    /// a device synchronize first; it is kept instead while one of the pool's streams
+    /// (used since the last trim or finish, or holding memory in the pool) is being
+    /// captured. A capture open on a stream the
+    /// pool has never seen cannot be known: do not trim while one is open.
     ///
     /// Errors: [`Error::ScopeState`] inside a retention scope (nothing retained is
     /// released there); [`Error::Driver`] with the first step the driver refused.

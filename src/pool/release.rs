@@ -215,7 +215,7 @@ impl Pool {
         } else {
             Captures::Keep
         };
-        self.release_now(captures, true, false)
+        self.release_now(captures, true, false, false)
     }
 
     /// Runs a batch's driver calls outside the lock, then books the outcomes.
@@ -356,7 +356,7 @@ impl Pool {
                     st.index_insert(slot, SYNC_FREED);
                 }
             }
-            last = self.release_now(Captures::All, true, true);
+            last = self.release_now(Captures::All, true, true, false);
             let st = lock(&self.state);
             if st.idle.len() == 0 && st.pending.is_empty() && st.deferred.is_empty() {
                 return last;

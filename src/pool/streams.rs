@@ -176,7 +176,14 @@ impl Pool {
         let candidates: Vec<u32> = (0..st.buckets.len() as u32)
             .filter(|&b| Some(b) != own)
             .filter(|&b| matches!(st.buckets[b as usize].kind, BucketKind::Stream(_)))
-            .filter(|&b| st.idle.peek_best_fit(b, rounded, max_size).is_some())
+            .filter(|&b| {
+                let max = if self.policy == ReusePolicy::Exact {
+                    rounded
+                } else {
+                    max_size
+                };
+                st.idle.peek_best_fit(b, rounded, max).is_some()
+            })
             .collect();
         if candidates.is_empty() && st.deferred.is_empty() {
             return None;
@@ -213,7 +220,10 @@ impl Pool {
         bytes: u64,
         max_size: u64,
     ) -> Option<DevicePtr> {
-        let (slot, _) = st.idle.peek_best_fit(b, rounded, max_size)?;
+        let (slot, _) = match self.policy {
+            ReusePolicy::Exact => st.idle.peek_best_fit(b, rounded, rounded)?,
+            _ => st.idle.peek_best_fit(b, rounded, max_size)?,
+        };
         let mark = st.mapping(slot).mark;
         if st.buckets[b as usize].fenced < mark && self.cover(st, b) != Cover::Covered {
             return None;
@@ -230,8 +240,10 @@ impl Pool {
             }
             st.counters.cross_stream_waits += 1;
         }
-        // No fence left covering it: its work has completed already.
-        let (slot, size) = st.idle.take_best_fit(b, rounded, max_size)?;
+        // No fence left covering it: its work has completed already. The slot peeked
+        // is the one taken (nothing changed the index in between).
+        let size = st.mapping(slot).size();
+        st.idle.remove(slot);
         let p = st.hand_out(slot, size, rounded, bytes, false);
         st.counters.cross_stream_hits += 1;
         Some(p)
@@ -251,6 +263,14 @@ impl Pool {
     /// `record_stream`, a `cuEventRecord` on each; over the release threshold, at
     /// most one fence record and query per stream every `poll_interval` frees (1 to
     /// 64), and the release of what completed.
+    ///
+    /// `stream` must stay alive while memory freed on it is idle in the pool (the
+    /// pool passes it to `cuStreamGetCaptureInfo` and `cuEventRecord` later, lazily):
+    /// before destroying a stream, call [`Pool::trim`] (or finish the scope), which
+    /// waits for and releases that memory; after that the pool never passes the
+    /// stream to the driver again. (On the simulated driver, memory freed on a
+    /// stream destroyed first is held, reported as idle by an out-of-memory, until
+    /// trim.)
     ///
     /// Errors: [`Error::UnknownPointer`] as [`Pool::free_raw`]; nothing changes then.
     /// A failed stream or event call does not fail the free: the memory is kept
@@ -341,7 +361,8 @@ impl Pool {
     /// the capture's) as waiting for fences on the recorded streams `others`,
     /// recording them now.
     fn defer(&self, st: &mut State, slot: u32, own: u32, stream: Stream, others: &[Stream]) {
-        let mut needs = Vec::with_capacity(others.len());
+        let mut needs = Vec::with_capacity(others.len() + 1);
+        let mut dest = own;
         for &s in others {
             let b = st.stream_bucket(s);
             if b == own || s == stream {
@@ -350,20 +371,37 @@ impl Pool {
             let bucket = &mut st.buckets[b as usize];
             bucket.marks += 1;
             let mark = bucket.marks;
-            if self.cover(st, b) != Cover::Covered {
-                // The recorded stream's order cannot be tracked now (captured, or a
-                // failed call): keep the memory from everyone until a device
-                // synchronize.
-                let m = st.mapping_mut(slot);
-                m.needs_sync = true;
-                st.index_insert(slot, HELD);
-                return;
+            match self.cover(st, b) {
+                Cover::Covered => needs.push((b, mark)),
+                Cover::Capturing => {
+                    // Used by a graph being captured on `s`: the graph may replay
+                    // into it, so it becomes that capture's memory (kept until the
+                    // scope open then closes, or trim or destroy), once the live
+                    // work of the other streams is done with it.
+                    match self.driver.stream_capture(s) {
+                        Ok(Some(id)) => dest = st.capture_bucket(id),
+                        _ => return hold(st, slot),
+                    }
+                }
+                // The recorded stream's order cannot be tracked (a failed call).
+                Cover::Failed => return hold(st, slot),
             }
-            needs.push((b, mark));
         }
-        st.mapping_mut(slot).bucket = own;
+        if dest != own {
+            st.mapping_mut(slot).needs_sync = true;
+            // Memory of a capture is taken by any stream in it, not only in the
+            // freeing stream's order: wait for the freeing stream's fence too.
+            if matches!(st.buckets[own as usize].kind, BucketKind::Stream(_)) {
+                let mark = st.mapping(slot).mark;
+                if self.cover(st, own) != Cover::Covered {
+                    return hold(st, slot);
+                }
+                needs.push((own, mark));
+            }
+        }
+        st.mapping_mut(slot).bucket = dest;
         if needs.is_empty() {
-            st.index_insert(slot, own);
+            st.index_insert(slot, dest);
             return;
         }
         let size = st.mapping(slot).size();
@@ -607,6 +645,7 @@ impl Pool {
         captures: Captures,
         may_sync: bool,
         destroying: bool,
+        registered: bool,
     ) -> Result<()> {
         let mut first: Option<Error> = None;
         let mut capturing = false;
@@ -614,7 +653,31 @@ impl Pool {
         let mut failed: Vec<u32> = Vec::new();
         let waits: Vec<(u32, Fence)> = {
             let mut st = lock(&self.state);
+            if !registered {
+                // The scope barrier: a release that would start inside a scope does
+                // not; one that starts is counted until it is booked, so a scope's
+                // begin waits for it (its fence waits and its synchronize included).
+                if st.counters.scope_open && !destroying {
+                    return Ok(());
+                }
+                st.releases_running += 1;
+            }
             let streams = stream_buckets(&st);
+            if may_sync && !destroying {
+                match self.any_stream_capturing(&st, &streams) {
+                    Ok(c) => capturing = c,
+                    Err(e) => {
+                        // Unknown: taken as capturing (nothing needing a synchronize
+                        // is released), and reported.
+                        count_stream_failure(&mut st, e);
+                        capturing = true;
+                        first = Some(Error::Driver {
+                            source: e,
+                            bytes: 0,
+                        });
+                    }
+                }
+            }
             // Deferred memory waits on its recorded streams' fences and, once back,
             // on its own stream's.
             let mut needed: Vec<u32> = st
@@ -682,16 +745,78 @@ impl Pool {
                 // for a later one.
                 let hold = if destroying { &streams } else { &failed };
                 hold_unconfirmed(&mut st, hold, destroying);
-                first = None;
+                if !failed.is_empty() {
+                    first = None;
+                }
             }
             st.collect_all(&mut batch, captures, may_sync);
             st.start_release(&batch);
+            if may_sync && !capturing {
+                // Streams whose memory is all gone are done with, until used again
+                // (a stream may be destroyed after a trim).
+                for &b in &streams {
+                    st.buckets[b as usize].active = false;
+                }
+            }
         }
         let released = self.release_batch(batch);
+        self.end_release();
         match first {
             Some(e) => Err(e),
             None => released,
         }
+    }
+
+    /// A release point counted in `releases_running` is done: the scope barrier may
+    /// pass when it was the last.
+    fn end_release(&self) {
+        let mut st = lock(&self.state);
+        st.releases_running -= 1;
+        if st.releases_running == 0 {
+            self.releases_done.notify_all();
+        }
+    }
+
+    /// Whether a stream the pool has seen (`streams`, the stream buckets) is being
+    /// captured now: a device synchronize would invalidate its capture. Errors: the
+    /// first failed query (a destroyed stream's `CUDA_ERROR_INVALID_HANDLE` aside). A capture on a stream the pool never saw is the
+    /// caller's to keep clear of trim and finish.
+    fn any_stream_capturing(&self, st: &State, streams: &[u32]) -> Result<bool, DriverError> {
+        for &b in streams {
+            let BucketKind::Stream(s) = st.buckets[b as usize].kind else {
+                continue;
+            };
+            if !in_use(st, b) {
+                continue;
+            }
+            match self.driver.stream_capture(s) {
+                Ok(None) => {}
+                Ok(Some(_)) => return Ok(true),
+                // Destroyed: nothing of it can be captured.
+                Err(e) if e.code == crate::driver::CuResult::INVALID_HANDLE => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(false)
+    }
+
+    /// The ids of the captures open now on the streams the pool has seen (at a
+    /// scope's begin: those captures began before the scope, so their memory is not
+    /// the scope's).
+    pub(super) fn open_captures(&self, st: &State) -> Vec<u64> {
+        stream_buckets(st)
+            .iter()
+            .filter_map(|&b| {
+                let bucket = &st.buckets[b as usize];
+                match bucket.kind {
+                    // As in `any_stream_capturing`.
+                    BucketKind::Stream(s) if in_use(st, b) => {
+                        self.driver.stream_capture(s).ok().flatten()
+                    }
+                    _ => None,
+                }
+            })
+            .collect()
     }
 
     /// Gives the pool's events and its fence stream back to the driver (destroy).
@@ -734,6 +859,14 @@ fn take_reachable(
     let p = take(st, ANY)?;
     note_cross_stream(st, p, Some(stream));
     Some(p)
+}
+
+/// Whether stream bucket `b`'s stream may be asked about captures: used since the
+/// last release point that may synchronize, or still holding memory or fences. A
+/// stream the pool is done with may have been destroyed, and is not asked.
+fn in_use(st: &State, b: u32) -> bool {
+    let bucket = &st.buckets[b as usize];
+    bucket.active || !bucket.fences.is_empty() || !st.idle.bucket_is_empty(b)
 }
 
 /// The bytes already put in `batch` for release.
@@ -800,6 +933,13 @@ fn hold_unconfirmed(st: &mut State, buckets: &[u32], all: bool) {
             i += 1;
         }
     }
+}
+
+/// Keeps idle `slot` from everyone until a device synchronize ([`HELD`]): its
+/// stream order cannot be tracked.
+fn hold(st: &mut State, slot: u32) {
+    st.mapping_mut(slot).needs_sync = true;
+    st.index_insert(slot, HELD);
 }
 
 /// Counts a reuse from [`ANY`] of memory last freed on another stream.

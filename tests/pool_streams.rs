@@ -663,3 +663,62 @@ fn memory_recorded_on_a_capture_waits_for_its_own_stream_first() {
     assert_eq!(sim.stream_end_capture(t.0), CuResult::SUCCESS);
     no_faults(&sim);
 }
+
+/// The release threshold is "at or under": a free that leaves the idle bytes exactly
+/// at the threshold is not over it and does not count down to a poll. With the
+/// threshold at one granule and granule-sized frees, the polls come at frees 2 (the
+/// first over it; nothing idle since an earlier poll) and 4 (interval 2: the memory
+/// idle at free 2's poll is fenced).
+#[test]
+fn a_free_at_the_threshold_does_not_count_down() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, G);
+    let s = stream(&sim);
+    let ptrs: Vec<u64> = (0..4)
+        .map(|_| pool.allocate_async_raw(G, s).unwrap())
+        .collect();
+    let records = || sim.stream_call_count(SimStreamCall::EventRecord);
+    for (i, p) in ptrs.iter().enumerate() {
+        pool.free_async_raw(*p, s).unwrap();
+        let want = u64::from(i == 3);
+        assert_eq!(records(), want, "after free {}", i + 1);
+    }
+    no_faults(&sim);
+}
+
+/// `record_stream` with the legacy stream's other handle (1, `CU_STREAM_LEGACY`) on
+/// memory freed on the legacy stream (0) records nothing: it is the same stream, and
+/// the memory is reused on it at once.
+#[test]
+fn record_stream_of_the_same_legacy_stream_defers_nothing() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, u64::MAX);
+    let p = pool.allocate_async_raw(G, Stream::LEGACY).unwrap();
+    pool.record_stream(p, Stream(1)).unwrap();
+    sim.launch(0, p, G);
+    pool.free_async_raw(p, Stream::LEGACY).unwrap();
+    assert_eq!(check(&pool).events_outstanding, 0);
+    assert_eq!(pool.allocate_async_raw(G, Stream(1)).unwrap(), p);
+    no_faults(&sim);
+}
+
+/// Wait mode uses a fence that already covers the memory instead of recording
+/// another (only memory freed after that fence would need a new one).
+#[test]
+fn wait_mode_reuses_a_covering_fence() {
+    let (pool, sim) = pool_with(CrossStreamReuse::Wait, u64::MAX);
+    let (s, t, u) = (stream(&sim), stream(&sim), stream(&sim));
+    let q = pool.allocate_async_raw(4 * MIB, s).unwrap();
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    let r = pool.allocate_async_raw(8 * MIB, s).unwrap();
+    sim.launch(s.0, p, G);
+    pool.free_async_raw(q, s).unwrap(); // mark 1
+    pool.free_async_raw(p, s).unwrap(); // mark 2
+                                        // T takes q after a fence on S covering marks 1 and 2.
+    assert_eq!(pool.allocate_async_raw(4 * MIB, t).unwrap(), q);
+    assert_eq!(sim.stream_call_count(SimStreamCall::EventRecord), 1);
+    pool.free_async_raw(r, s).unwrap(); // mark 3, after the fence
+                                        // U takes p: the fence covers its free already.
+    assert_eq!(pool.allocate_async_raw(G, u).unwrap(), p);
+    assert_eq!(sim.stream_call_count(SimStreamCall::EventRecord), 1);
+    assert_eq!(check(&pool).cross_stream_waits, 2);
+    no_faults(&sim);
+}

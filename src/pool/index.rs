@@ -287,6 +287,25 @@ mod tests {
         assert_eq!(ix.len(), 0);
     }
 
+    /// Above the floor but not more than half the entries: kept (the purge is for
+    /// when the empty entries outnumber the full ones).
+    #[test]
+    fn empty_entries_are_kept_while_full_ones_outnumber_them() {
+        let mut ix = ReuseIndex::default();
+        let full = 70u64;
+        for k in 0..full {
+            ix.insert(k as u32, 1, 1 + k);
+        }
+        let empty = PURGE_AT_EMPTY as u64 + 1;
+        for k in 0..empty {
+            ix.insert(1000, 0, 1 + k);
+            assert_eq!(ix.take_exact(0, 1 + k), Some(1000));
+        }
+        // 65 empty of 135 entries: 65 <= 135 / 2 = 67.
+        assert_eq!(ix.empty_entries(), empty as usize, "kept");
+        assert_eq!(ix.len(), full as usize);
+    }
+
     #[test]
     fn exact_and_best_fit() {
         let mut ix = ReuseIndex::default();

@@ -722,3 +722,36 @@ fn wait_mode_reuses_a_covering_fence() {
     assert_eq!(check(&pool).cross_stream_waits, 2);
     no_faults(&sim);
 }
+
+/// A free's poll releases completed memory only while the idle bytes are over the
+/// threshold: a release never takes them below it ("at or under the threshold stays
+/// cached"). Frees of 64 granules on one quiet stream, thresholds of 1 to 8 granules.
+#[test]
+fn a_polls_release_stops_at_the_threshold() {
+    for k in 1..=8u64 {
+        let threshold = k * G;
+        let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, threshold);
+        let s = stream(&sim);
+        let ptrs: Vec<u64> = (0..64)
+            .map(|_| pool.allocate_async_raw(G, s).unwrap())
+            .collect();
+        let mut released = 0;
+        for p in ptrs {
+            pool.free_async_raw(p, s).unwrap();
+            let snap = check(&pool);
+            if snap.mappings_released > released {
+                released = snap.mappings_released;
+                assert!(
+                    snap.idle_bytes >= threshold,
+                    "threshold {k} granules: released down to {} bytes\n{snap:#?}",
+                    snap.idle_bytes
+                );
+            }
+        }
+        assert!(
+            released > 0,
+            "threshold {k} granules: a poll released something"
+        );
+        no_faults(&sim);
+    }
+}

@@ -16,8 +16,23 @@ use std::collections::BTreeMap;
 
 #[cfg(flare_loom)]
 use loom::thread::{current as current_thread, ThreadId};
+
+/// A thread's identity for the simulated driver: a number per OS thread, from a
+/// thread-local (no heap allocation: `std::thread::current()` allocates the
+/// thread's handle on first use, which valgrind reports as possibly lost on a C
+/// program's main thread).
 #[cfg(not(flare_loom))]
-use std::thread::{current as current_thread, ThreadId};
+pub(super) type ThreadId = u64;
+
+#[cfg(not(flare_loom))]
+fn current_thread_id() -> ThreadId {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static ID: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    ID.with(|id| *id)
+}
 
 use super::model::{overlaps, Inner};
 use super::{
@@ -29,7 +44,10 @@ use crate::driver::{CuResult, DevicePtr};
 /// The calling thread's id (loom's under `--cfg flare_loom`, whose threads all run on
 /// one OS thread).
 pub(super) fn caller() -> ThreadId {
-    current_thread().id()
+    #[cfg(flare_loom)]
+    return current_thread().id();
+    #[cfg(not(flare_loom))]
+    current_thread_id()
 }
 
 /// Internal keys of legacy streams: `LEGACY_KEY + device`. Created streams' handles

@@ -755,3 +755,52 @@ fn a_polls_release_stops_at_the_threshold() {
         no_faults(&sim);
     }
 }
+
+/// Memory that went to "any stream" after its own stream's fence completed goes
+/// back to that stream without counting as a cross-stream hit; only the other
+/// stream's take counts.
+#[test]
+fn a_stream_taking_back_its_own_completed_memory_is_no_cross_stream_hit() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, u64::MAX);
+    let (s, t) = (stream(&sim), stream(&sim));
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    let q = pool.allocate_async_raw(4 * MIB, s).unwrap();
+    pool.free_async_raw(p, s).unwrap();
+    pool.free_async_raw(q, s).unwrap();
+    // T's miss fences S and finds it complete: p and q move to "any"; T takes q.
+    assert_eq!(pool.allocate_async_raw(4 * MIB, t).unwrap(), q);
+    assert_eq!(pool.allocate_async_raw(G, s).unwrap(), p);
+    let snap = check(&pool);
+    assert_eq!((snap.reuse_hits, snap.cross_stream_hits), (2, 1));
+    no_faults(&sim);
+}
+
+/// A trim whose fence wait fails for one recorded stream releases the memory that
+/// waited on it after a device synchronize (counted, not an error); the memory that
+/// waited on another recorded stream is released after that stream's fence wait.
+#[test]
+fn a_failed_wait_releases_what_waited_on_it_and_only_that() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, u64::MAX);
+    let (s, t1, t2) = (stream(&sim), stream(&sim), stream(&sim));
+    let a = pool.allocate_async_raw(G, s).unwrap();
+    let b = pool.allocate_async_raw(4 * MIB, s).unwrap();
+    pool.record_stream(a, t1).unwrap();
+    pool.record_stream(b, t2).unwrap();
+    sim.launch(t2.0, b, 4 * MIB);
+    // Deferred in this order: b (waits on T2), then a (waits on T1).
+    pool.free_async_raw(b, s).unwrap();
+    pool.free_async_raw(a, s).unwrap();
+    assert_eq!(check(&pool).event_wait_bytes, 6 * MIB);
+    // The fences waited on at trim, in bucket order: S's own, T1's, T2's. The second
+    // wait (T1's) fails.
+    sim.inject_stream_failure(SimStreamCall::EventSynchronize, 2, CuResult::UNKNOWN);
+    pool.trim().unwrap();
+    let snap = check(&pool);
+    assert_eq!(snap.stream_call_failures, 1, "{snap:#?}");
+    assert_eq!(
+        snap.physical_bytes, 0,
+        "T2's wait completed its work; all released"
+    );
+    assert_eq!(syncs(&sim), 1, "the fallback synchronize for a");
+    no_faults(&sim);
+}

@@ -164,9 +164,13 @@ impl Pool {
     /// the granularity. The caller frees it with [`Pool::free_raw`].
     ///
     /// The size is rounded up to the granularity. An idle mapping that fits under the
-    /// reuse policy is taken with no driver call; otherwise a new mapping is created
+    /// reuse policy is taken with no driver call (memory freed with [`Pool::free_raw`]
+    /// first, then memory freed on a stream whose work is known complete); otherwise,
+    /// when memory freed on streams would fit, their fences are polled
+    /// (`cuEventQuery`, per [`CrossStreamReuse`]); otherwise a new mapping is created
     /// (create, reserve, map, set access for the device and every peer), and a failed
-    /// step undoes the earlier ones in reverse.
+    /// step undoes the earlier ones in reverse. A pool used only through the
+    /// synchronous functions makes no stream or event call.
     ///
     /// Errors: [`Error::InvalidArgument`] for 0 bytes or a size whose rounding
     /// overflows; [`Error::RequestTooLarge`] when the rounded size is above the

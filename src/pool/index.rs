@@ -120,16 +120,18 @@ impl ReuseIndex {
         if !link.linked {
             return false;
         }
+        let mut emptied = false;
         if link.prev != NIL {
             self.links[link.prev as usize].next = link.next;
         } else if let Some(head) = self.heads.get_mut(&link.key) {
             *head = link.next;
-            if link.next == NIL {
-                self.empty += 1;
-            }
+            emptied = link.next == NIL;
         }
         self.unlink(slot, link);
-        if link.prev == NIL && link.next == NIL {
+        if emptied {
+            // Only an emptied list adds an empty entry, so only then can the purge
+            // become due.
+            self.empty += 1;
             self.maybe_purge();
         }
         true

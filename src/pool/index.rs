@@ -330,6 +330,11 @@ mod tests {
             "32 is beyond the bound, and bucket 1's 8 is another bucket's"
         );
         assert_eq!(ix.take_best_fit(0, 6, 64), Some((3, 32)));
+        // A bound equal to the size (a 0% waste bound, or `exact`) is the exact size.
+        ix.insert(5, 0, 16);
+        assert_eq!(ix.peek_best_fit(0, 16, 16), Some((5, 16)));
+        assert_eq!(ix.peek_best_fit(0, 16, 15), None, "a bound below the size");
+        assert_eq!(ix.take_best_fit(0, 16, 16), Some((5, 16)));
         assert_eq!(ix.take_exact(0, 4), Some(0));
         assert_eq!(ix.take_exact(0, 8), None);
         assert_eq!(ix.bucket_of(4), Some(1));

@@ -804,3 +804,41 @@ fn a_failed_wait_releases_what_waited_on_it_and_only_that() {
     assert_eq!(syncs(&sim), 1, "the fallback synchronize for a");
     no_faults(&sim);
 }
+
+/// Cross-stream reuse follows best fit's waste bound: an 8 MiB request on T takes a
+/// 10 MiB mapping freed on S (within 30%) once S's work completed.
+#[test]
+fn cross_stream_reuse_uses_the_best_fit_bound() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, u64::MAX);
+    let (s, t) = (stream(&sim), stream(&sim));
+    let p = pool.allocate_async_raw(10 * MIB, s).unwrap();
+    pool.free_async_raw(p, s).unwrap();
+    assert_eq!(pool.allocate_async_raw(8 * MIB, t).unwrap(), p);
+    assert_eq!(check(&pool).cross_stream_hits, 1);
+    no_faults(&sim);
+}
+
+/// A stream allocation that finds the device full takes the smallest idle mapping of
+/// its own stream that fits, whatever the waste bound, before failing (a forced
+/// reuse, counted).
+#[test]
+fn a_stream_allocation_forces_reuse_before_out_of_memory() {
+    let pool = Pool::new(PoolConfig {
+        release_threshold_bytes: u64::MAX,
+        ..PoolConfig::simulated(SimConfig {
+            capacity_bytes: 8 * MIB,
+            ..SimConfig::default()
+        })
+    })
+    .unwrap();
+    let sim = pool.sim_driver().unwrap();
+    let s = stream(&sim);
+    let p = pool.allocate_async_raw(8 * MIB, s).unwrap();
+    sim.launch(s.0, p, 8 * MIB);
+    pool.free_async_raw(p, s).unwrap();
+    // 2 MiB: 8 MiB is beyond the 30% bound, and the device is full.
+    assert_eq!(pool.allocate_async_raw(G, s).unwrap(), p);
+    let snap = check(&pool);
+    assert_eq!((snap.reuse_forced_hits, snap.mappings_created), (1, 1));
+    no_faults(&sim);
+}

@@ -220,10 +220,9 @@ impl Pool {
         bytes: u64,
         max_size: u64,
     ) -> Option<DevicePtr> {
-        let (slot, _) = match self.policy {
-            ReusePolicy::Exact => st.idle.peek_best_fit(b, rounded, rounded)?,
-            _ => st.idle.peek_best_fit(b, rounded, max_size)?,
-        };
+        // `b` passed the candidates' filter, which bounds `exact` to the size: the
+        // smallest fit is then the exact one.
+        let (slot, _) = st.idle.peek_best_fit(b, rounded, max_size)?;
         let mark = st.mapping(slot).mark;
         if st.buckets[b as usize].fenced < mark && self.cover(st, b) != Cover::Covered {
             return None;

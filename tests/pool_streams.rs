@@ -842,3 +842,34 @@ fn a_stream_allocation_forces_reuse_before_out_of_memory() {
     assert_eq!((snap.reuse_forced_hits, snap.mappings_created), (1, 1));
     no_faults(&sim);
 }
+
+/// A release made by a free's poll is counted for the scope barrier and uncounted
+/// when booked: a scope begun after it returns at once (it would wait forever on a
+/// release counted wrongly; the waiting thread is then left behind and the test
+/// fails after 10 s).
+#[test]
+fn a_scope_after_a_polled_release_begins() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, 0);
+    let pool = Arc::new(pool);
+    let s = stream(&sim);
+    let ptrs: Vec<u64> = (0..12)
+        .map(|_| pool.allocate_async_raw(G, s).unwrap())
+        .collect();
+    for p in ptrs {
+        pool.free_async_raw(p, s).unwrap();
+    }
+    assert!(check(&pool).mappings_released > 0, "a poll released memory");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p2 = Arc::clone(&pool);
+    std::thread::spawn(move || {
+        let _ = tx.send(p2.retention_begin().is_ok());
+    });
+    let begun = rx.recv_timeout(std::time::Duration::from_secs(10));
+    assert_eq!(
+        begun,
+        Ok(true),
+        "retention_begin waited for a release that was never booked"
+    );
+    pool.retention_finish().unwrap();
+    no_faults(&sim);
+}

@@ -873,3 +873,49 @@ fn a_scope_after_a_polled_release_begins() {
     pool.retention_finish().unwrap();
     no_faults(&sim);
 }
+
+/// A stream the pool used stays one it asks about captures until a trim or finish,
+/// even when an out-of-memory release (which never synchronizes) took all its
+/// memory: a capture begun on it later is then seen by a trim, which keeps what
+/// needs a device synchronize instead of breaking the capture.
+#[test]
+fn an_out_of_memory_release_keeps_a_used_stream_in_view() {
+    let pool = Pool::new(PoolConfig {
+        release_threshold_bytes: u64::MAX,
+        ..PoolConfig::simulated(SimConfig {
+            capacity_bytes: 4 * MIB,
+            ..SimConfig::default()
+        })
+    })
+    .unwrap();
+    let sim = pool.sim_driver().unwrap();
+    let (s, t) = (stream(&sim), stream(&sim));
+    let p = pool.allocate_async_raw(G, t).unwrap();
+    pool.free_async_raw(p, t).unwrap();
+    // S's 4 MiB finds the device full: T's idle memory is fenced, waited on and
+    // released (no synchronize), and the retry succeeds.
+    let big = pool.allocate_async_raw(4 * MIB, s).unwrap();
+    assert_eq!(check(&pool).oom_retries, 1);
+    // Memory freed with the synchronous free: releasing it needs a synchronize.
+    sim.stream_complete(s.0);
+    pool.free_raw(big).unwrap();
+    assert_eq!(
+        sim.stream_begin_capture(t.0, CaptureMode::Global),
+        CuResult::SUCCESS
+    );
+    pool.trim().unwrap();
+    assert_eq!(
+        sim.stream_end_capture(t.0),
+        CuResult::SUCCESS,
+        "trim synchronized during T's capture: {:?}",
+        sim.faults()
+    );
+    assert_eq!(
+        check(&pool).idle_bytes,
+        4 * MIB,
+        "kept for after the capture"
+    );
+    pool.trim().unwrap();
+    assert_eq!(check(&pool).physical_bytes, 0);
+    no_faults(&sim);
+}

@@ -29,6 +29,21 @@ fn pool_with(cross: CrossStreamReuse, threshold: u64) -> (Pool, Arc<SimDriver>) 
     (pool, sim)
 }
 
+/// A pool on a simulated device of `capacity` bytes that caches everything idle
+/// (release threshold `u64::MAX`).
+fn small_device(capacity: u64) -> (Pool, Arc<SimDriver>) {
+    let pool = Pool::new(PoolConfig {
+        release_threshold_bytes: u64::MAX,
+        ..PoolConfig::simulated(SimConfig {
+            capacity_bytes: capacity,
+            ..SimConfig::default()
+        })
+    })
+    .unwrap();
+    let sim = pool.sim_driver().unwrap();
+    (pool, sim)
+}
+
 fn stream(sim: &SimDriver) -> Stream {
     Stream(
         sim.stream_create_with_flags(CU_STREAM_NON_BLOCKING)
@@ -196,15 +211,7 @@ fn trim_waits_on_events_not_the_device() {
 /// retries: the device never fills up with memory freed on streams.
 #[test]
 fn out_of_memory_waits_on_fences_then_retries() {
-    let pool = Pool::new(PoolConfig {
-        release_threshold_bytes: u64::MAX,
-        ..PoolConfig::simulated(SimConfig {
-            capacity_bytes: 8 * MIB,
-            ..SimConfig::default()
-        })
-    })
-    .unwrap();
-    let sim = pool.sim_driver().unwrap();
+    let (pool, sim) = small_device(8 * MIB);
     let s = stream(&sim);
     let mut ptrs = Vec::new();
     for _ in 0..4 {
@@ -823,15 +830,7 @@ fn cross_stream_reuse_uses_the_best_fit_bound() {
 /// reuse, counted).
 #[test]
 fn a_stream_allocation_forces_reuse_before_out_of_memory() {
-    let pool = Pool::new(PoolConfig {
-        release_threshold_bytes: u64::MAX,
-        ..PoolConfig::simulated(SimConfig {
-            capacity_bytes: 8 * MIB,
-            ..SimConfig::default()
-        })
-    })
-    .unwrap();
-    let sim = pool.sim_driver().unwrap();
+    let (pool, sim) = small_device(8 * MIB);
     let s = stream(&sim);
     let p = pool.allocate_async_raw(8 * MIB, s).unwrap();
     sim.launch(s.0, p, 8 * MIB);
@@ -880,15 +879,7 @@ fn a_scope_after_a_polled_release_begins() {
 /// needs a device synchronize instead of breaking the capture.
 #[test]
 fn an_out_of_memory_release_keeps_a_used_stream_in_view() {
-    let pool = Pool::new(PoolConfig {
-        release_threshold_bytes: u64::MAX,
-        ..PoolConfig::simulated(SimConfig {
-            capacity_bytes: 4 * MIB,
-            ..SimConfig::default()
-        })
-    })
-    .unwrap();
-    let sim = pool.sim_driver().unwrap();
+    let (pool, sim) = small_device(4 * MIB);
     let (s, t) = (stream(&sim), stream(&sim));
     let p = pool.allocate_async_raw(G, t).unwrap();
     pool.free_async_raw(p, t).unwrap();

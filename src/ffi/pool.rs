@@ -18,6 +18,7 @@ use super::types::{
 use crate::driver::sim::SimConfig;
 use crate::pool::{
     Backend, CrossStreamReuse, Pool, PoolConfig, ReusePolicy, DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
+    DEFAULT_SEGMENT_WHOLE_THRESHOLD_BYTES,
 };
 use crate::{fmt_bytes, Error};
 
@@ -147,6 +148,10 @@ pub(super) unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolC
             DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
         ),
         cross_stream_reuse,
+        segment_whole_threshold_bytes: or_default(
+            c.segment_whole_threshold_bytes,
+            DEFAULT_SEGMENT_WHOLE_THRESHOLD_BYTES,
+        ),
     })
 }
 
@@ -202,6 +207,7 @@ pub unsafe extern "C" fn flare_pool_config_init(config: *mut FlarePoolConfig, co
             sim_device_count,
             best_fit_max_waste_percent,
             cross_stream_reuse,
+            segment_whole_threshold_bytes,
             struct_size: _,
         } = FlarePoolConfig::default_for_layout();
         d.struct_size = size as u32; // at most size_of::<FlarePoolConfig>()
@@ -216,6 +222,7 @@ pub unsafe extern "C" fn flare_pool_config_init(config: *mut FlarePoolConfig, co
         d.sim_device_count = sim_device_count;
         d.best_fit_max_waste_percent = best_fit_max_waste_percent;
         d.cross_stream_reuse = cross_stream_reuse;
+        d.segment_whole_threshold_bytes = segment_whole_threshold_bytes;
         // SAFETY: the caller guarantees `config_size >= prefix` writable bytes at
         // `config`; `defaults` has `size_of::<FlarePoolConfig>() >= prefix` initialised
         // bytes (zeroed, then whole fields written) and is a separate local.

@@ -172,6 +172,13 @@ versioned_struct! {
         /// in 0.1.0 after `best_fit_max_waste_percent` (`sizeof` grew from 64 to 72):
         /// an older caller's `struct_size` of 64 leaves it at its default.
         pub cross_stream_reuse: u32,
+        /// `FLARE_REUSE_SEGMENTS` only: a request of more than this many bytes takes
+        /// a whole mapping of its own (reused best-fit) instead of a block of a
+        /// segment. 0 (what `flare_pool_config_init` writes) is the default: no
+        /// request does (`UINT64_MAX`). Added in 0.1.0 after `cross_stream_reuse`
+        /// (`sizeof` grew from 72 to 80): an older caller's `struct_size` of 72 leaves
+        /// it at its default.
+        pub segment_whole_threshold_bytes: u64,
     }
 }
 
@@ -219,12 +226,12 @@ versioned_struct! {
     }
 }
 
-// The layouts the C tests assert too (`sizeof` 72, 304 and 40 on 64-bit targets).
+// The layouts the C tests assert too (`sizeof` 80, 352 and 40 on 64-bit targets).
 const _: () = assert!(size_of::<FlareStatus>() == 4 && size_of::<FlareBackend>() == 4);
 const _: () = assert!(size_of::<FlareReusePolicy>() == 4 && size_of::<FlareDriverCall>() == 4);
 const _: () = assert!(size_of::<FlareCrossStreamReuse>() == 4);
-const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 37 * 8);
-const _: () = assert!(size_of::<FlarePoolConfig>() == 72);
+const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 43 * 8);
+const _: () = assert!(size_of::<FlarePoolConfig>() == 80);
 const _: () = assert!(size_of::<FlareDestroyReport>() == 8 + 4 * 8);
 
 /// The largest `struct_size` accepted from a caller.
@@ -247,6 +254,7 @@ impl FlarePoolConfig {
             sim_device_count: 0,
             best_fit_max_waste_percent: DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
             cross_stream_reuse: FlareCrossStreamReuse::FLARE_CROSS_STREAM_WHEN_COMPLETE as u32,
+            segment_whole_threshold_bytes: 0,
         }
     }
 }

@@ -7,6 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::index::ReuseIndex;
+use super::segments::Segments;
 use super::{ReusePolicy, Snapshot};
 use crate::driver::{DevicePtr, Event, PhysicalHandle, Reservation, Stream};
 
@@ -108,6 +109,26 @@ pub(super) enum MappingState {
     Releasing,
     /// A release step failed; what is left is kept and retried.
     Pending,
+    /// A block's range in its heap's free space (segment mode): indexed in
+    /// [`Segments::free`](super::segments::Segments), coalesced with free neighbours.
+    HeapFree,
+    /// A handle mapped in its segment (segment mode): its bytes are blocks, live or
+    /// free.
+    InSegment,
+}
+
+/// What a slot of the books holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Piece {
+    /// A whole mapping: its own reservation, one handle mapped in it.
+    Whole,
+    /// A block of a segment (live, idle in a bucket, or free in its heap):
+    /// `reservation.ptr` is its address, `handle.size` its size (a multiple of 512
+    /// bytes); it owns no driver object.
+    Block,
+    /// A physical handle mapped in a segment at `reservation.ptr`
+    /// (`reservation.size` 0: the reservation is the segment's).
+    Handle,
 }
 
 /// One mapping: a reservation with one whole handle mapped in it and access granted.
@@ -141,6 +162,14 @@ pub(super) struct Mapping {
     pub(super) needs_sync: bool,
     /// The stream of its last free (`None`: the synchronous `free`).
     pub(super) freed_on: Option<Stream>,
+    /// What the slot holds.
+    pub(super) piece: Piece,
+    /// Blocks and handles: the segment (`NO_SEGMENT` for a whole mapping).
+    pub(super) seg: u32,
+    /// Blocks: the slots of the blocks just below and just above in address, in
+    /// the same mapped run of the segment (`NIL` at a run's edge).
+    pub(super) prev: u32,
+    pub(super) next: u32,
 }
 
 impl Mapping {
@@ -165,13 +194,50 @@ impl Mapping {
             mark: 0,
             needs_sync: true,
             freed_on: None,
+            piece: Piece::Whole,
+            seg: NO_SEGMENT,
+            prev: NIL,
+            next: NIL,
+        }
+    }
+
+    /// A block of segment `seg` at `ptr`, `size` bytes, in `state`.
+    pub(super) fn block(seg: u32, ptr: DevicePtr, size: u64, state: MappingState) -> Self {
+        Mapping {
+            state,
+            created: false,
+            mapped: false,
+            handle_live: false,
+            reservation_live: false,
+            piece: Piece::Block,
+            seg,
+            ..Mapping::created(
+                Reservation { ptr, size: 0 },
+                PhysicalHandle { raw: 0, size },
+                0,
+            )
         }
     }
 
     pub(super) fn size(&self) -> u64 {
         self.handle.size
     }
+
+    /// The address of a block, a handle or a whole mapping.
+    pub(super) fn ptr(&self) -> DevicePtr {
+        self.reservation.ptr
+    }
+
+    pub(super) fn is_block(&self) -> bool {
+        self.piece == Piece::Block
+    }
 }
+
+/// No slot (an address neighbour at a run's edge, a segment's unknown tail).
+pub(super) const NIL: u32 = u32::MAX;
+
+/// The segment of a whole mapping: none.
+pub(super) const NO_SEGMENT: u32 = u32::MAX;
 
 /// Hashes granularity-aligned device pointers: one multiply, no per-call state.
 #[derive(Default)]
@@ -238,6 +304,14 @@ pub(super) struct State {
     /// synchronize, unmaps, releases) may be running outside the lock. A retention
     /// scope's `begin` waits for this to reach 0 (the scope barrier).
     pub(super) releases_running: u32,
+    /// Segment mode's heaps and segments (empty otherwise).
+    pub(super) segs: Segments,
+    /// Device synchronizes started by release batches (each batch that runs one
+    /// takes the next number).
+    pub(super) sync_ticket: u64,
+    /// The highest such number whose synchronize completed: memory merged into a
+    /// heap while fewer had started is covered by it.
+    pub(super) synced: u64,
 }
 
 impl State {
@@ -269,15 +343,24 @@ impl State {
             pre_scope_captures: Vec::new(),
             poll_countdown: 1,
             poll_interval: 1,
+            segs: Segments::default(),
+            sync_ticket: 0,
+            synced: 0,
         }
     }
 
     /// Indexes idle `slot` in `bucket`, counting its bytes where the bucket's kind
     /// says.
+    ///
+    /// A block whose bucket makes it safe for its heap's own stream (the heap's home
+    /// bucket, or [`ANY`]) goes back to its heap's free space instead, coalesced.
     pub(super) fn index_insert(&mut self, slot: u32, bucket: u32) {
         let m = self.mapping_mut(slot);
         m.bucket = bucket;
         let size = m.size();
+        if m.piece == Piece::Block && self.block_to_heap(slot, bucket) {
+            return;
+        }
         self.idle.insert(slot, bucket, size);
         self.bucket_bytes(bucket, size, true);
     }
@@ -417,16 +500,22 @@ impl State {
         m.state = MappingState::Idle;
         m.needs_sync = true;
         m.freed_on = None;
-        let (ptr, size, requested) = (m.reservation.ptr, m.size(), m.requested);
+        let (ptr, size, requested, block) = (m.reservation.ptr, m.size(), m.requested, m.is_block());
         m.requested = 0;
         self.live.remove(&ptr);
         let c = &mut self.counters;
         c.live_count -= 1;
         c.live_requested_bytes -= requested;
-        c.live_mapped_bytes -= size;
         c.frees += 1;
-        c.idle_count += 1;
-        c.idle_bytes += size;
+        if block {
+            c.block_live_count -= 1;
+            c.block_live_bytes -= size;
+            c.block_free_bytes += size;
+        } else {
+            c.live_mapped_bytes -= size;
+            c.idle_count += 1;
+            c.idle_bytes += size;
+        }
     }
 
     /// Makes `slot` live for a caller who asked for `requested` bytes; returns its
@@ -436,13 +525,19 @@ impl State {
         m.state = MappingState::Live;
         m.requested = requested;
         m.retry = false;
-        let (ptr, size) = (m.reservation.ptr, m.size());
+        let (ptr, size, block) = (m.reservation.ptr, m.size(), m.is_block());
         self.live.insert(ptr, slot);
         let c = &mut self.counters;
         c.live_count += 1;
         c.live_requested_bytes += requested;
-        c.live_mapped_bytes += size;
-        c.peak_live_mapped_bytes = c.peak_live_mapped_bytes.max(c.live_mapped_bytes);
+        if block {
+            c.block_live_count += 1;
+            c.block_live_bytes += size;
+            c.block_free_bytes -= size;
+        } else {
+            c.live_mapped_bytes += size;
+            c.peak_live_mapped_bytes = c.peak_live_mapped_bytes.max(c.live_mapped_bytes);
+        }
         c.allocations += 1;
         let id = c.allocations;
         self.mapping_mut(slot).alloc_id = id;
@@ -462,7 +557,9 @@ impl State {
         let (slot, size) = match policy {
             ReusePolicy::None => return None,
             ReusePolicy::Exact => (self.idle.take_exact(bucket, rounded)?, rounded),
-            ReusePolicy::BestFit => self.idle.take_best_fit(bucket, rounded, max_size)?,
+            ReusePolicy::BestFit | ReusePolicy::Segments => {
+                self.idle.take_best_fit(bucket, rounded, max_size)?
+            }
         };
         Some(self.hand_out(slot, size, rounded, requested, false))
     }
@@ -491,11 +588,13 @@ impl State {
         requested: u64,
         forced: bool,
     ) -> DevicePtr {
-        let bucket = self.mapping(slot).bucket;
-        self.bucket_bytes(bucket, size, false);
+        let m = self.mapping(slot);
+        self.bucket_bytes(m.bucket, size, false);
         let c = &mut self.counters;
-        c.idle_count -= 1;
-        c.idle_bytes -= size;
+        if !m.is_block() {
+            c.idle_count -= 1;
+            c.idle_bytes -= size;
+        }
         c.reuse_hits += 1;
         if forced {
             c.reuse_forced_hits += 1;

@@ -34,6 +34,14 @@ macro_rules! reuse_policies {
             /// baseline for comparison: a warmup that frees and allocates inside a scope
             /// keeps every mapping (the warmup-retention bug).
             None = 2, FLARE_REUSE_NONE, "none";
+            /// Blocks carved from segments: a heap per stream (and one for the
+            /// synchronous API) of reserved address ranges covered by whole physical
+            /// handles mapped back to back, grown at their end; requests rounded to
+            /// 512 bytes, placed best-fit, split and coalesced in software, so many
+            /// tensors share a handle (see `docs/ARCHITECTURE.md`, "Segments").
+            /// Requests above `segment_whole_threshold_bytes` take whole mappings,
+            /// reused best-fit.
+            Segments = 3, FLARE_REUSE_SEGMENTS, "segments";
         }
     };
 }
@@ -74,21 +82,32 @@ reuse_policies!(rust_reuse_policy! {
 });
 
 impl ReusePolicy {
-    /// Every policy, in the order reports print them: from no reuse to the most (the
-    /// reverse of their numbers).
-    pub const ALL: [ReusePolicy; ReusePolicy::BY_NUMBER.len()] = {
-        let mut all = ReusePolicy::BY_NUMBER;
-        let mut i = 0;
-        while i < all.len() / 2 {
-            let j = all.len() - 1 - i;
-            let a = all[i];
-            all[i] = all[j];
-            all[j] = a;
-            i += 1;
-        }
-        all
-    };
+    /// Every policy, in the order reports print them: from no reuse to the most
+    /// (the whole-mapping policies in the reverse of their numbers, then segments).
+    pub const ALL: [ReusePolicy; ReusePolicy::BY_NUMBER.len()] = [
+        ReusePolicy::None,
+        ReusePolicy::Exact,
+        ReusePolicy::BestFit,
+        ReusePolicy::Segments,
+    ];
+
+    /// Whether this policy carves blocks from segments ([`ReusePolicy::Segments`]).
+    pub fn is_segments(self) -> bool {
+        self == ReusePolicy::Segments
+    }
 }
+
+/// Requests of at most this many bytes go to a heap's small segment (PyTorch's
+/// small-pool limit, 1 MiB), larger ones to its large segment.
+pub const SEGMENT_SMALL_MAX_BYTES: u64 = 1 << 20;
+
+/// Block sizes in segments are multiples of this many bytes (PyTorch's caching
+/// allocator rounds to 512 bytes too): a block's address is aligned to it.
+pub const SEGMENT_BLOCK_ROUND_BYTES: u64 = 512;
+
+/// The default of `segment_whole_threshold_bytes`: no request takes a whole mapping
+/// in segment mode (chosen on the shipped traces, see BENCHMARKS.md).
+pub const DEFAULT_SEGMENT_WHOLE_THRESHOLD_BYTES: u64 = u64::MAX;
 
 impl Default for ReusePolicy {
     /// [`ReusePolicy::BestFit`].
@@ -232,6 +251,10 @@ pub struct PoolConfig {
     /// When memory freed on one stream may serve an allocation on another (default
     /// [`CrossStreamReuse::WhenComplete`]).
     pub cross_stream_reuse: CrossStreamReuse,
+    /// [`ReusePolicy::Segments`] only: a request of more than this many bytes takes
+    /// a whole mapping of its own (reused best-fit) instead of a block of a segment.
+    /// Default [`DEFAULT_SEGMENT_WHOLE_THRESHOLD_BYTES`] (every request in segments).
+    pub segment_whole_threshold_bytes: u64,
 }
 
 impl Default for PoolConfig {
@@ -244,6 +267,7 @@ impl Default for PoolConfig {
             peer_devices: Vec::new(),
             best_fit_max_waste_percent: DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
             cross_stream_reuse: CrossStreamReuse::WhenComplete,
+            segment_whole_threshold_bytes: DEFAULT_SEGMENT_WHOLE_THRESHOLD_BYTES,
         }
     }
 }

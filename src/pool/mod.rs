@@ -18,6 +18,7 @@ mod create;
 mod guards;
 mod index;
 mod release;
+mod segments;
 mod snapshot;
 mod streams;
 
@@ -25,6 +26,7 @@ pub(crate) use config::cross_stream_modes;
 pub(crate) use config::reuse_policies;
 pub use config::{
     Backend, CrossStreamReuse, PoolConfig, ReusePolicy, DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
+    DEFAULT_SEGMENT_WHOLE_THRESHOLD_BYTES, SEGMENT_BLOCK_ROUND_BYTES, SEGMENT_SMALL_MAX_BYTES,
 };
 pub use guards::{Allocation, RetentionScope};
 pub(crate) use snapshot::snapshot_counters;
@@ -49,6 +51,14 @@ pub struct Pool {
     release_threshold: u64,
     max_waste_percent: u64,
     cross_stream: CrossStreamReuse,
+    /// Segment mode ([`ReusePolicy::Segments`]).
+    segments: bool,
+    /// Segment mode: requests above this many bytes take whole mappings.
+    whole_threshold: u64,
+    /// Segment mode: bytes each segment reserves (the device's total memory, rounded
+    /// up to the granularity: a heap class never needs a second segment while the
+    /// device has memory, unless holes left by released handles use up its range).
+    segment_reserve: u64,
     access_devices: Vec<i32>,
     /// The device's total memory, bytes (`cuMemGetInfo` at creation; `u64::MAX`
     /// when the query failed): a request above it cannot succeed however much is
@@ -103,7 +113,12 @@ impl Pool {
             }
         }
         let device_total = driver.mem_info().map_or(u64::MAX, |m| m.total);
+        let segment_reserve = segments::round_up(device_total.min(1 << 40), granularity)
+            .unwrap_or(1 << 40);
         Ok(Pool {
+            segments: config.reuse_policy.is_segments(),
+            whole_threshold: config.segment_whole_threshold_bytes,
+            segment_reserve,
             driver,
             policy: config.reuse_policy,
             granularity,
@@ -179,6 +194,9 @@ impl Pool {
     /// after releasing idle mappings and retrying once; inside one, with nothing
     /// retained released); [`Error::Driver`] for any other failed driver call.
     pub fn allocate_raw(&self, bytes: u64) -> Result<DevicePtr> {
+        if let Some(size) = self.block_size(bytes)? {
+            return self.allocate_block_sync(size, bytes);
+        }
         let (rounded, max_size) = self.sizes(bytes)?;
         if let Some(ptr) = self.take_for(&mut lock(&self.state), None, rounded, bytes, max_size) {
             return Ok(ptr);
@@ -329,7 +347,23 @@ impl Pool {
             // Streams from `record_stream` do not matter here: the release
             // synchronizes every device.
             let (slot, _recorded) = st.free_live(ptr, id)?;
-            if st.counters.scope_open || st.counters.idle_bytes <= self.release_threshold {
+            let m = st.mapping(slot);
+            if m.is_block() {
+                // Back to its heap (the synchronous heap's own), or kept whole for the
+                // synchronous API (a stream heap's block); then, over the threshold,
+                // its segment's handles left wholly free are released.
+                st.index_insert(slot, SYNC_FREED);
+                if st.counters.scope_open || st.cached_bytes() <= self.release_threshold {
+                    return Ok(());
+                }
+                st.collect_segment(m.seg, &mut batch, true, Some(self.release_threshold));
+                st.collect_retries(&mut batch, true);
+                st.start_release(&mut batch);
+                drop(st);
+                let _ = self.release_batch(batch);
+                return Ok(());
+            }
+            if st.counters.scope_open || st.cached_bytes() <= self.release_threshold {
                 st.index_insert(slot, SYNC_FREED);
                 return Ok(());
             }
@@ -337,7 +371,7 @@ impl Pool {
             m.state = MappingState::Releasing;
             batch.mappings.push((slot, *m));
             st.collect_retries(&mut batch, true);
-            st.start_release(&batch);
+            st.start_release(&mut batch);
         }
         let _ = self.release_batch(batch);
         Ok(())

@@ -6,7 +6,7 @@
 //! retried at the next release point. Mappings whose stream work is known complete
 //! (a fence event completed, `streams.rs`) need no synchronize.
 
-use super::books::{BucketKind, Mapping, MappingState, State, ANY, HELD, SYNC_FREED};
+use super::books::{BucketKind, Mapping, MappingState, Piece, State, ANY, HELD, SYNC_FREED};
 use super::Pool;
 use crate::driver::{DriverCall, DriverError};
 use crate::error::{Error, Result};
@@ -31,6 +31,9 @@ pub(super) struct Batch {
     pub(super) mappings: Vec<(u32, Mapping)>,
     /// Pending mappings: the steps left.
     pub(super) pending: Vec<(u32, Mapping)>,
+    /// The number of the device synchronize this batch runs first (`State::
+    /// sync_ticket` when it was registered), 0 when it needs none.
+    pub(super) sync_ticket: u64,
 }
 
 impl Batch {
@@ -55,9 +58,13 @@ pub(super) enum Captures {
 impl State {
     /// Registers `batch` as a release about to run outside the lock (when it has
     /// anything to release): [`Pool::release_batch`] books it and unregisters it.
-    pub(super) fn start_release(&mut self, batch: &Batch) {
+    pub(super) fn start_release(&mut self, batch: &mut Batch) {
         if !batch.is_empty() {
             self.releases_running += 1;
+        }
+        if batch.mappings.iter().any(|(_, m)| m.needs_sync) {
+            self.sync_ticket += 1;
+            batch.sync_ticket = self.sync_ticket;
         }
     }
 
@@ -129,6 +136,21 @@ impl State {
     pub(super) fn apply_release(&mut self, slot: u32, outcome: Outcome) {
         let mut m = self.mapping(slot);
         let size = m.size();
+        match (m.piece, outcome) {
+            // A block "released" is a block back in its heap, after the synchronize
+            // its batch ran (if it needed one): safe for the heap's home.
+            (Piece::Block, Outcome::Unmapped { .. }) => {
+                self.mapping_mut(slot).state = MappingState::Idle;
+                self.merge_free(slot);
+                return;
+            }
+            (Piece::Handle, Outcome::StillMapped) => {
+                self.handle_still_mapped(slot);
+                return;
+            }
+            (Piece::Handle, Outcome::Unmapped { .. }) => self.handle_unmapped(m.seg),
+            _ => {}
+        }
         match outcome {
             Outcome::StillMapped => {
                 m.state = MappingState::Idle;
@@ -257,9 +279,18 @@ impl Pool {
                 }
                 Ok(()) => {
                     for (slot, m) in &batch.mappings {
-                        let outcome = self.release_steps(m, true, true, true, &mut |e| {
-                            note(e, m.size(), &mut failed)
-                        });
+                        let outcome = if m.piece == Piece::Block {
+                            // A block owns no driver object.
+                            Outcome::Unmapped {
+                                handle_live: false,
+                                reservation_live: false,
+                            }
+                        } else {
+                            // A segment's handle leaves the reservation to its segment.
+                            self.release_steps(m, true, true, m.reservation_live, &mut |e| {
+                                note(e, m.size(), &mut failed)
+                            })
+                        };
                         outcomes.push((*slot, outcome));
                     }
                 }
@@ -277,6 +308,9 @@ impl Pool {
         st.releases_running -= 1;
         if st.releases_running == 0 {
             self.releases_done.notify_all();
+        }
+        if batch.sync_ticket > 0 && !failed.contains(&DriverCall::Synchronize) {
+            st.synced = st.synced.max(batch.sync_ticket);
         }
         for call in failed {
             st.counters.count_failure(call);
@@ -346,22 +380,34 @@ impl Pool {
                     let m = st.mapping_mut(slot);
                     m.state = MappingState::Idle;
                     m.needs_sync = true;
-                    let (size, requested) = (m.size(), m.requested);
+                    let (size, requested, block) = (m.size(), m.requested, m.is_block());
                     let c = &mut st.counters;
                     c.live_count -= 1;
                     c.live_requested_bytes -= requested;
-                    c.live_mapped_bytes -= size;
-                    c.idle_count += 1;
-                    c.idle_bytes += size;
+                    if block {
+                        c.block_live_count -= 1;
+                        c.block_live_bytes -= size;
+                        c.block_free_bytes += size;
+                    } else {
+                        c.live_mapped_bytes -= size;
+                        c.idle_count += 1;
+                        c.idle_bytes += size;
+                    }
                     st.index_insert(slot, SYNC_FREED);
                 }
             }
             last = self.release_now(Captures::All, true, true, false);
             let st = lock(&self.state);
-            if st.idle.len() == 0 && st.pending.is_empty() && st.deferred.is_empty() {
-                return last;
+            if st.idle.len() == 0
+                && st.pending.is_empty()
+                && st.deferred.is_empty()
+                && st.segments_empty()
+            {
+                drop(st);
+                return last.and(self.free_empty_segments());
             }
         }
-        last
+        let freed = self.free_empty_segments();
+        last.and(freed)
     }
 }

@@ -108,6 +108,22 @@ macro_rules! snapshot_counters {
             /// for with a device synchronize at the next release point that may
             /// synchronize (trim, finish, destroy, out-of-memory).
             stream_call_failures,
+            /// Segments held (segment mode): reserved address ranges, each kept until
+            /// destroy once made, so that a heap regrows into it.
+            segment_count,
+            /// Physical handles mapped in segments.
+            segment_handles,
+            /// Bytes of the handles mapped in segments: `block_live_bytes +
+            /// block_free_bytes`.
+            segment_mapped_bytes,
+            /// Live blocks (segment mode; also counted in `live_count`).
+            block_live_count,
+            /// Bytes of live blocks, each rounded to 512 bytes.
+            block_live_bytes,
+            /// Bytes inside mapped handles that no live block holds: free in a heap,
+            /// or freed and waiting (on a fence, a capture, a synchronize) before they
+            /// return to it (fragmentation, from the device's point of view).
+            block_free_bytes,
         }
     };
 }
@@ -155,11 +171,14 @@ snapshot_counters!(rust_snapshot! {
     /// Byte fields are bytes; `*_count` fields count mappings; the rest count events
     /// since the pool was created; `physical_bytes` counts each physical handle once.
     /// Invariants (checked by the tests after every operation):
-    /// `physical_bytes == live_mapped_bytes + idle_bytes + pending_bytes`;
+    /// `physical_bytes == live_mapped_bytes + idle_bytes + pending_bytes +
+    /// segment_mapped_bytes` (every handle counted once: whole mappings live, idle or
+    /// pending, and handles in segments);
+    /// `segment_mapped_bytes == block_live_bytes + block_free_bytes`;
     /// `physical_bytes <= peak_physical_bytes`; `live_mapped_bytes <= peak_live_mapped_bytes`;
-    /// `live_requested_bytes <= live_mapped_bytes`;
-    /// `allocations == frees + live_count`;
-    /// `event_wait_bytes + capture_held_bytes <= idle_bytes`;
+    /// `live_requested_bytes <= live_mapped_bytes + block_live_bytes`;
+    /// `allocations == frees + live_count`; `block_live_count <= live_count`;
+    /// `event_wait_bytes + capture_held_bytes <= idle_bytes + block_free_bytes`;
     /// `cross_stream_waits <= cross_stream_hits <= reuse_hits`.
     pub struct Snapshot;
 });
@@ -168,11 +187,38 @@ impl Snapshot {
     /// Checks the accounting invariants; returns a description of the first one
     /// broken.
     pub fn check_invariants(&self) -> Result<(), String> {
-        if self.physical_bytes != self.live_mapped_bytes + self.idle_bytes + self.pending_bytes {
+        if self.physical_bytes
+            != self.live_mapped_bytes
+                + self.idle_bytes
+                + self.pending_bytes
+                + self.segment_mapped_bytes
+        {
             return Err(format!(
-                "physical {} != live mapped {} + idle {} + pending {}",
-                self.physical_bytes, self.live_mapped_bytes, self.idle_bytes, self.pending_bytes
+                "physical {} != live mapped {} + idle {} + pending {} + segment mapped {}",
+                self.physical_bytes,
+                self.live_mapped_bytes,
+                self.idle_bytes,
+                self.pending_bytes,
+                self.segment_mapped_bytes
             ));
+        }
+        if self.segment_mapped_bytes != self.block_live_bytes + self.block_free_bytes {
+            return Err(format!(
+                "segment mapped {} != live blocks {} + free blocks {}",
+                self.segment_mapped_bytes, self.block_live_bytes, self.block_free_bytes
+            ));
+        }
+        if self.block_live_count > self.live_count {
+            return Err("more live blocks than live allocations".into());
+        }
+        if (self.block_live_count == 0) != (self.block_live_bytes == 0) {
+            return Err("live block count and live block bytes disagree".into());
+        }
+        if (self.segment_handles == 0) != (self.segment_mapped_bytes == 0) {
+            return Err("segment handles and segment mapped bytes disagree".into());
+        }
+        if self.block_live_bytes % 512 != 0 || self.block_free_bytes % 512 != 0 {
+            return Err("block bytes not a multiple of 512".into());
         }
         if self.physical_bytes > self.peak_physical_bytes {
             return Err("physical bytes above their peak".into());
@@ -180,8 +226,8 @@ impl Snapshot {
         if self.live_mapped_bytes > self.peak_live_mapped_bytes {
             return Err("live mapped bytes above their peak".into());
         }
-        if self.live_requested_bytes > self.live_mapped_bytes {
-            return Err("live requested bytes above live mapped bytes".into());
+        if self.live_requested_bytes > self.live_mapped_bytes + self.block_live_bytes {
+            return Err("live requested bytes above live mapped and live block bytes".into());
         }
         if self.reuse_exact_hits > self.reuse_hits {
             return Err("more exact reuse hits than reuse hits".into());
@@ -189,10 +235,11 @@ impl Snapshot {
         if self.reuse_forced_hits > self.reuse_hits {
             return Err("more forced reuse hits than reuse hits".into());
         }
-        if self.event_wait_bytes + self.capture_held_bytes > self.idle_bytes {
+        if self.event_wait_bytes + self.capture_held_bytes > self.idle_bytes + self.block_free_bytes
+        {
             return Err(format!(
-                "event-wait bytes {} + capture-held bytes {} above idle bytes {}",
-                self.event_wait_bytes, self.capture_held_bytes, self.idle_bytes
+                "event-wait bytes {} + capture-held bytes {} above idle bytes {} + free block bytes {}",
+                self.event_wait_bytes, self.capture_held_bytes, self.idle_bytes, self.block_free_bytes
             ));
         }
         if self.cross_stream_hits > self.reuse_hits {
@@ -213,8 +260,7 @@ impl Snapshot {
             ("idle", self.idle_bytes),
             ("pending", self.pending_bytes),
             ("reserved", self.reserved_bytes),
-            ("event-wait", self.event_wait_bytes),
-            ("capture-held", self.capture_held_bytes),
+            ("segment mapped", self.segment_mapped_bytes),
         ] {
             if v % g != 0 {
                 return Err(format!(
@@ -222,8 +268,8 @@ impl Snapshot {
                 ));
             }
         }
-        if (self.live_count == 0) != (self.live_mapped_bytes == 0) {
-            return Err("live count and live mapped bytes disagree".into());
+        if (self.live_count == 0) != (self.live_mapped_bytes + self.block_live_bytes == 0) {
+            return Err("live count and live mapped and block bytes disagree".into());
         }
         if (self.idle_count == 0) != (self.idle_bytes == 0) {
             return Err("idle count and idle bytes disagree".into());

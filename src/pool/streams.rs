@@ -69,6 +69,11 @@ impl Pool {
     /// stream while a blocking stream is captured: `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`),
     /// or on a backend without streams (`CUDA_ERROR_NOT_SUPPORTED`).
     pub fn allocate_async_raw(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
+        if let Some(size) = self.block_size(bytes)? {
+            let ptr = self.allocate_block_async(stream, size, bytes)?;
+            self.driver.note_handoff(stream, ptr, size);
+            return Ok(ptr);
+        }
         let (rounded, max_size) = self.sizes(bytes)?;
         let own = {
             let mut st = lock(&self.state);
@@ -323,7 +328,7 @@ impl Pool {
                 Some(others) => self.defer(&mut st, slot, own, stream, &others),
                 None => st.index_insert(slot, own),
             }
-            if !st.counters.scope_open && st.counters.idle_bytes > self.release_threshold {
+            if !st.counters.scope_open && st.cached_bytes() > self.release_threshold {
                 st.poll_countdown = st.poll_countdown.saturating_sub(1);
                 if st.poll_countdown == 0 {
                     self.poll_and_release(&mut st, &mut batch);
@@ -331,7 +336,7 @@ impl Pool {
             }
             if !batch.is_empty() {
                 st.collect_retries(&mut batch, false);
-                st.start_release(&batch);
+                st.start_release(&mut batch);
             }
         }
         let _ = self.release_batch(batch);
@@ -538,8 +543,9 @@ impl Pool {
             } else if aged {
                 let polled = bucket.polled_marks;
                 st.idle.any_in(b, |slot| st.mapping(slot).mark <= polled)
+                    || st.heap_wants_fence(b, Some(polled))
             } else {
-                !st.idle.bucket_is_empty(b)
+                !st.idle.bucket_is_empty(b) || st.heap_wants_fence(b, None)
             };
             if waited_on {
                 let _ = self.cover(st, b);
@@ -566,6 +572,8 @@ impl Pool {
         for &b in &streams {
             self.settle_bucket(st, b, Some(self.release_threshold), &mut released);
         }
+        // Segment mode: handles wholly free whose stream work is known complete.
+        st.collect_heaps(&mut released, false, Some(self.release_threshold));
         // Fences for what is still idle, after the release (not for what it took).
         self.cover_waited(st, &list, streams.len(), true);
         let found = !released.mappings.is_empty();
@@ -593,7 +601,7 @@ impl Pool {
             st.index_remove(slot);
             st.mapping_mut(slot).needs_sync = false;
             let over = threshold.is_some_and(|t| {
-                !st.counters.scope_open && st.counters.idle_bytes - released_bytes(batch) > t
+                !st.counters.scope_open && st.cached_bytes() - released_bytes(batch) > t
             });
             if over {
                 let m = st.mapping_mut(slot);
@@ -690,7 +698,7 @@ impl Pool {
             needed.sort_unstable();
             needed.dedup();
             for &b in &streams {
-                if !st.idle.bucket_is_empty(b) || needed.contains(&b) {
+                if !st.idle.bucket_is_empty(b) || needed.contains(&b) || st.heap_holds_memory(b) {
                     match self.cover(&mut st, b) {
                         Cover::Covered => {}
                         Cover::Capturing => capturing = true,
@@ -749,7 +757,8 @@ impl Pool {
                 }
             }
             st.collect_all(&mut batch, captures, may_sync);
-            st.start_release(&batch);
+            st.collect_heaps(&mut batch, may_sync, None);
+            st.start_release(&mut batch);
             if may_sync && !capturing {
                 // Streams whose memory is all gone are done with, until used again
                 // (a stream may be destroyed after a trim).
@@ -758,7 +767,21 @@ impl Pool {
                 }
             }
         }
-        let released = self.release_batch(batch);
+        let blocks = batch
+            .mappings
+            .iter()
+            .any(|(_, m)| m.piece == super::books::Piece::Block);
+        let mut released = self.release_batch(batch);
+        if blocks {
+            // Blocks just back in their heaps may have left handles wholly free.
+            let mut more = Batch::default();
+            {
+                let mut st = lock(&self.state);
+                st.collect_heaps(&mut more, may_sync, None);
+                st.start_release(&mut more);
+            }
+            released = released.and(self.release_batch(more));
+        }
         self.end_release();
         match first {
             Some(e) => Err(e),
@@ -865,7 +888,10 @@ fn take_reachable(
 /// stream the pool is done with may have been destroyed, and is not asked.
 fn in_use(st: &State, b: u32) -> bool {
     let bucket = &st.buckets[b as usize];
-    bucket.active || !bucket.fences.is_empty() || !st.idle.bucket_is_empty(b)
+    bucket.active
+        || !bucket.fences.is_empty()
+        || !st.idle.bucket_is_empty(b)
+        || st.heap_holds_memory(b)
 }
 
 /// The bytes already put in `batch` for release.

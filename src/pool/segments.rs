@@ -1,0 +1,914 @@
+//! Segment mode ([`ReusePolicy::Segments`](super::ReusePolicy::Segments)): blocks
+//! carved from segments.
+//!
+//! - A **heap** per home: the synchronous API's (home [`SYNC_FREED`]) and one per
+//!   stream (home: the stream's bucket). Each heap has a small class (requests up to
+//!   [`SEGMENT_SMALL_MAX_BYTES`]) and a large one; a (home, class) pair is a heap
+//!   key, [`heap_key`].
+//! - A **segment** is one reserved virtual range of a heap key, covered from its
+//!   start by whole physical handles mapped back to back (each handle is mapped whole,
+//!   so the driver's sub-range rule holds by construction). It grows at its end
+//!   (`claimed`) by mapping a new whole handle; a released handle leaves an unmapped
+//!   hole that is not reused until the segment is empty again.
+//! - A **block** is a range of a segment: live (handed out), idle in a stream-order
+//!   bucket (waiting on a fence, a capture, a synchronize: the buckets of
+//!   `books.rs`), or free in its heap (`HeapFree`, indexed by (heap key, size) in
+//!   [`Segments::free`]). Blocks of one mapped run are linked in address order;
+//!   a block returning to its heap coalesces with free neighbours at once.
+//!
+//! Memory enters a heap's free space only when its home may use it at once: freed on
+//! the heap's own stream (or with the synchronous `free` for the synchronous heap),
+//! or known complete (bucket [`ANY`]), or after a device synchronize (a release
+//! point). Everything else stays a whole block in the bucket stream order put it in.
+//!
+//! A handle whose whole range is free is released (outside a retention scope, while
+//! the pool's cached bytes are over the release threshold): unmapped and released,
+//! the segment's reservation kept. Its release needs a device synchronize unless its
+//! segment's memory is known complete: a stream heap's frees fenced
+//! (`Segment::mark`) and nothing merged that needs one since the last synchronize
+//! (`Segment::dirty_at`).
+
+use std::collections::HashMap;
+
+use super::books::{
+    BucketKind, Mapping, MappingState, Piece, State, ANY, NIL, NO_SEGMENT, SYNC_FREED,
+};
+use super::config::{SEGMENT_BLOCK_ROUND_BYTES, SEGMENT_SMALL_MAX_BYTES};
+use super::index::ReuseIndex;
+use super::release::{Batch, Captures};
+use super::Pool;
+use crate::driver::{
+    CuResult, DevicePtr, DriverCall, DriverError, PhysicalHandle, Reservation, Stream,
+};
+use crate::error::{Error, Result};
+use crate::sync::lock;
+
+/// One handle mapped in a segment.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SegHandle {
+    pub(super) ptr: DevicePtr,
+    pub(super) size: u64,
+    pub(super) slot: u32,
+}
+
+/// A segment: one reservation of one heap key.
+#[derive(Debug)]
+pub(super) struct Segment {
+    pub(super) reservation: Reservation,
+    /// The heap key ([`heap_key`]).
+    pub(super) key: u32,
+    /// Bytes from the start claimed for handles (mapped, or being mapped).
+    pub(super) claimed: u64,
+    /// The block that ends at the highest booked handle end (`tail_end`), or
+    /// [`NIL`]: a growth right after it links to it.
+    pub(super) tail: u32,
+    pub(super) tail_end: DevicePtr,
+    /// Handles mapped, by address.
+    pub(super) handles: Vec<SegHandle>,
+    /// The home stream's free mark of the latest own-stream free merged into it: its
+    /// handles are released without a synchronize once the stream's fences complete
+    /// through this mark.
+    pub(super) mark: u64,
+    /// Memory needing a device synchronize before release was merged while this
+    /// many synchronizes had started (`None`: none since the last).
+    pub(super) dirty_at: Option<u64>,
+    /// Growths and handle releases in flight outside the lock.
+    pub(super) busy: u32,
+    /// A failed undo left a mapping inside the claimed range: never reset.
+    pub(super) va_lost: bool,
+}
+
+impl Segment {
+    fn base(&self) -> DevicePtr {
+        self.reservation.ptr
+    }
+}
+
+/// The heaps and segments of a pool in segment mode.
+#[derive(Default)]
+pub(super) struct Segments {
+    pub(super) segs: Vec<Segment>,
+    /// Segment ids of each heap key, oldest first.
+    pub(super) by_key: HashMap<u32, Vec<u32>>,
+    /// Free blocks by (heap key, size).
+    pub(super) free: ReuseIndex,
+}
+
+/// The heap key of a request of `size` bytes on home `home` (a bucket number).
+pub(super) fn heap_key(home: u32, size: u64) -> u32 {
+    (home << 1) | u32::from(size > SEGMENT_SMALL_MAX_BYTES)
+}
+
+/// The home bucket of heap key `key`.
+pub(super) fn home_of(key: u32) -> u32 {
+    key >> 1
+}
+
+/// Where a growth maps its handle.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Claim {
+    pub(super) seg: u32,
+    pub(super) ptr: DevicePtr,
+    pub(super) size: u64,
+}
+
+impl State {
+    /// Takes the smallest free block of heap `key` of at least `size` bytes, splits
+    /// off its first `size` bytes and makes them live; counted as a reuse hit when
+    /// `hit` (no driver call served it).
+    pub(super) fn carve(
+        &mut self,
+        key: u32,
+        size: u64,
+        requested: u64,
+        hit: bool,
+    ) -> Option<DevicePtr> {
+        let (slot, found) = self.segs.free.take_best_fit(key, size, u64::MAX)?;
+        self.split_front(slot, found, size, key);
+        if hit {
+            let c = &mut self.counters;
+            c.reuse_hits += 1;
+            if found == size {
+                c.reuse_exact_hits += 1;
+            }
+        }
+        let m = self.mapping_mut(slot);
+        m.state = MappingState::Idle;
+        m.bucket = SYNC_FREED;
+        Some(self.make_live(slot, requested))
+    }
+
+    /// Free block `slot` (`found` bytes, out of the index) keeps its first `size`
+    /// bytes; the rest becomes a free block of its own, indexed in `key`.
+    fn split_front(&mut self, slot: u32, found: u64, size: u64, key: u32) {
+        if found == size {
+            return;
+        }
+        let m = self.mapping(slot);
+        let rest_size = found - size;
+        let mut rest = Mapping::block(m.seg, m.ptr() + size, rest_size, MappingState::HeapFree);
+        rest.prev = slot;
+        rest.next = m.next;
+        let r = self.add_slot(rest);
+        if m.next != NIL {
+            self.mapping_mut(m.next).prev = r;
+        }
+        let mm = self.mapping_mut(slot);
+        mm.next = r;
+        mm.handle.size = size;
+        self.segs.free.insert(r, key, rest_size);
+        let seg = &mut self.segs.segs[m.seg as usize];
+        if seg.tail == slot {
+            seg.tail = r;
+        }
+    }
+
+    /// Called by `index_insert` for idle block `slot` going to `bucket`: when that
+    /// makes it safe for its heap's home (the home's own bucket, or [`ANY`]), it goes
+    /// back to the heap's free space; returns whether it did.
+    pub(super) fn block_to_heap(&mut self, slot: u32, bucket: u32) -> bool {
+        let m = self.mapping(slot);
+        let ticket = self.sync_ticket;
+        let seg = &mut self.segs.segs[m.seg as usize];
+        let home = home_of(seg.key);
+        if bucket != home && bucket != ANY {
+            return false;
+        }
+        if bucket == home {
+            if home == SYNC_FREED || m.needs_sync {
+                seg.dirty_at = Some(ticket);
+            } else {
+                seg.mark = seg.mark.max(m.mark);
+            }
+        }
+        self.merge_free(slot);
+        true
+    }
+
+    /// Idle block `slot` (out of every index) joins its heap's free space, coalesced
+    /// with its free neighbours.
+    pub(super) fn merge_free(&mut self, slot: u32) {
+        let mut m = self.mapping(slot);
+        let key = self.segs.segs[m.seg as usize].key;
+        if m.prev != NIL {
+            let p = self.mapping(m.prev);
+            if p.state == MappingState::HeapFree && p.ptr() + p.size() == m.ptr() {
+                self.segs.free.remove(m.prev);
+                let old = m.prev;
+                let seg = &mut self.segs.segs[m.seg as usize];
+                if seg.tail == old {
+                    seg.tail = slot;
+                }
+                m.reservation.ptr = p.ptr();
+                m.handle.size += p.size();
+                m.prev = p.prev;
+                if p.prev != NIL {
+                    self.mapping_mut(p.prev).next = slot;
+                }
+                self.remove_slot(old);
+            }
+        }
+        if m.next != NIL {
+            let n = self.mapping(m.next);
+            if n.state == MappingState::HeapFree && m.ptr() + m.size() == n.ptr() {
+                self.segs.free.remove(m.next);
+                let old = m.next;
+                m.handle.size += n.size();
+                m.next = n.next;
+                if n.next != NIL {
+                    self.mapping_mut(n.next).prev = slot;
+                }
+                let seg = &mut self.segs.segs[m.seg as usize];
+                if seg.tail == old {
+                    seg.tail = slot;
+                }
+                self.remove_slot(old);
+            }
+        }
+        m.state = MappingState::HeapFree;
+        m.requested = 0;
+        m.retry = false;
+        m.needs_sync = false;
+        m.freed_on = None;
+        *self.mapping_mut(slot) = m;
+        self.segs.free.insert(slot, key, m.size());
+    }
+
+    /// Claims room for a handle of at least `size` bytes at the end of heap `key`'s
+    /// newest segment, counting the free block at its end: `step(need)` says how
+    /// much to map for a need of `need` bytes (a multiple of `g`). `None`: no
+    /// segment has room (a new one is needed).
+    pub(super) fn claim_growth(
+        &mut self,
+        key: u32,
+        size: u64,
+        g: u64,
+        step: impl Fn(u64, u64) -> u64,
+    ) -> Option<Claim> {
+        let sid = *self.segs.by_key.get(&key)?.last()?;
+        let seg = &self.segs.segs[sid as usize];
+        let end = seg.base() + seg.claimed;
+        let trailing = if seg.tail != NIL && seg.tail_end == end {
+            let t = self.mapping(seg.tail);
+            if t.state == MappingState::HeapFree {
+                t.size()
+            } else {
+                0
+            }
+        } else {
+            0
+        };
+        let need = round_up(size.saturating_sub(trailing), g)?;
+        let room = seg.reservation.size.saturating_sub(seg.claimed);
+        if need > room {
+            return None;
+        }
+        let mapped = seg.handles.iter().map(|h| h.size).sum::<u64>();
+        let grow = step(need, mapped).min(room).max(need);
+        let seg = &mut self.segs.segs[sid as usize];
+        seg.claimed += grow;
+        seg.busy += 1;
+        Some(Claim {
+            seg: sid,
+            ptr: end,
+            size: grow,
+        })
+    }
+
+    /// Books a new segment of heap `key` on `reservation`; returns its id.
+    pub(super) fn add_segment(&mut self, key: u32, reservation: Reservation) -> u32 {
+        let sid = self.segs.segs.len() as u32;
+        self.segs.segs.push(Segment {
+            reservation,
+            key,
+            claimed: 0,
+            tail: NIL,
+            tail_end: reservation.ptr,
+            handles: Vec::new(),
+            mark: 0,
+            dirty_at: None,
+            busy: 0,
+            va_lost: false,
+        });
+        self.segs.by_key.entry(key).or_default().push(sid);
+        let c = &mut self.counters;
+        c.segment_count += 1;
+        c.reserved_bytes += reservation.size;
+        sid
+    }
+
+    /// Claims the start of new segment `sid` for a handle of `size` bytes.
+    pub(super) fn claim_start(&mut self, sid: u32, size: u64) -> Claim {
+        let seg = &mut self.segs.segs[sid as usize];
+        let ptr = seg.base() + seg.claimed;
+        seg.claimed += size;
+        seg.busy += 1;
+        Claim {
+            seg: sid,
+            ptr,
+            size,
+        }
+    }
+
+    /// A growth's handle failed: gives its claimed range back (when nothing was
+    /// claimed after it; else it stays a hole until the segment empties).
+    pub(super) fn unclaim(&mut self, claim: Claim, va_lost: bool) {
+        let seg = &mut self.segs.segs[claim.seg as usize];
+        if seg.base() + seg.claimed == claim.ptr + claim.size && !va_lost {
+            seg.claimed -= claim.size;
+        }
+        seg.va_lost |= va_lost;
+        seg.busy -= 1;
+        self.maybe_reset(claim.seg);
+    }
+
+    /// Books `handle`, mapped at `claim`, as a free block of its segment, coalesced
+    /// with the block before it; returns the free block's slot.
+    pub(super) fn book_growth(&mut self, claim: Claim, handle: PhysicalHandle) -> u32 {
+        let size = claim.size;
+        let c = &mut self.counters;
+        c.mappings_created += 1;
+        c.segment_handles += 1;
+        c.segment_mapped_bytes += size;
+        c.block_free_bytes += size;
+        self.add_physical(size, 0);
+        let hslot = self.add_slot(Mapping {
+            state: MappingState::InSegment,
+            piece: Piece::Handle,
+            seg: claim.seg,
+            reservation_live: false,
+            ..Mapping::created(Reservation { ptr: claim.ptr, size: 0 }, handle, 0)
+        });
+        let seg = &mut self.segs.segs[claim.seg as usize];
+        seg.busy -= 1;
+        let at = seg.handles.partition_point(|h| h.ptr < claim.ptr);
+        seg.handles.insert(
+            at,
+            SegHandle {
+                ptr: claim.ptr,
+                size,
+                slot: hslot,
+            },
+        );
+        let (tail, tail_end) = (seg.tail, seg.tail_end);
+        let mut block = Mapping::block(claim.seg, claim.ptr, size, MappingState::Idle);
+        let linked = tail != NIL && tail_end == claim.ptr;
+        if linked {
+            block.prev = tail;
+        }
+        let slot = self.add_slot(block);
+        if linked {
+            self.mapping_mut(tail).next = slot;
+        }
+        let seg = &mut self.segs.segs[claim.seg as usize];
+        if claim.ptr + size > seg.tail_end || seg.tail == NIL {
+            seg.tail = slot;
+            seg.tail_end = claim.ptr + size;
+        }
+        self.merge_free(slot);
+        slot
+    }
+
+    /// Resets segment `sid` to empty when its last handle is gone and nothing is in
+    /// flight: growth starts at its beginning again.
+    fn maybe_reset(&mut self, sid: u32) {
+        let seg = &mut self.segs.segs[sid as usize];
+        if seg.handles.is_empty() && seg.busy == 0 && !seg.va_lost {
+            seg.claimed = 0;
+            seg.tail = NIL;
+            seg.tail_end = seg.base();
+        }
+    }
+
+    /// Whether the handles of segment `sid` need a device synchronize before their
+    /// release.
+    fn segment_needs_sync(&self, sid: u32) -> bool {
+        let seg = &self.segs.segs[sid as usize];
+        if seg.dirty_at.is_some_and(|t| self.synced <= t) {
+            return true;
+        }
+        let home = home_of(seg.key);
+        match self.buckets.get(home as usize).map(|b| b.kind) {
+            Some(BucketKind::Stream(_)) => self.buckets[home as usize].completed < seg.mark,
+            _ => false,
+        }
+    }
+
+    /// Whether a heap of stream bucket `b` holds memory (its stream may have work
+    /// on it, and is asked about captures and fenced at release points).
+    pub(super) fn heap_holds_memory(&self, b: u32) -> bool {
+        [b << 1, (b << 1) | 1].iter().any(|k| {
+            self.segs
+                .by_key
+                .get(k)
+                .is_some_and(|ids| ids.iter().any(|&s| !self.segs.segs[s as usize].handles.is_empty()))
+        })
+    }
+
+    /// Whether a heap of stream bucket `b` holds memory freed on the stream that no
+    /// completed fence covers (with `aged`, freed at or before `polled` marks).
+    pub(super) fn heap_wants_fence(&self, b: u32, aged: Option<u64>) -> bool {
+        let completed = self.buckets[b as usize].completed;
+        [b << 1, (b << 1) | 1].iter().any(|k| {
+            self.segs.by_key.get(k).is_some_and(|ids| {
+                ids.iter().any(|&s| {
+                    let seg = &self.segs.segs[s as usize];
+                    !seg.handles.is_empty()
+                        && seg.mark > completed
+                        && aged.is_none_or(|polled| seg.mark <= polled)
+                })
+            })
+        })
+    }
+
+    /// Collects for release (into `batch`) the handles of every segment whose whole
+    /// range is free, while the pool's cached bytes stay over `keep` (if any);
+    /// segments needing a device synchronize only with `may_sync`.
+    pub(super) fn collect_heaps(&mut self, batch: &mut Batch, may_sync: bool, keep: Option<u64>) {
+        for sid in 0..self.segs.segs.len() as u32 {
+            self.collect_segment(sid, batch, may_sync, keep);
+        }
+    }
+
+    /// As [`State::collect_heaps`], for segment `sid` only.
+    pub(super) fn collect_segment(
+        &mut self,
+        sid: u32,
+        batch: &mut Batch,
+        may_sync: bool,
+        keep: Option<u64>,
+    ) {
+        if self.segs.segs[sid as usize].handles.is_empty() {
+            return;
+        }
+        let needs_sync = self.segment_needs_sync(sid);
+        if needs_sync && !may_sync {
+            return;
+        }
+        let key = self.segs.segs[sid as usize].key;
+        let smallest = self.segs.segs[sid as usize]
+            .handles
+            .iter()
+            .map(|h| h.size)
+            .min()
+            .unwrap_or(u64::MAX);
+        let mut ranges = Vec::new();
+        self.segs.free.any_in_from(key, smallest, |s| {
+            ranges.push(s);
+            false
+        });
+        for f in ranges {
+            if self.mapping(f).seg != sid {
+                continue;
+            }
+            let mut f = Some(f);
+            while let Some(range) = f {
+                if keep.is_some_and(|k| self.cached_bytes() <= k) {
+                    return;
+                }
+                f = self.take_handle_from(range, batch, needs_sync).flatten();
+            }
+        }
+    }
+
+    /// Bytes the pool caches: idle whole mappings and free blocks.
+    pub(super) fn cached_bytes(&self) -> u64 {
+        self.counters.idle_bytes + self.counters.block_free_bytes
+    }
+
+    /// Takes the first handle lying wholly inside free block `f` out of its segment
+    /// for release (into `batch`), splitting `f` around it. Returns `None` when no
+    /// handle lies inside, else the free block after the handle, to look in next.
+    fn take_handle_from(
+        &mut self,
+        f: u32,
+        batch: &mut Batch,
+        needs_sync: bool,
+    ) -> Option<Option<u32>> {
+        let fm = self.mapping(f);
+        let (a, b) = (fm.ptr(), fm.ptr() + fm.size());
+        let sid = fm.seg;
+        let seg = &self.segs.segs[sid as usize];
+        let i = seg.handles.partition_point(|h| h.ptr < a);
+        let h = *seg.handles.get(i)?;
+        if h.ptr + h.size > b {
+            return None;
+        }
+        let key = seg.key;
+        let (hs, he) = (h.ptr, h.ptr + h.size);
+        self.segs.free.remove(f);
+        // The part after the handle.
+        let right = if he < b {
+            let mut r = Mapping::block(sid, he, b - he, MappingState::HeapFree);
+            r.next = fm.next;
+            let r = self.add_slot(r);
+            if fm.next != NIL {
+                self.mapping_mut(fm.next).prev = r;
+            }
+            self.segs.free.insert(r, key, b - he);
+            Some(r)
+        } else {
+            if fm.next != NIL {
+                self.mapping_mut(fm.next).prev = NIL;
+            }
+            None
+        };
+        // The part before it.
+        if a < hs {
+            let m = self.mapping_mut(f);
+            m.handle.size = hs - a;
+            m.next = NIL;
+            self.segs.free.insert(f, key, hs - a);
+        } else {
+            if fm.prev != NIL {
+                self.mapping_mut(fm.prev).next = NIL;
+            }
+            self.remove_slot(f);
+        }
+        let seg = &mut self.segs.segs[sid as usize];
+        if seg.tail == f {
+            match right {
+                Some(r) => seg.tail = r,
+                None => {
+                    seg.tail = NIL;
+                }
+            }
+        }
+        seg.handles.remove(i);
+        seg.busy += 1;
+        let c = &mut self.counters;
+        c.segment_handles -= 1;
+        c.segment_mapped_bytes -= h.size;
+        c.block_free_bytes -= h.size;
+        c.idle_count += 1;
+        c.idle_bytes += h.size;
+        let m = self.mapping_mut(h.slot);
+        m.state = MappingState::Releasing;
+        m.needs_sync = needs_sync;
+        let m = *m;
+        batch.mappings.push((h.slot, m));
+        Some(right)
+    }
+
+    /// A handle's release failed before its unmap (a synchronize or the unmap
+    /// refused): it goes back to its segment, a free block again, needing a device
+    /// synchronize before the next try.
+    pub(super) fn handle_still_mapped(&mut self, slot: u32) {
+        let mut m = self.mapping(slot);
+        m.state = MappingState::InSegment;
+        m.retry = false;
+        *self.mapping_mut(slot) = m;
+        let (sid, ptr, size) = (m.seg, m.ptr(), m.size());
+        let ticket = self.sync_ticket;
+        let seg = &mut self.segs.segs[sid as usize];
+        seg.busy -= 1;
+        seg.dirty_at = Some(ticket);
+        let at = seg.handles.partition_point(|h| h.ptr < ptr);
+        seg.handles.insert(at, SegHandle { ptr, size, slot });
+        let c = &mut self.counters;
+        c.idle_count -= 1;
+        c.idle_bytes -= size;
+        c.segment_handles += 1;
+        c.segment_mapped_bytes += size;
+        c.block_free_bytes += size;
+        // Its neighbours (rare path: a scan of the segment's blocks).
+        let (mut left, mut right) = (NIL, NIL);
+        for (i, s) in self.slots.iter().enumerate() {
+            if let Some(b) = s {
+                if b.piece == Piece::Block && b.seg == sid {
+                    if b.ptr() + b.size() == ptr {
+                        left = i as u32;
+                    } else if b.ptr() == ptr + size {
+                        right = i as u32;
+                    }
+                }
+            }
+        }
+        let mut block = Mapping::block(sid, ptr, size, MappingState::Idle);
+        block.prev = left;
+        block.next = right;
+        let b = self.add_slot(block);
+        if left != NIL {
+            self.mapping_mut(left).next = b;
+        }
+        if right != NIL {
+            self.mapping_mut(right).prev = b;
+        }
+        let seg = &mut self.segs.segs[sid as usize];
+        if ptr + size >= seg.tail_end {
+            seg.tail = b;
+            seg.tail_end = ptr + size;
+        }
+        self.merge_free(b);
+    }
+
+    /// A handle of segment `sid` was unmapped (released or left pending): its range
+    /// is a hole now.
+    pub(super) fn handle_unmapped(&mut self, sid: u32) {
+        self.segs.segs[sid as usize].busy -= 1;
+        self.maybe_reset(sid);
+    }
+
+    /// Segments left with no handle, for destroy: forgotten here, their
+    /// reservations returned to the caller to free.
+    pub(super) fn take_empty_segments(&mut self) -> Vec<Reservation> {
+        let mut out = Vec::new();
+        for seg in &mut self.segs.segs {
+            if seg.handles.is_empty() && seg.busy == 0 && seg.reservation.size > 0 {
+                out.push(seg.reservation);
+                self.counters.segment_count -= 1;
+                self.counters.reserved_bytes -= seg.reservation.size;
+                seg.reservation.size = 0;
+                seg.claimed = 0;
+            }
+        }
+        out
+    }
+
+    /// Whether every segment's handles are gone (destroy's end test).
+    pub(super) fn segments_empty(&self) -> bool {
+        self.segs.segs.iter().all(|s| s.handles.is_empty())
+    }
+}
+
+/// `v` rounded up to a multiple of `g` (a power of two); `None` on overflow.
+pub(super) fn round_up(v: u64, g: u64) -> Option<u64> {
+    v.checked_add(g - 1).map(|x| x & !(g - 1))
+}
+
+/// A block's segment id is never [`NO_SEGMENT`].
+#[allow(dead_code)]
+const _: () = assert!(NO_SEGMENT == u32::MAX);
+
+impl State {
+    /// Keeps what a failed growth's undo left with the driver (a handle, mapped at
+    /// `ptr` or not) pending: retried at the next release point.
+    fn keep_pending_handle(&mut self, ptr: DevicePtr, handle: PhysicalHandle, mapped: bool) {
+        self.add_physical(handle.size, 0);
+        let c = &mut self.counters;
+        c.pending_count += 1;
+        c.pending_bytes += handle.size;
+        let slot = self.add_slot(Mapping {
+            state: MappingState::Pending,
+            created: false,
+            mapped,
+            handle_live: true,
+            reservation_live: false,
+            ..Mapping::created(Reservation { ptr, size: 0 }, handle, 0)
+        });
+        self.pending.push(slot);
+    }
+}
+
+impl Pool {
+    /// The block size of a request of `bytes` in segment mode (rounded up to
+    /// [`SEGMENT_BLOCK_ROUND_BYTES`]), or `None` when it takes a whole mapping (not
+    /// segment mode, or above the whole-mapping threshold).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for 0 bytes.
+    pub(super) fn block_size(&self, bytes: u64) -> Result<Option<u64>> {
+        if !self.segments || bytes > self.whole_threshold {
+            return Ok(None);
+        }
+        if bytes == 0 {
+            return Err(Error::InvalidArgument("allocation of 0 bytes".into()));
+        }
+        // Cannot overflow: `bytes` is at most the threshold, and a threshold near
+        // `u64::MAX` rounds within range or is refused below.
+        match round_up(bytes, SEGMENT_BLOCK_ROUND_BYTES) {
+            Some(size) if round_up(size, self.granularity).is_some() => Ok(Some(size)),
+            _ => Err(Error::InvalidArgument(format!(
+                "allocation of {bytes} bytes overflows when rounded to the granularity"
+            ))),
+        }
+    }
+
+    /// A block of `size` bytes for the synchronous `allocate` (`bytes` asked).
+    pub(super) fn allocate_block_sync(&self, size: u64, bytes: u64) -> Result<DevicePtr> {
+        let key = heap_key(SYNC_FREED, size);
+        {
+            let mut st = lock(&self.state);
+            if let Some(p) = st.carve(key, size, bytes, true) {
+                return Ok(p);
+            }
+            // Blocks of stream heaps freed with the synchronous `free`.
+            if let Some(p) = self.take_for(&mut st, None, size, bytes, self.max_fit(size)) {
+                return Ok(p);
+            }
+        }
+        self.block_miss(key, size, bytes, None)
+    }
+
+    /// A block of `size` bytes on `stream` (`bytes` asked): its heap, then (after a
+    /// capture query) blocks freed in its capture or on it, then a growth.
+    pub(super) fn allocate_block_async(
+        &self,
+        stream: Stream,
+        size: u64,
+        bytes: u64,
+    ) -> Result<DevicePtr> {
+        let key = {
+            let mut st = lock(&self.state);
+            let own = st.stream_bucket(stream);
+            let key = heap_key(own, size);
+            if let Some(p) = st.carve(key, size, bytes, true) {
+                return Ok(p);
+            }
+            key
+        };
+        let capture = self
+            .driver
+            .stream_capture(stream)
+            .map_err(|source| Error::Driver { source, bytes: 0 })?;
+        {
+            let mut st = lock(&self.state);
+            if let Some(p) =
+                self.take_for_stream(&mut st, stream, capture, size, bytes, self.max_fit(size))
+            {
+                return Ok(p);
+            }
+        }
+        self.block_miss(key, size, bytes, Some((stream, capture)))
+    }
+
+    /// A block that no free block of heap `key` fits: grow the heap; on
+    /// out-of-memory, a forced reuse of an idle block, then (outside a scope) a
+    /// release of what is free and one retry.
+    #[cold]
+    fn block_miss(
+        &self,
+        key: u32,
+        size: u64,
+        bytes: u64,
+        on: Option<(Stream, Option<u64>)>,
+    ) -> Result<DevicePtr> {
+        let rounded = round_up(size, self.granularity).unwrap_or(u64::MAX);
+        if rounded > self.device_total {
+            return Err(Error::RequestTooLarge {
+                requested: rounded,
+                device_total: self.device_total,
+            });
+        }
+        let err = match self.grow_and_carve(key, size, bytes) {
+            Ok(p) => return Ok(p),
+            Err(e) if e.is_out_of_memory() => e,
+            Err(e) => return Err(Error::Driver { source: e, bytes: rounded }),
+        };
+        {
+            let mut st = lock(&self.state);
+            let forced = match on {
+                Some((s, capture)) => self.take_forced_for_stream(&mut st, s, capture, size, bytes),
+                None => st
+                    .take_forced(SYNC_FREED, size, bytes)
+                    .or_else(|| st.take_forced(ANY, size, bytes)),
+            };
+            if let Some(p) = forced {
+                return Ok(p);
+            }
+            if st.counters.scope_open {
+                return Err(self.oom_error(&st, rounded, Some(err)));
+            }
+            st.counters.oom_retries += 1;
+        }
+        let _ = self.release_now(Captures::Keep, on.is_none(), false, false);
+        {
+            let mut st = lock(&self.state);
+            if let Some(p) = st.carve(key, size, bytes, true) {
+                return Ok(p);
+            }
+        }
+        match self.grow_and_carve(key, size, bytes) {
+            Ok(p) => Ok(p),
+            Err(e) if e.is_out_of_memory() => {
+                let st = lock(&self.state);
+                Err(self.oom_error(&st, rounded, Some(e)))
+            }
+            Err(e) => Err(Error::Driver { source: e, bytes: rounded }),
+        }
+    }
+
+    /// Grows heap `key` and carves the block from it. Another thread may carve the
+    /// new memory first: then it grows again (a few times at most).
+    fn grow_and_carve(&self, key: u32, size: u64, bytes: u64) -> Result<DevicePtr, DriverError> {
+        for _ in 0..3 {
+            if let Some(p) = self.grow(key, size, bytes)? {
+                return Ok(p);
+            }
+        }
+        // Still raced: one more, then report the last outcome as out of memory.
+        self.grow(key, size, bytes)?
+            .ok_or(DriverError::new(DriverCall::Create, CuResult::OUT_OF_MEMORY))
+    }
+
+    /// How many bytes a growth of heap `key` maps for a need of `need` bytes (a
+    /// multiple of the granularity) when the heap's segment has `mapped` bytes
+    /// mapped: see `docs/ARCHITECTURE.md`, "Segments", for how it was chosen.
+    fn growth_step(&self, key: u32, need: u64, mapped: u64) -> u64 {
+        let _ = (key, mapped);
+        need
+    }
+
+    /// Maps one new whole handle at the end of heap `key`'s segment (a new segment
+    /// first when it has no room), books it free, and carves `size` bytes from the
+    /// heap. `Ok(None)`: the memory was mapped but another thread's carve took it
+    /// first. A failed step undoes the earlier ones; what the driver refuses to undo
+    /// is kept pending.
+    fn grow(&self, key: u32, size: u64, bytes: u64) -> Result<Option<DevicePtr>, DriverError> {
+        let g = self.granularity;
+        let step = |need: u64, mapped: u64| self.growth_step(key, need, mapped);
+        let claimed = lock(&self.state).claim_growth(key, size, g, step);
+        let claim = match claimed {
+            Some(c) => c,
+            None => {
+                let need = round_up(size, g).unwrap_or(u64::MAX);
+                let want = self.segment_reserve.max(need);
+                let r = match self.driver.reserve(want) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        lock(&self.state).counters.count_failure(e.call);
+                        return Err(e);
+                    }
+                };
+                let mut st = lock(&self.state);
+                let sid = st.add_segment(key, r);
+                st.claim_start(sid, step(need, 0).max(need).min(r.size))
+            }
+        };
+        let d = &*self.driver;
+        let handle = match d.create(claim.size) {
+            Ok(h) => h,
+            Err(e) => {
+                let mut st = lock(&self.state);
+                st.counters.count_failure(e.call);
+                st.unclaim(claim, false);
+                return Err(e);
+            }
+        };
+        if let Err(e) = d.map(claim.ptr, handle) {
+            let released = d.release(handle);
+            let mut st = lock(&self.state);
+            st.counters.count_failure(e.call);
+            if let Err(r) = released {
+                st.counters.count_failure(r.call);
+                st.keep_pending_handle(claim.ptr, handle, false);
+            }
+            st.unclaim(claim, false);
+            return Err(e);
+        }
+        if let Err(e) = d.set_access(claim.ptr, claim.size, &self.access_devices) {
+            // Never had access: no work can touch it.
+            let unmapped = d.unmap(claim.ptr, claim.size);
+            let released = if unmapped.is_ok() {
+                d.release(handle)
+            } else {
+                Ok(())
+            };
+            let mut st = lock(&self.state);
+            st.counters.count_failure(e.call);
+            for r in [&unmapped, &released] {
+                if let Err(f) = r {
+                    st.counters.count_failure(f.call);
+                }
+            }
+            if unmapped.is_err() || released.is_err() {
+                st.keep_pending_handle(claim.ptr, handle, unmapped.is_err());
+            }
+            st.unclaim(claim, unmapped.is_err());
+            return Err(e);
+        }
+        let mut st = lock(&self.state);
+        st.book_growth(claim, handle);
+        Ok(st.carve(key, size, bytes, false))
+    }
+
+    /// Frees the reservations of segments left with no handle (destroy, after every
+    /// release): a refused free is kept pending, retried once more by destroy.
+    pub(super) fn free_empty_segments(&self) -> Result<()> {
+        let empty = lock(&self.state).take_empty_segments();
+        let mut first = Ok(());
+        for r in empty {
+            if let Err(e) = self.driver.free_reservation(r) {
+                let mut st = lock(&self.state);
+                st.counters.count_failure(e.call);
+                st.counters.reserved_bytes += r.size;
+                st.counters.pending_count += 1;
+                let slot = st.add_slot(Mapping {
+                    state: MappingState::Pending,
+                    created: false,
+                    mapped: false,
+                    handle_live: false,
+                    reservation_live: true,
+                    ..Mapping::created(r, PhysicalHandle { raw: 0, size: 0 }, 0)
+                });
+                st.pending.push(slot);
+                if first.is_ok() {
+                    first = Err(Error::Driver {
+                        source: e,
+                        bytes: 0,
+                    });
+                }
+            }
+        }
+        first
+    }
+}

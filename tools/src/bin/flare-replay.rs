@@ -170,17 +170,18 @@ impl BackendArg {
 #[derive(Clone, Debug)]
 struct Policies(Vec<ReusePolicy>);
 
-/// `--policy`: exactly `none`, `exact`, `best-fit` or `all` (no aliases, no other
-/// spelling).
+/// `--policy`: exactly `none`, `exact`, `best-fit`, `segments` or `all` (no
+/// aliases, no other spelling).
 fn parse_policies(s: &str) -> Result<Policies, String> {
     let policies = match s {
         "none" => vec![ReusePolicy::None],
         "exact" => vec![ReusePolicy::Exact],
         "best-fit" => vec![ReusePolicy::BestFit],
+        "segments" => vec![ReusePolicy::Segments],
         "all" => ReusePolicy::ALL.to_vec(),
         _ => {
             return Err(format!(
-                "unknown reuse policy {} (expected none, exact, best-fit or all)",
+                "unknown reuse policy {} (expected none, exact, best-fit, segments or all)",
                 Excerpt::new(s)
             ))
         }

@@ -500,7 +500,8 @@ impl State {
         m.state = MappingState::Idle;
         m.needs_sync = true;
         m.freed_on = None;
-        let (ptr, size, requested, block) = (m.reservation.ptr, m.size(), m.requested, m.is_block());
+        let (ptr, size, requested, block) =
+            (m.reservation.ptr, m.size(), m.requested, m.is_block());
         m.requested = 0;
         self.live.remove(&ptr);
         let c = &mut self.counters;

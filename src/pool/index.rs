@@ -248,7 +248,12 @@ impl ReuseIndex {
 
     /// Calls `f` on the slots of `bucket` of at least `min` bytes, smallest first,
     /// until it returns true; returns whether it did.
-    pub(crate) fn any_in_from(&self, bucket: u32, min: u64, mut f: impl FnMut(u32) -> bool) -> bool {
+    pub(crate) fn any_in_from(
+        &self,
+        bucket: u32,
+        min: u64,
+        mut f: impl FnMut(u32) -> bool,
+    ) -> bool {
         for (_, &head) in self.heads.range((bucket, min)..=(bucket, u64::MAX)) {
             let mut s = head;
             while s != NIL {

@@ -113,8 +113,8 @@ impl Pool {
             }
         }
         let device_total = driver.mem_info().map_or(u64::MAX, |m| m.total);
-        let segment_reserve = segments::round_up(device_total.min(1 << 40), granularity)
-            .unwrap_or(1 << 40);
+        let segment_reserve =
+            segments::round_up(device_total.min(1 << 40), granularity).unwrap_or(1 << 40);
         Ok(Pool {
             segments: config.reuse_policy.is_segments(),
             whole_threshold: config.segment_whole_threshold_bytes,

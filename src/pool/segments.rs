@@ -337,7 +337,14 @@ impl State {
             piece: Piece::Handle,
             seg: claim.seg,
             reservation_live: false,
-            ..Mapping::created(Reservation { ptr: claim.ptr, size: 0 }, handle, 0)
+            ..Mapping::created(
+                Reservation {
+                    ptr: claim.ptr,
+                    size: 0,
+                },
+                handle,
+                0,
+            )
         });
         let seg = &mut self.segs.segs[claim.seg as usize];
         seg.busy -= 1;
@@ -398,10 +405,10 @@ impl State {
     /// on it, and is asked about captures and fenced at release points).
     pub(super) fn heap_holds_memory(&self, b: u32) -> bool {
         [b << 1, (b << 1) | 1].iter().any(|k| {
-            self.segs
-                .by_key
-                .get(k)
-                .is_some_and(|ids| ids.iter().any(|&s| !self.segs.segs[s as usize].handles.is_empty()))
+            self.segs.by_key.get(k).is_some_and(|ids| {
+                ids.iter()
+                    .any(|&s| !self.segs.segs[s as usize].handles.is_empty())
+            })
         })
     }
 
@@ -758,7 +765,12 @@ impl Pool {
         let err = match self.grow_and_carve(key, size, bytes) {
             Ok(p) => return Ok(p),
             Err(e) if e.is_out_of_memory() => e,
-            Err(e) => return Err(Error::Driver { source: e, bytes: rounded }),
+            Err(e) => {
+                return Err(Error::Driver {
+                    source: e,
+                    bytes: rounded,
+                })
+            }
         };
         {
             let mut st = lock(&self.state);
@@ -789,7 +801,10 @@ impl Pool {
                 let st = lock(&self.state);
                 Err(self.oom_error(&st, rounded, Some(e)))
             }
-            Err(e) => Err(Error::Driver { source: e, bytes: rounded }),
+            Err(e) => Err(Error::Driver {
+                source: e,
+                bytes: rounded,
+            }),
         }
     }
 
@@ -802,8 +817,10 @@ impl Pool {
             }
         }
         // Still raced: one more, then report the last outcome as out of memory.
-        self.grow(key, size, bytes)?
-            .ok_or(DriverError::new(DriverCall::Create, CuResult::OUT_OF_MEMORY))
+        self.grow(key, size, bytes)?.ok_or(DriverError::new(
+            DriverCall::Create,
+            CuResult::OUT_OF_MEMORY,
+        ))
     }
 
     /// How many bytes a growth maps for a need of `need` bytes (a multiple of the

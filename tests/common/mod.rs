@@ -56,13 +56,14 @@ pub fn check(pool: &Pool) -> Snapshot {
             s.reserved_bytes, d.reserved_bytes,
             "reserved bytes: books vs driver"
         );
+        let mapped = whole_mappings(&s) + s.segment_handles;
         assert!(
-            d.mappings >= s.live_count + s.idle_count
-                && d.mappings <= s.live_count + s.idle_count + s.pending_count,
-            "driver mappings {} vs live {} + idle {} (+ pending {})",
+            d.mappings >= mapped && d.mappings <= mapped + s.pending_count,
+            "driver mappings {} vs live {} + idle {} + segment handles {} (+ pending {})",
             d.mappings,
             s.live_count,
             s.idle_count,
+            s.segment_handles,
             s.pending_count
         );
         assert!(sim.faults().is_empty(), "driver faults: {:?}", sim.faults());
@@ -71,8 +72,16 @@ pub fn check(pool: &Pool) -> Snapshot {
     s
 }
 
+/// Whole mappings the books hold, live or idle (live allocations that are not
+/// blocks of segments, and idle mappings).
+pub fn whole_mappings(s: &Snapshot) -> u64 {
+    s.live_count - s.block_live_count + s.idle_count
+}
+
 /// The books against what the simulated driver holds, object by object: every live
-/// and idle mapping holds one handle, one reservation and one mapping; a pending
+/// and idle whole mapping holds one handle, one reservation and one mapping; every
+/// handle mapped in a segment one handle and one mapping, every segment one
+/// reservation; a pending
 /// leftover holds at most one of each, and only its still-live handle counts in
 /// `pending_bytes`. So handles, reservations and mappings lie between
 /// `live + idle` and `live + idle + pending`, and mapped bytes between
@@ -80,21 +89,21 @@ pub fn check(pool: &Pool) -> Snapshot {
 /// still mapped always still holds its handle).
 #[track_caller]
 pub fn check_counts(s: &Snapshot, d: &SimState) {
-    let whole = s.live_count + s.idle_count;
-    for (what, n) in [
-        ("handles", d.handles),
-        ("reservations", d.reservations),
-        ("mappings", d.mappings),
+    let whole = whole_mappings(s);
+    let handles = whole + s.segment_handles;
+    let reservations = whole + s.segment_count;
+    for (what, n, want) in [
+        ("handles", d.handles, handles),
+        ("reservations", d.reservations, reservations),
+        ("mappings", d.mappings, handles),
     ] {
         assert!(
-            n >= whole && n <= whole + s.pending_count,
-            "driver {what} {n} vs live {} + idle {} (+ pending {})\n{s:#?}\n{d:#?}",
-            s.live_count,
-            s.idle_count,
+            n >= want && n <= want + s.pending_count,
+            "driver {what} {n} vs {want} (+ pending {})\n{s:#?}\n{d:#?}",
             s.pending_count
         );
     }
-    let mapped = s.live_mapped_bytes + s.idle_bytes;
+    let mapped = s.live_mapped_bytes + s.idle_bytes + s.segment_mapped_bytes;
     assert!(
         d.mapped_bytes >= mapped && d.mapped_bytes <= mapped + s.pending_bytes,
         "driver mapped bytes {} vs live mapped {} + idle {} (+ pending {})",
@@ -105,16 +114,16 @@ pub fn check_counts(s: &Snapshot, d: &SimState) {
     );
     if s.pending_count == 0 {
         assert_eq!(
-            d.handles, whole,
-            "handles = live + idle with nothing pending"
+            d.handles, handles,
+            "handles = whole live + idle + segment handles with nothing pending"
         );
         assert_eq!(
-            d.mappings, whole,
-            "mappings = live + idle with nothing pending"
+            d.mappings, handles,
+            "mappings = whole live + idle + segment handles with nothing pending"
         );
         assert_eq!(
-            d.reservations, whole,
-            "reservations = live + idle with nothing pending"
+            d.reservations, reservations,
+            "reservations = whole live + idle + segments with nothing pending"
         );
     }
 }
@@ -129,7 +138,7 @@ pub fn check_with_devices(pool: &Pool, devices: u64) -> Snapshot {
         let d = sim.state();
         assert_eq!(
             d.access_grants,
-            (s.live_count + s.idle_count) * devices,
+            (whole_mappings(&s) + s.segment_handles) * devices,
             "access grants vs (live + idle) x devices\n{s:#?}\n{d:#?}"
         );
     }
@@ -138,13 +147,24 @@ pub fn check_with_devices(pool: &Pool, devices: u64) -> Snapshot {
 
 /// The simulated driver holds nothing (after finish, trim or drop).
 #[track_caller]
+///
+/// In segment mode the segments' reservations stay (kept for regrowth until
+/// destroy): the driver holds exactly the snapshot's `segment_count` of them.
 pub fn assert_driver_empty(pool: &Pool) {
     if let Some(sim) = pool.sim_driver() {
         let d = sim.state();
+        let s = pool.snapshot();
         assert_eq!(d.physical_bytes, 0, "driver still holds {d:?}");
         assert_eq!(d.handles, 0, "driver still holds {d:?}");
-        assert_eq!(d.reservations, 0, "driver still holds {d:?}");
+        assert_eq!(d.reservations, s.segment_count, "driver still holds {d:?}");
+        assert_eq!(
+            d.reserved_bytes, s.reserved_bytes,
+            "driver still holds {d:?}"
+        );
         assert_eq!(d.mappings, 0, "driver still holds {d:?}");
+        if !pool.policy().is_segments() {
+            assert_eq!(d.reservations, 0, "driver still holds {d:?}");
+        }
     }
 }
 

@@ -72,6 +72,8 @@ struct Setup {
     /// Grant access to a peer device too (two devices per set-access).
     peer: bool,
     cross: CrossStreamReuse,
+    /// Segment mode: requests above this take whole mappings.
+    whole_threshold: u64,
 }
 
 fn size() -> impl Strategy<Value = u64> {
@@ -136,9 +138,10 @@ fn op() -> impl Strategy<Value = Op> {
 fn setup() -> impl Strategy<Value = Setup> {
     (
         prop_oneof![
-            Just(ReusePolicy::BestFit),
-            Just(ReusePolicy::Exact),
-            Just(ReusePolicy::None)
+            1 => Just(ReusePolicy::BestFit),
+            1 => Just(ReusePolicy::Exact),
+            1 => Just(ReusePolicy::None),
+            2 => Just(ReusePolicy::Segments)
         ],
         prop_oneof![Just(0u64), Just(64 * MIB), Just(u64::MAX)],
         any::<bool>(),
@@ -148,14 +151,16 @@ fn setup() -> impl Strategy<Value = Setup> {
             Just(CrossStreamReuse::Never),
             Just(CrossStreamReuse::Wait)
         ],
+        prop_oneof![Just(u64::MAX), Just(64 * MIB)],
     )
         .prop_map(
-            |(policy, release_threshold, small_device, peer, cross)| Setup {
+            |(policy, release_threshold, small_device, peer, cross, whole_threshold)| Setup {
                 policy,
                 release_threshold,
                 small_device,
                 peer,
                 cross,
+                whole_threshold,
             },
         )
 }
@@ -252,6 +257,22 @@ impl Model {
         bytes.div_ceil(self.granularity) * self.granularity
     }
 
+    /// Whether a request of `bytes` is a block of a segment (segment mode, not above
+    /// the whole-mapping threshold).
+    fn is_block(&self, bytes: u64) -> bool {
+        self.setup.policy == ReusePolicy::Segments && bytes <= self.setup.whole_threshold
+    }
+
+    /// The alignment of the pointer handed out for `bytes`: the granularity for a
+    /// whole mapping, 512 bytes for a block.
+    fn align(&self, bytes: u64) -> u64 {
+        if self.is_block(bytes) {
+            512
+        } else {
+            self.granularity
+        }
+    }
+
     /// Every check that runs after every step.
     fn check(&self, pool: &Pool, step: &Op) {
         let devices = if self.setup.peer { 2 } else { 1 };
@@ -331,6 +352,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
         release_threshold_bytes: setup.release_threshold,
         peer_devices: if setup.peer { vec![1] } else { vec![] },
         cross_stream_reuse: setup.cross,
+        segment_whole_threshold_bytes: setup.whole_threshold,
         ..PoolConfig::simulated(SimConfig {
             capacity_bytes: capacity,
             device_count: 2,
@@ -371,7 +393,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
         match *op {
             Op::Alloc(bytes) => match pool.allocate_raw(bytes) {
                 Ok(ptr) => {
-                    assert_eq!(ptr % m.granularity, 0);
+                    assert_eq!(ptr % m.align(bytes), 0);
                     assert!(
                         m.live.iter().all(|&(p, _, _)| p != ptr),
                         "{op:?}: {ptr:#x} handed out twice"
@@ -471,11 +493,22 @@ fn run(setup: Setup, ops: Vec<Op>) {
                                 Op::Trim => 0,
                                 _ => s.capture_held_bytes,
                             };
-                            assert_eq!(
-                                (s.idle_bytes, s.pending_count),
-                                (kept, 0),
-                                "{op:?}\n{s:#?}"
-                            );
+                            if m.setup.policy == ReusePolicy::Segments {
+                                // Capture-held blocks are free bytes of their
+                                // segments, capture-held whole mappings idle ones.
+                                assert!(
+                                    s.idle_bytes <= kept
+                                        && s.idle_bytes + s.block_free_bytes >= kept
+                                        && s.pending_count == 0,
+                                    "{op:?}\n{s:#?}"
+                                );
+                            } else {
+                                assert_eq!(
+                                    (s.idle_bytes, s.pending_count),
+                                    (kept, 0),
+                                    "{op:?}\n{s:#?}"
+                                );
+                            }
                         }
                         Err(e) => {
                             let stream_fired = m.stream_fired() > stream_fired_before;
@@ -517,8 +550,25 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 );
                 // Every live allocation is mapped whole in the driver, and the live
                 // mapped bytes cover the rounded requests.
-                let rounded: u64 = m.live.iter().map(|&(_, b, _)| m.rounded(b)).sum();
-                assert!(s.live_mapped_bytes >= rounded, "{s:#?}");
+                // Every live allocation holds at least its request rounded (to 512
+                // bytes for a block, to the granularity for a whole mapping); idle
+                // memory freed whole into a bucket may serve either kind of request,
+                // so the two are checked together.
+                let rounded: u64 = m
+                    .live
+                    .iter()
+                    .map(|&(_, b, _)| {
+                        if m.is_block(b) {
+                            b.div_ceil(512) * 512
+                        } else {
+                            m.rounded(b)
+                        }
+                    })
+                    .sum();
+                assert!(
+                    s.live_mapped_bytes + s.block_live_bytes >= rounded,
+                    "{s:#?}"
+                );
                 assert!(d.mapped_bytes >= s.live_mapped_bytes, "{s:#?}\n{d:#?}");
             }
             Op::Fail(call, nth, code) => m.inject(call, nth, code),
@@ -528,7 +578,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 m.used_streams = true;
                 match pool.allocate_async_raw(bytes, m.stream(si)) {
                     Ok(ptr) => {
-                        assert_eq!(ptr % m.granularity, 0);
+                        assert_eq!(ptr % m.align(bytes), 0);
                         assert!(
                             m.live.iter().all(|&(p, _, _)| p != ptr),
                             "{op:?}: {ptr:#x} handed out twice"

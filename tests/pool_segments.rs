@@ -211,6 +211,12 @@ fn weights_reloaded_with_padding_grow_by_the_padding_and_one_weight() {
         "peak {} MiB",
         s.peak_physical_bytes / MIB
     );
+    // 10 MiB were live at once (w2, n1, n2): the bound is met exactly, by lending
+    // w1's free handle to n2's range with a new 2 MiB handle after it.
+    assert_eq!(s.peak_physical_bytes, 10 * MIB);
+    assert_eq!((s.segment_handles_lent, s.segment_lent_bytes), (1, 2 * MIB));
+    assert_eq!(s.mappings_created, 4, "w1, w2, n1 and n2's second half");
+    assert_eq!(sim.state().mappings, 5, "w1's handle is mapped twice");
     // Both new weights are whole device memory the driver maps with access.
     for p in [n1, n2] {
         assert_eq!(sim.touch(p, 4 * MIB, 0), CuResult::SUCCESS);

@@ -226,11 +226,11 @@ versioned_struct! {
     }
 }
 
-// The layouts the C tests assert too (`sizeof` 80, 352 and 40 on 64-bit targets).
+// The layouts the C tests assert too (`sizeof` 80, 368 and 40 on 64-bit targets).
 const _: () = assert!(size_of::<FlareStatus>() == 4 && size_of::<FlareBackend>() == 4);
 const _: () = assert!(size_of::<FlareReusePolicy>() == 4 && size_of::<FlareDriverCall>() == 4);
 const _: () = assert!(size_of::<FlareCrossStreamReuse>() == 4);
-const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 43 * 8);
+const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 45 * 8);
 const _: () = assert!(size_of::<FlarePoolConfig>() == 80);
 const _: () = assert!(size_of::<FlareDestroyReport>() == 8 + 4 * 8);
 

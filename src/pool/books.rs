@@ -170,6 +170,11 @@ pub(super) struct Mapping {
     /// the same mapped run of the segment (`NIL` at a run's edge).
     pub(super) prev: u32,
     pub(super) next: u32,
+    /// Handles: a second, retired mapping of the handle at this address (0: none).
+    /// A handle lent to a segment's growing end keeps its old mapping (queued work
+    /// may still touch the old address: unmapping it inside a scope could fault
+    /// that work) until its release unmaps both.
+    pub(super) alias: DevicePtr,
 }
 
 impl Mapping {
@@ -198,6 +203,7 @@ impl Mapping {
             seg: NO_SEGMENT,
             prev: NIL,
             next: NIL,
+            alias: 0,
         }
     }
 

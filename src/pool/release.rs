@@ -17,6 +17,9 @@ use crate::sync::lock;
 pub(super) enum Outcome {
     /// The synchronize or the unmap failed: the mapping is whole, back to idle.
     StillMapped,
+    /// A lent handle's retired mapping was unmapped, then its unmap failed: still
+    /// mapped (at its segment address only), back to its segment.
+    AliasUnmapped,
     /// Unmapped; these parts are still held by the driver.
     Unmapped {
         handle_live: bool,
@@ -148,11 +151,24 @@ impl State {
                 self.handle_still_mapped(slot);
                 return;
             }
-            (Piece::Handle, Outcome::Unmapped { .. }) => self.handle_unmapped(m.seg),
+            (Piece::Handle, Outcome::AliasUnmapped) => {
+                self.mapping_mut(slot).alias = 0;
+                self.counters.segment_handles_lent -= 1;
+                self.counters.segment_lent_bytes -= size;
+                self.handle_still_mapped(slot);
+                return;
+            }
+            (Piece::Handle, Outcome::Unmapped { .. }) => {
+                if m.alias != 0 {
+                    self.counters.segment_handles_lent -= 1;
+                    self.counters.segment_lent_bytes -= size;
+                }
+                self.handle_unmapped(m.seg);
+            }
             _ => {}
         }
         match outcome {
-            Outcome::StillMapped => {
+            Outcome::StillMapped | Outcome::AliasUnmapped => {
                 m.state = MappingState::Idle;
                 m.retry = true;
                 *self.mapping_mut(slot) = m;
@@ -321,7 +337,7 @@ impl Pool {
         for (slot, outcome) in pending_outcomes {
             let m = st.mapping(slot);
             match outcome {
-                Outcome::StillMapped => st.pending.push(slot),
+                Outcome::StillMapped | Outcome::AliasUnmapped => st.pending.push(slot),
                 Outcome::Unmapped {
                     handle_live,
                     reservation_live,
@@ -348,9 +364,19 @@ impl Pool {
     ) -> Outcome {
         let d = &*self.driver;
         if mapped {
+            if m.alias != 0 {
+                if let Err(e) = d.unmap(m.alias, m.size()) {
+                    note(e);
+                    return Outcome::StillMapped;
+                }
+            }
             if let Err(e) = d.unmap(m.reservation.ptr, m.size()) {
                 note(e);
-                return Outcome::StillMapped;
+                return if m.alias != 0 {
+                    Outcome::AliasUnmapped
+                } else {
+                    Outcome::StillMapped
+                };
             }
         }
         let mut failed = |r: Result<(), DriverError>| match r {

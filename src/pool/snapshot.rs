@@ -124,6 +124,14 @@ macro_rules! snapshot_counters {
             /// or freed and waiting (on a fence, a capture, a synchronize) before they
             /// return to it (fragmentation, from the device's point of view).
             block_free_bytes,
+            /// Handles lent within their segment: a handle whose whole range was free
+            /// was mapped again at the segment's growing end (instead of creating a new
+            /// handle), its old address left mapped and unused until its release.
+            /// Each such handle holds two mappings; its bytes count once.
+            segment_handles_lent,
+            /// Bytes of the lent handles (each mapped twice, counted once in
+            /// `physical_bytes` and `segment_mapped_bytes`).
+            segment_lent_bytes,
         }
     };
 }
@@ -217,7 +225,14 @@ impl Snapshot {
         if (self.segment_handles == 0) != (self.segment_mapped_bytes == 0) {
             return Err("segment handles and segment mapped bytes disagree".into());
         }
-        if self.block_live_bytes % 512 != 0 || self.block_free_bytes % 512 != 0 {
+        if (self.segment_handles_lent == 0) != (self.segment_lent_bytes == 0) {
+            return Err("lent handles and lent bytes disagree".into());
+        }
+        if self.segment_lent_bytes > self.segment_mapped_bytes + self.idle_bytes {
+            return Err("lent bytes above the bytes of handles held".into());
+        }
+        if !self.block_live_bytes.is_multiple_of(512) || !self.block_free_bytes.is_multiple_of(512)
+        {
             return Err("block bytes not a multiple of 512".into());
         }
         if self.physical_bytes > self.peak_physical_bytes {

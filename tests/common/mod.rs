@@ -56,7 +56,7 @@ pub fn check(pool: &Pool) -> Snapshot {
             s.reserved_bytes, d.reserved_bytes,
             "reserved bytes: books vs driver"
         );
-        let mapped = whole_mappings(&s) + s.segment_handles;
+        let mapped = whole_mappings(&s) + s.segment_handles + s.segment_handles_lent;
         assert!(
             d.mappings >= mapped && d.mappings <= mapped + s.pending_count,
             "driver mappings {} vs live {} + idle {} + segment handles {} (+ pending {})",
@@ -92,10 +92,12 @@ pub fn check_counts(s: &Snapshot, d: &SimState) {
     let whole = whole_mappings(s);
     let handles = whole + s.segment_handles;
     let reservations = whole + s.segment_count;
+    // A lent handle holds a second (retired) mapping.
+    let mappings = handles + s.segment_handles_lent;
     for (what, n, want) in [
         ("handles", d.handles, handles),
         ("reservations", d.reservations, reservations),
-        ("mappings", d.mappings, handles),
+        ("mappings", d.mappings, mappings),
     ] {
         assert!(
             n >= want && n <= want + s.pending_count,
@@ -103,7 +105,7 @@ pub fn check_counts(s: &Snapshot, d: &SimState) {
             s.pending_count
         );
     }
-    let mapped = s.live_mapped_bytes + s.idle_bytes + s.segment_mapped_bytes;
+    let mapped = s.live_mapped_bytes + s.idle_bytes + s.segment_mapped_bytes + s.segment_lent_bytes;
     assert!(
         d.mapped_bytes >= mapped && d.mapped_bytes <= mapped + s.pending_bytes,
         "driver mapped bytes {} vs live mapped {} + idle {} (+ pending {})",
@@ -118,8 +120,8 @@ pub fn check_counts(s: &Snapshot, d: &SimState) {
             "handles = whole live + idle + segment handles with nothing pending"
         );
         assert_eq!(
-            d.mappings, handles,
-            "mappings = whole live + idle + segment handles with nothing pending"
+            d.mappings, mappings,
+            "mappings = whole live + idle + segment handles + lent with nothing pending"
         );
         assert_eq!(
             d.reservations, reservations,
@@ -138,7 +140,7 @@ pub fn check_with_devices(pool: &Pool, devices: u64) -> Snapshot {
         let d = sim.state();
         assert_eq!(
             d.access_grants,
-            (whole_mappings(&s) + s.segment_handles) * devices,
+            (whole_mappings(&s) + s.segment_handles + s.segment_handles_lent) * devices,
             "access grants vs (live + idle) x devices\n{s:#?}\n{d:#?}"
         );
     }

@@ -138,10 +138,14 @@ pub fn check_with_devices(pool: &Pool, devices: u64) -> Snapshot {
     let s = check(pool);
     if let Some(sim) = pool.sim_driver() {
         let d = sim.state();
-        assert_eq!(
-            d.access_grants,
-            (whole_mappings(&s) + s.segment_handles + s.segment_handles_lent) * devices,
-            "access grants vs (live + idle) x devices\n{s:#?}\n{d:#?}"
+        // A lent handle's retired mapping keeps its access, unless it is what a
+        // failed lend could not undo (mapped, never granted access).
+        let granted = (whole_mappings(&s) + s.segment_handles) * devices;
+        assert!(
+            d.access_grants >= granted
+                && d.access_grants <= granted + s.segment_handles_lent * devices,
+            "access grants {} vs (live + idle + segment handles (+ lent)) x devices\n{s:#?}\n{d:#?}",
+            d.access_grants
         );
     }
     s

@@ -246,26 +246,6 @@ impl ReuseIndex {
         false
     }
 
-    /// Calls `f` on the slots of `bucket` of at least `min` bytes, smallest first,
-    /// until it returns true; returns whether it did.
-    pub(crate) fn any_in_from(
-        &self,
-        bucket: u32,
-        min: u64,
-        mut f: impl FnMut(u32) -> bool,
-    ) -> bool {
-        for (_, &head) in self.heads.range((bucket, min)..=(bucket, u64::MAX)) {
-            let mut s = head;
-            while s != NIL {
-                if f(s) {
-                    return true;
-                }
-                s = self.links[s as usize].next;
-            }
-        }
-        false
-    }
-
     /// Whether `bucket` holds any slot.
     pub(crate) fn bucket_is_empty(&self, bucket: u32) -> bool {
         !self

@@ -15,6 +15,7 @@
 mod books;
 mod config;
 mod create;
+mod fit;
 mod guards;
 mod index;
 mod release;

@@ -34,7 +34,7 @@ use super::books::{
     BucketKind, Mapping, MappingState, Piece, State, ANY, NIL, NO_SEGMENT, SYNC_FREED,
 };
 use super::config::{SEGMENT_BLOCK_ROUND_BYTES, SEGMENT_SMALL_MAX_BYTES};
-use super::index::ReuseIndex;
+use super::fit::FreeIndex;
 use super::release::{Batch, Captures};
 use super::Pool;
 use crate::driver::{
@@ -91,7 +91,7 @@ pub(super) struct Segments {
     /// Segment ids of each heap key, oldest first.
     pub(super) by_key: HashMap<u32, Vec<u32>>,
     /// Free blocks by (heap key, size).
-    pub(super) free: ReuseIndex,
+    pub(super) free: FreeIndex,
 }
 
 /// The heap key of a request of `size` bytes on home `home` (a bucket number).
@@ -142,7 +142,7 @@ impl State {
         requested: u64,
         hit: bool,
     ) -> Option<DevicePtr> {
-        let (slot, found) = self.segs.free.take_best_fit(key, size, u64::MAX)?;
+        let (slot, found) = self.segs.free.take_fit(key, size)?;
         self.split_front(slot, found, size, key);
         if hit {
             let c = &mut self.counters;

@@ -50,6 +50,8 @@ Reuse policies (each replay runs on a fresh pool):
   exact     reuse an idle mapping of exactly the request's rounded size
   best-fit  reuse the smallest idle mapping that is large enough, if it exceeds
             the rounded request by at most --best-fit-waste-percent
+  segments  carve blocks (requests rounded to 512 bytes) out of segments of
+            whole handles, split and coalesced: many tensors share a handle
 
 Each trace gets a heading: its path, its events and `a` lines, and two reference
 figures, sizes rounded up to the device's allocation granularity:
@@ -61,8 +63,10 @@ then one row per policy:
   peak physical     the most physical memory the pool held
   final physical    what the pool still holds once the replay freed everything,
                     closed the scope and trimmed (0 B when every release worked)
-  mappings created  allocations that created a mapping (driver calls)
-  reuse hits        allocations served from an idle mapping (no driver call)
+  mappings created  allocations that created a mapping (driver calls); for
+                    segments, the handles created to grow a segment
+  reuse hits        allocations served from an idle mapping (no driver call); for
+                    segments, blocks carved from memory already held
   out of memory     the line whose allocation found the device full, or asked for
                     more than the whole device, which stopped the replay (- when
                     the whole trace ran)
@@ -73,7 +77,7 @@ then one row per policy:
 --json prints, instead of the table, one JSON object per line and per (trace,
 policy), with exactly these keys:
   trace                  the trace's path as given (<stdin> for -)
-  policy                 none, exact or best-fit
+  policy                 none, exact, best-fit or segments
   backend                sim or cuda
   allocations            allocations the replay made: mappings_created +
                          reuse_hits (all the trace's `a` lines unless it ran
@@ -122,7 +126,7 @@ struct Args {
     #[arg(long, value_enum, default_value_t = BackendArg::Sim)]
     backend: BackendArg,
 
-    /// Reuse policy: none, exact, best-fit, or all (one replay each).
+    /// Reuse policy: none, exact, best-fit, segments, or all (one replay each).
     #[arg(long, default_value = "all", value_parser = parse_policies)]
     policy: Policies,
 

@@ -150,7 +150,7 @@ fn gpu_a_lent_handle_serves_through_its_new_address() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_replay_of_a_tensor_trace_matches_the_simulation() {
-    let t = trace::parse(&data("eager-prefill-20shapes.tensor.trace")).unwrap();
+    let t = trace::parse(data("eager-prefill-20shapes.tensor.trace")).unwrap();
     let sim = Pool::new(PoolConfig::default().with_policy(ReusePolicy::Segments)).unwrap();
     let want = trace::replay(&sim, &t, None).unwrap();
     let (_d, pool) = rig();

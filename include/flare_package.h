@@ -117,6 +117,16 @@ typedef enum FlareReusePolicy {
      * keeps every mapping (the warmup-retention bug).
      */
     FLARE_REUSE_NONE = 2,
+    /**
+     * Blocks carved from segments: a heap per stream (and one for the
+     * synchronous API) of reserved address ranges covered by whole physical
+     * handles mapped back to back, grown at their end; requests rounded to
+     * 512 bytes, placed best-fit, split and coalesced in software, so many
+     * tensors share a handle (see `docs/ARCHITECTURE.md`, "Segments").
+     * Requests above `segment_whole_threshold_bytes` take whole mappings,
+     * reused best-fit.
+     */
+    FLARE_REUSE_SEGMENTS = 3,
 } FlareReusePolicy;
 
 /**
@@ -283,6 +293,15 @@ typedef struct FlarePoolConfig {
      * an older caller's `struct_size` of 64 leaves it at its default.
      */
     uint32_t cross_stream_reuse;
+    /**
+     * `FLARE_REUSE_SEGMENTS` only: a request of more than this many bytes takes
+     * a whole mapping of its own (reused best-fit) instead of a block of a
+     * segment. 0 (what `flare_pool_config_init` writes) is the default: no
+     * request does (`UINT64_MAX`). Added in 0.1.0 after `cross_stream_reuse`
+     * (`sizeof` grew from 72 to 80): an older caller's `struct_size` of 72 leaves
+     * it at its default.
+     */
+    uint64_t segment_whole_threshold_bytes;
 } FlarePoolConfig;
 
 /**
@@ -313,11 +332,15 @@ typedef struct FlareDestroyReport {
      */
     uint64_t live_requested_bytes;
     /**
-     * Bytes mapped for those allocations (rounded to the mappings' sizes).
+     * Bytes the pool held for those allocations: each whole mapping's size (the
+     * request rounded to the granularity), and in `FLARE_REUSE_SEGMENTS` each
+     * block's size (the request rounded to 512 bytes); the snapshot's
+     * `live_mapped_bytes + block_live_bytes`.
      */
     uint64_t live_mapped_bytes;
     /**
-     * Physical bytes the pool held on the device (live, idle and pending), all
+     * Physical bytes the pool held on the device (live, idle, pending and
+     * mapped in segments: the snapshot's `physical_bytes`), all
      * released, unless the status is `FLARE_STATUS_DRIVER_ERROR`: then what the
      * driver refused is left to it.
      */
@@ -327,16 +350,30 @@ typedef struct FlareDestroyReport {
 /**
  * A consistent copy of a pool's counters (taken under the pool's lock).
  *
- * Byte fields are bytes; `*_count` fields count mappings; the other counters count
- * events since the pool was created. `physical_bytes == live_mapped_bytes +
- * idle_bytes + pending_bytes` always holds.
+ * Byte fields are bytes; `*_count` fields count mappings (`segment_count`
+ * segments, `block_live_count` blocks); the other counters count events since
+ * the pool was created. These always hold (every physical handle is counted
+ * once: whole mappings live, idle or pending, and the handles mapped in
+ * segments): `physical_bytes == live_mapped_bytes + idle_bytes + pending_bytes +
+ * segment_mapped_bytes`; `segment_mapped_bytes == block_live_bytes +
+ * block_free_bytes`; `allocations == frees + live_count`; `block_live_count <=
+ * live_count`. The segment fields are 0 unless `reuse_policy` is
+ * `FLARE_REUSE_SEGMENTS`; there a live block counts in `live_count` and
+ * `live_requested_bytes` but not in `live_mapped_bytes` (its bytes are in
+ * `block_live_bytes`), and a segment's reservation stays in `reserved_bytes`
+ * and `segment_count` after its last handle is released, until the pool is
+ * destroyed.
  *
  * Versioning: the caller sets `struct_size` to `sizeof(FlareSnapshot)` of its
  * header; only the fields lying wholly inside `struct_size` bytes are written, and
  * `struct_size` itself is left as it is. It must cover at least `struct_size` and
  * `scope_open` (8 bytes) and be at most 4096, else `FLARE_STATUS_INVALID_ARGUMENT`.
  * Fields are only ever added at the end: `reuse_forced_hits` was added in 0.1.0
- * after `reserve_failures` (an older caller's `struct_size` leaves it out).
+ * after `reserve_failures` (an older caller's `struct_size` leaves it out), the
+ * stream counters (`events_outstanding` to `stream_call_failures`) after it
+ * (`sizeof` 304), the segment counters (`segment_count` to `block_free_bytes`)
+ * after those (`sizeof` grew from 304 to 352: a caller's `struct_size` of 304
+ * leaves them unwritten).
  */
 typedef struct FlareSnapshot {
     /**
@@ -513,6 +550,34 @@ typedef struct FlareSnapshot {
      * synchronize (trim, finish, destroy, out-of-memory).
      */
     uint64_t stream_call_failures;
+    /**
+     * Segments held (segment mode): reserved address ranges, each kept until
+     * destroy once made, so that a heap regrows into it.
+     */
+    uint64_t segment_count;
+    /**
+     * Physical handles mapped in segments.
+     */
+    uint64_t segment_handles;
+    /**
+     * Bytes of the handles mapped in segments: `block_live_bytes +
+     * block_free_bytes`.
+     */
+    uint64_t segment_mapped_bytes;
+    /**
+     * Live blocks (segment mode; also counted in `live_count`).
+     */
+    uint64_t block_live_count;
+    /**
+     * Bytes of live blocks, each rounded to 512 bytes.
+     */
+    uint64_t block_live_bytes;
+    /**
+     * Bytes inside mapped handles that no live block holds: free in a heap,
+     * or freed and waiting (on a fence, a capture, a synchronize) before they
+     * return to it (fragmentation, from the device's point of view).
+     */
+    uint64_t block_free_bytes;
 } FlareSnapshot;
 
 /**
@@ -535,7 +600,9 @@ extern "C" {
  * sizeof(FlarePoolConfig))`, `FLARE_BACKEND_SIMULATED` (set `FLARE_BACKEND_CUDA` for
  * real memory), device 0, `FLARE_REUSE_BEST_FIT`, release threshold 0, no peers,
  * simulated capacity, granularity and device count 0 (their defaults: 140 GiB,
- * 2 MiB, 1 device), best-fit waste bound 30%, `FLARE_CROSS_STREAM_WHEN_COMPLETE`.
+ * 2 MiB, 1 device), best-fit waste bound 30%, `FLARE_CROSS_STREAM_WHEN_COMPLETE`,
+ * segment whole-mapping threshold 0 (its default: no request takes a whole mapping
+ * in `FLARE_REUSE_SEGMENTS`).
  *
  * Writes at most `config_size` bytes: only the fields lying wholly inside the first
  * `config_size` bytes (and inside this library's struct) are written, so an older

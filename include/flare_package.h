@@ -691,11 +691,17 @@ enum FlareStatus flare_pool_destroy_report(struct FlarePool *pool,
 
 /**
  * Allocates `size` bytes of device memory and writes its device address
- * (a `CUdeviceptr`, aligned to the granularity) to `*out_ptr`.
+ * (a `CUdeviceptr`, aligned to the granularity; in `FLARE_REUSE_SEGMENTS`, a block's
+ * address, aligned to 512 bytes) to `*out_ptr`.
  *
  * The size is rounded up to the granularity (2 MiB on an H200). An idle mapping that
  * fits under the reuse policy is taken with no driver call; otherwise a new mapping is
- * created (create, reserve, map, set access).
+ * created (create, reserve, map, set access). In `FLARE_REUSE_SEGMENTS` (up to
+ * `segment_whole_threshold_bytes`) the size is rounded up to 512 bytes instead and
+ * carved from the free space of the synchronous API's heap (requests up to 1 MiB and
+ * larger ones in segments of their own) with no driver call; otherwise the heap
+ * grows by whole handles mapped at the end of its segment (create, map, set access;
+ * a reserve only for a new segment).
  *
  * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL argument or a size of 0 (or one
  * whose rounding overflows); `FLARE_STATUS_REQUEST_TOO_LARGE` when the rounded size
@@ -717,7 +723,10 @@ enum FlareStatus flare_package_allocate(struct FlarePool *pool, size_t size, voi
  * returned. Inside a retention scope the mapping is retained idle; outside, it is
  * cached up to the release threshold, else released. A release step the driver
  * refuses is kept, counted in the snapshot and retried later: it does not fail the
- * free.
+ * free. In `FLARE_REUSE_SEGMENTS` a block returns to its heap, coalesced with its
+ * free neighbours; outside a scope, a handle whose whole range is then free is
+ * released under the same threshold (unmapped and released; its segment's address
+ * reservation is kept until `flare_pool_destroy`, for the heap to regrow into).
  *
  * `ptr` NULL: `FLARE_STATUS_SUCCESS`, nothing happens (with a valid pool).
  *
@@ -745,7 +754,9 @@ enum FlareStatus flare_retention_begin(struct FlarePool *pool);
 
 /**
  * Closes the retention scope and releases every idle mapping (one synchronize, then
- * unmap, release and free each). Live allocations stay live.
+ * unmap, release and free each), and in `FLARE_REUSE_SEGMENTS` every handle whose
+ * whole range is free (the segments' reservations are kept until destroy). Live
+ * allocations stay live.
  *
  * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL; `FLARE_STATUS_SCOPE_STATE` with no
  * scope open; `FLARE_STATUS_DRIVER_ERROR` with the first release step the driver
@@ -769,7 +780,9 @@ enum FlareStatus flare_retention_finish(struct FlarePool *pool);
 enum FlareStatus flare_retention_abort(struct FlarePool *pool);
 
 /**
- * Releases every idle (cached) mapping now and retries pending releases.
+ * Releases every idle (cached) mapping now, in `FLARE_REUSE_SEGMENTS` every handle
+ * whose whole range is free too (the segments' reservations are kept until destroy),
+ * and retries pending releases.
  *
  * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL; `FLARE_STATUS_SCOPE_STATE` inside
  * a retention scope; `FLARE_STATUS_DRIVER_ERROR` with the first step the driver
@@ -797,12 +810,16 @@ enum FlareStatus flare_pool_snapshot(const struct FlarePool *pool, struct FlareS
 /**
  * Allocates `size` bytes of device memory for use on `stream`, stream-ordered (as
  * `cuMemAllocAsync`), and writes its device address (a `CUdeviceptr`, aligned to the
- * granularity) to `*out_ptr`. Work queued on `stream` from now on may use it; work on
+ * granularity; in `FLARE_REUSE_SEGMENTS`, a block's address, aligned to 512 bytes) to
+ * `*out_ptr`. Work queued on `stream` from now on may use it; work on
  * another stream must be ordered after this point on `stream` (an event), or the
  * allocation marked with `flare_package_record_stream`.
  *
- * The size is rounded up to the granularity (2 MiB on an H200). Which idle memory it
- * may take:
+ * The size is rounded up to the granularity (2 MiB on an H200); in
+ * `FLARE_REUSE_SEGMENTS` (up to `segment_whole_threshold_bytes`), to 512 bytes, and
+ * carved from `stream`'s own heap first (a heap per stream: blocks freed on `stream`
+ * return to it at once), the rules below applying to blocks freed elsewhere. Which
+ * idle memory it may take:
  * - memory whose last free (`flare_package_free_async`) was on `stream` is handed out
  *   at once, even with work still queued on it: stream order runs that work before
  *   anything queued after this call;
@@ -816,7 +833,8 @@ enum FlareStatus flare_pool_snapshot(const struct FlarePool *pool, struct FlareS
  *   (after it, the memory is kept for the graph's replays: see
  *   `flare_package_free_async`).
  *
- * Otherwise a new mapping is created (create, reserve, map, set access), which is
+ * Otherwise a new mapping is created (create, reserve, map, set access; in segment
+ * mode, the heap grows by a whole handle), which is
  * legal during a capture (VMM calls do not break one, measured on an H200,
  * `docs/vmm-semantics.md`). The reuse policy and the release threshold apply as for
  * `flare_package_allocate`. `stream` may be captured (`cuStreamGetCaptureInfo`); no
@@ -865,7 +883,10 @@ enum FlareStatus flare_package_allocate_async(struct FlarePool *pool,
  * release now (out-of-memory retry, `flare_pool_trim`, `flare_retention_finish`,
  * `flare_pool_destroy`). Never `cuCtxSynchronize`, and no event on the legacy stream.
  * Inside a retention scope nothing is released; outside, the release threshold
- * applies as for `flare_package_free`.
+ * applies as for `flare_package_free`. In `FLARE_REUSE_SEGMENTS` the block returns
+ * to `stream`'s heap at once when it came from that heap (coalesced, reusable on
+ * `stream`); what is released is a handle whose whole range is free, under the same
+ * fences, its segment's reservation kept until destroy.
  *
  * On a stream being captured: the free never synchronizes, never unmaps and records
  * nothing that breaks the capture. Memory freed during a capture is reused only by

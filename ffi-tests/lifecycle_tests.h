@@ -949,6 +949,20 @@ static void test_destroy_report(void) {
     CHECK(r.live_count == 1 && r.live_requested_bytes == UINT64_C(0xabababababababab) &&
           r.physical_bytes == UINT64_C(0xabababababababab));
 
+    /* Segment mode: live blocks are held bytes, each its request rounded to 512 B:
+     * 4096 B and 3 MiB + 1 B live are 4096 + (3 MiB + 512) bytes; physical, the small
+     * segment's 2 MiB handle and the large one's (3 MiB + 512 rounded to the
+     * granularity) 4 MiB. */
+    pool = new_pool(FLARE_REUSE_SEGMENTS, 0, 0);
+    OK(flare_package_allocate(pool, 4096, &a));
+    OK(flare_package_allocate(pool, 3 * MiB + 1, &b));
+    r = empty_report();
+    OK(flare_pool_destroy_report(pool, &r));
+    CHECK(r.live_count == 2 && r.live_requested_bytes == 4096 + 3 * MiB + 1 &&
+          r.live_mapped_bytes == 4096 + 3 * MiB + 512 && r.physical_bytes == 6 * MiB);
+    CHECK(last_error_contains("released 2 live allocation(s): 3149825 bytes requested, "
+                              "3150336 bytes"));
+
     /* NULL pool: success, nothing released. */
     r = empty_report();
     OK(flare_pool_destroy_report(NULL, &r));

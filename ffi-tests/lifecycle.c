@@ -3,6 +3,14 @@
 
 #include <pthread.h>
 
+/* The layouts on a 64-bit target, at compile time (lifecycle.cpp has the same). */
+_Static_assert(sizeof(FlarePoolConfig) == 80, "FlarePoolConfig layout");
+_Static_assert(offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72,
+               "FlarePoolConfig layout");
+_Static_assert(sizeof(FlareSnapshot) == 352, "FlareSnapshot layout");
+_Static_assert(offsetof(FlareSnapshot, segment_count) == 304, "FlareSnapshot layout");
+_Static_assert(FLARE_REUSE_SEGMENTS == 3, "FlareReusePolicy numbers");
+
 static void run_parallel(void *(*fn)(void *), void *args[], int n) {
     pthread_t threads[16];
     int i, started = 0;

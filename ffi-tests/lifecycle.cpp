@@ -9,11 +9,16 @@
 #include <vector>
 
 static_assert(std::is_standard_layout<FlareSnapshot>::value, "FlareSnapshot is plain C");
-static_assert(sizeof(FlarePoolConfig) == 72, "FlarePoolConfig layout");
+static_assert(sizeof(FlarePoolConfig) == 80, "FlarePoolConfig layout");
 static_assert(offsetof(FlarePoolConfig, cross_stream_reuse) == 64, "FlarePoolConfig layout");
+static_assert(offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72,
+              "FlarePoolConfig layout");
 static_assert(sizeof(FlareStream) == sizeof(void *), "FlareStream is a CUstream");
-static_assert(sizeof(FlareSnapshot) == 304, "FlareSnapshot layout");
+static_assert(sizeof(FlareSnapshot) == 352, "FlareSnapshot layout");
 static_assert(offsetof(FlareSnapshot, reuse_forced_hits) == 240, "FlareSnapshot layout");
+static_assert(offsetof(FlareSnapshot, segment_count) == 304, "FlareSnapshot layout");
+static_assert(offsetof(FlareSnapshot, block_free_bytes) == 344, "FlareSnapshot layout");
+static_assert(FLARE_REUSE_SEGMENTS == 3, "FlareReusePolicy numbers");
 static_assert(sizeof(FlareDestroyReport) == 40, "FlareDestroyReport layout");
 static_assert(offsetof(FlarePoolConfig, best_fit_max_waste_percent) == 60, "FlarePoolConfig layout");
 

@@ -87,8 +87,25 @@ static int snap_empty(const FlareSnapshot *s) {
            s->pending_bytes == 0 && s->idle_count == 0 && s->live_count == 0;
 }
 
+/* Nothing held but the segments' address reservations (FLARE_REUSE_SEGMENTS keeps a
+ * segment's reservation until destroy, for its heap to regrow into): no physical
+ * memory, no handle in a segment, nothing pending, idle or live; reserved bytes only
+ * with a segment. */
+static int snap_released(const FlareSnapshot *s) {
+    return s->physical_bytes == 0 && s->pending_count == 0 && s->pending_bytes == 0 &&
+           s->idle_count == 0 && s->live_count == 0 && s->segment_handles == 0 &&
+           s->segment_mapped_bytes == 0 && s->block_live_count == 0 &&
+           s->block_free_bytes == 0 && (s->reserved_bytes == 0) == (s->segment_count == 0);
+}
+
+/* The snapshot's invariants (FlareSnapshot's doc): every physical handle counted once
+ * (whole mappings live, idle or pending, and handles mapped in segments), a
+ * segment's mapped bytes are its live and free blocks. */
 static int snap_consistent(const FlareSnapshot *s) {
-    return s->physical_bytes == s->live_mapped_bytes + s->idle_bytes + s->pending_bytes &&
+    return s->physical_bytes ==
+               s->live_mapped_bytes + s->idle_bytes + s->pending_bytes + s->segment_mapped_bytes &&
+           s->segment_mapped_bytes == s->block_live_bytes + s->block_free_bytes &&
+           s->block_live_count <= s->live_count &&
            s->allocations == s->frees + s->live_count &&
            s->physical_bytes <= s->peak_physical_bytes;
 }
@@ -123,8 +140,16 @@ static void test_status_names(void) {
     CHECK(strcmp(flare_status_name((FlareStatus)15), "FLARE_STATUS_UNRECOGNIZED") == 0);
     CHECK(strcmp(flare_status_name((FlareStatus)10), "FLARE_STATUS_UNRECOGNIZED") == 0);
     CHECK(FLARE_STATUS_REQUEST_TOO_LARGE == 9 && FLARE_STATUS_INTERNAL == 8 &&
-          FLARE_CALL_SYNCHRONIZE == 7 &&
+          FLARE_CALL_SYNCHRONIZE == 7 && FLARE_REUSE_SEGMENTS == 3 &&
           FLARE_REUSE_NONE == 2 && FLARE_BACKEND_SIMULATED == 1);
+    /* The layouts on a 64-bit target, by hand (lifecycle.cpp asserts them at compile
+     * time): the configuration's u64 segment_whole_threshold_bytes at 72, after 4
+     * bytes of padding behind cross_stream_reuse (64..68); the snapshot's six segment
+     * counters after stream_call_failures (296..304). */
+    CHECK(sizeof(FlarePoolConfig) == 80 &&
+          offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72);
+    CHECK(sizeof(FlareSnapshot) == 352 && offsetof(FlareSnapshot, segment_count) == 304 &&
+          offsetof(FlareSnapshot, block_free_bytes) == 344);
     CHECK(FLARE_PACKAGE_VERSION_MAJOR == 0 && FLARE_PACKAGE_VERSION_MINOR == 1 &&
           FLARE_PACKAGE_VERSION_PATCH == 0);
 }
@@ -147,7 +172,8 @@ static void test_config(void) {
           cfg.peer_devices == NULL && cfg.peer_device_count == 0 &&
           cfg.sim_capacity_bytes == 0 && cfg.sim_granularity_bytes == 0 &&
           cfg.sim_device_count == 0 && cfg.best_fit_max_waste_percent == 30 &&
-          cfg.cross_stream_reuse == FLARE_CROSS_STREAM_WHEN_COMPLETE);
+          cfg.cross_stream_reuse == FLARE_CROSS_STREAM_WHEN_COMPLETE &&
+          cfg.segment_whole_threshold_bytes == 0);
     /* Enum-valued fields are fixed-width integers, whatever the compiler makes of an
      * enum. */
     CHECK(sizeof cfg.backend == 4 && sizeof cfg.reuse_policy == 4 &&
@@ -268,18 +294,31 @@ static void test_config(void) {
         }
         CHECK(untouched && u.c.struct_size == sizeof(FlarePoolConfig));
         CHECK(u.c.best_fit_max_waste_percent == 30 && u.c.sim_device_count == 0 &&
-              u.c.cross_stream_reuse == FLARE_CROSS_STREAM_WHEN_COMPLETE);
+              u.c.cross_stream_reuse == FLARE_CROSS_STREAM_WHEN_COMPLETE &&
+              u.c.segment_whole_threshold_bytes == 0);
         /* The padding after peer_device_count is zeroed, not left as garbage, and so
-         * is the tail padding after the last field. */
+         * is the padding between cross_stream_reuse and segment_whole_threshold_bytes. */
         for (k = offsetof(FlarePoolConfig, peer_device_count) + 4;
              k < offsetof(FlarePoolConfig, sim_capacity_bytes); k++) {
             zero &= u.bytes[k] == 0;
         }
-        for (k = offsetof(FlarePoolConfig, cross_stream_reuse) + 4; k < sizeof(FlarePoolConfig);
-             k++) {
+        CHECK(offsetof(FlarePoolConfig, segment_whole_threshold_bytes) ==
+              offsetof(FlarePoolConfig, cross_stream_reuse) + 8);
+        for (k = offsetof(FlarePoolConfig, cross_stream_reuse) + 4;
+             k < offsetof(FlarePoolConfig, segment_whole_threshold_bytes); k++) {
             zero &= u.bytes[k] == 0;
         }
         CHECK(zero);
+        /* A caller compiled before segment_whole_threshold_bytes (sizeof 72): up to
+         * cross_stream_reuse; its padding and the new field's bytes are left alone. */
+        memset(&u, 0xcd, sizeof u);
+        flare_pool_config_init(&u.c, offsetof(FlarePoolConfig, segment_whole_threshold_bytes));
+        untouched = 1;
+        for (k = offsetof(FlarePoolConfig, cross_stream_reuse) + 4; k < sizeof u; k++) {
+            untouched &= u.bytes[k] == 0xcd;
+        }
+        CHECK(untouched && u.c.struct_size == 72 &&
+              u.c.cross_stream_reuse == FLARE_CROSS_STREAM_WHEN_COMPLETE);
         /* A caller compiled before cross_stream_reuse (sizeof 64): not one byte more. */
         memset(&u, 0xcd, sizeof u);
         flare_pool_config_init(&u.c, offsetof(FlarePoolConfig, cross_stream_reuse));
@@ -468,7 +507,9 @@ static void test_forced_reuse(void) {
               offsetof(FlareSnapshot, reserve_failures) + 8 &&
           offsetof(FlareSnapshot, events_outstanding) ==
               offsetof(FlareSnapshot, reuse_forced_hits) + 8 &&
-          sizeof(FlareSnapshot) == offsetof(FlareSnapshot, stream_call_failures) + 8);
+          offsetof(FlareSnapshot, segment_count) ==
+              offsetof(FlareSnapshot, stream_call_failures) + 8 &&
+          sizeof(FlareSnapshot) == offsetof(FlareSnapshot, block_free_bytes) + 8);
     memset(&old, 0xab, sizeof old);
     old.struct_size = (uint32_t)offsetof(FlareSnapshot, reuse_forced_hits);
     OK(flare_pool_snapshot(pool, &old));
@@ -481,8 +522,14 @@ static void test_forced_reuse(void) {
     OK(flare_pool_destroy(pool));
 }
 
-/* Inside one scope, twelve times: allocate 1 GiB, free, allocate 1 GiB, free. */
-static void test_warmup(FlareReusePolicy policy, uint64_t want_peak) {
+/* Inside one scope, twelve forwards, each with two 1 GiB transients: allocated and
+ * freed one after the other (overlap 0: allocate, free, allocate, free), or both
+ * live at once (overlap 1: allocate, allocate, free, free). The peak is what one
+ * forward needs when freed memory is reused (1 GiB, or 2 GiB with both live; in
+ * segment mode the freed block goes back to its heap and the next transient is
+ * carved from it, the same), and 24 GiB when nothing is reused (FLARE_REUSE_NONE
+ * retains every mapping: the warmup-retention bug). */
+static void test_warmup(FlareReusePolicy policy, int overlap, uint64_t want_peak) {
     FlarePool *pool = new_pool(policy, 0, 0);
     FlareSnapshot s;
     int i;
@@ -490,20 +537,41 @@ static void test_warmup(FlareReusePolicy policy, uint64_t want_peak) {
     for (i = 0; i < 12; i++) {
         void *p = NULL, *q = NULL;
         OK(flare_package_allocate(pool, (size_t)GiB, &p));
-        OK(flare_package_free(pool, p));
+        if (!overlap) {
+            OK(flare_package_free(pool, p));
+        }
         OK(flare_package_allocate(pool, (size_t)GiB, &q));
+        CHECK(overlap ? q != p : 1);
+        if (overlap) {
+            OK(flare_package_free(pool, p));
+        }
         OK(flare_package_free(pool, q));
     }
     s = snap(pool);
-    CHECK(s.peak_physical_bytes == want_peak);
-    CHECK(s.physical_bytes == want_peak && s.idle_bytes == want_peak && s.live_count == 0);
+    CHECK(s.peak_physical_bytes == want_peak && snap_consistent(&s));
+    /* Everything freed, retained: idle whole mappings, or free blocks in segments. */
+    CHECK(s.physical_bytes == want_peak && s.idle_bytes + s.block_free_bytes == want_peak &&
+          s.live_count == 0);
+    if (policy == FLARE_REUSE_SEGMENTS) {
+        /* One large segment holding every handle mapped: one for the first transient,
+         * one more for the second when both are live (the heap grows at its end). */
+        CHECK(s.segment_count == 1 && s.idle_bytes == 0 && s.segment_mapped_bytes == want_peak &&
+              s.segment_handles == (uint64_t)(overlap ? 2 : 1) &&
+              s.mappings_created == (uint64_t)(overlap ? 2 : 1) && s.block_live_count == 0);
+    } else {
+        CHECK(s.segment_count == 0 && s.segment_mapped_bytes == 0 && s.block_free_bytes == 0);
+    }
     if (s.peak_physical_bytes != want_peak) {
-        fprintf(stderr, "  warmup, policy %d: peak %" PRIu64 " bytes, expected %" PRIu64 "\n",
-                (int)policy, s.peak_physical_bytes, want_peak);
+        fprintf(stderr, "  warmup, policy %d, overlap %d: peak %" PRIu64 " bytes, expected %" PRIu64
+                        "\n",
+                (int)policy, overlap, s.peak_physical_bytes, want_peak);
     }
     OK(flare_retention_finish(pool));
     s = snap(pool);
-    CHECK(snap_empty(&s) && s.allocations == 24 && s.frees == 24);
+    CHECK(snap_released(&s) && s.allocations == 24 && s.frees == 24);
+    /* Segment mode keeps the segment's reservation (at least what was mapped in it). */
+    CHECK(policy == FLARE_REUSE_SEGMENTS ? s.segment_count == 1 && s.reserved_bytes >= want_peak
+                                         : snap_empty(&s));
     OK(flare_pool_destroy(pool));
 }
 
@@ -881,6 +949,20 @@ static void test_destroy_report(void) {
     CHECK(r.live_count == 1 && r.live_requested_bytes == UINT64_C(0xabababababababab) &&
           r.physical_bytes == UINT64_C(0xabababababababab));
 
+    /* Segment mode: live blocks are held bytes, each its request rounded to 512 B:
+     * 4096 B and 3 MiB + 1 B live are 4096 + (3 MiB + 512) bytes; physical, the small
+     * segment's 2 MiB handle and the large one's (3 MiB + 512 rounded to the
+     * granularity) 4 MiB. */
+    pool = new_pool(FLARE_REUSE_SEGMENTS, 0, 0);
+    OK(flare_package_allocate(pool, 4096, &a));
+    OK(flare_package_allocate(pool, 3 * MiB + 1, &b));
+    r = empty_report();
+    OK(flare_pool_destroy_report(pool, &r));
+    CHECK(r.live_count == 2 && r.live_requested_bytes == 4096 + 3 * MiB + 1 &&
+          r.live_mapped_bytes == 4096 + 3 * MiB + 512 && r.physical_bytes == 6 * MiB);
+    CHECK(last_error_contains("released 2 live allocation(s): 3149825 bytes requested, "
+                              "3150336 bytes"));
+
     /* NULL pool: success, nothing released. */
     r = empty_report();
     OK(flare_pool_destroy_report(NULL, &r));
@@ -976,8 +1058,12 @@ static void *worker_main(void *arg) {
 
 static void run_parallel(void *(*fn)(void *), void *args[], int n);
 
-static void test_threads(int in_scope, uint64_t threshold) {
-    FlarePool *pool = new_pool(FLARE_REUSE_BEST_FIT, 0, threshold);
+/* Four threads, each allocating and freeing 400 sizes from 1 byte to 9 MiB, four
+ * live at a time, with snapshots taken meanwhile: every call succeeds, every
+ * snapshot is consistent, and after a trim nothing is held (in segment mode, the
+ * segments' reservations but no memory). */
+static void test_threads(FlareReusePolicy policy, int in_scope, uint64_t threshold) {
+    FlarePool *pool = new_pool(policy, 0, threshold);
     struct worker workers[4];
     void *args[4];
     FlareSnapshot s;
@@ -1003,12 +1089,15 @@ static void test_threads(int in_scope, uint64_t threshold) {
     }
     OK(flare_pool_trim(pool));
     s = snap(pool);
-    CHECK(snap_empty(&s));
+    CHECK(policy == FLARE_REUSE_SEGMENTS ? snap_released(&s) && s.segment_count > 0
+                                         : snap_empty(&s));
     OK(flare_pool_destroy(pool));
 }
 
 /* Stream order (issue 11): its own file, with the helpers above. */
 #include "stream_tests.h"
+/* Segment mode (issue 12): its own file, with the helpers above and stream_tests.h's. */
+#include "segment_tests.h"
 
 static int run_all_tests(const char *language) {
     fprintf(stderr, "flare-package %d.%d.%d C ABI tests (%s)\n", FLARE_PACKAGE_VERSION_MAJOR,
@@ -1016,24 +1105,36 @@ static int run_all_tests(const char *language) {
     test_status_names();
     test_config();
     test_lifecycle();
-    test_warmup(FLARE_REUSE_BEST_FIT, GiB);
-    test_warmup(FLARE_REUSE_EXACT, GiB);
-    test_warmup(FLARE_REUSE_NONE, 24 * GiB);
+    test_warmup(FLARE_REUSE_BEST_FIT, 0, GiB);
+    test_warmup(FLARE_REUSE_EXACT, 0, GiB);
+    test_warmup(FLARE_REUSE_NONE, 0, 24 * GiB);
+    test_warmup(FLARE_REUSE_SEGMENTS, 0, GiB);
+    test_warmup(FLARE_REUSE_BEST_FIT, 1, 2 * GiB);
+    test_warmup(FLARE_REUSE_EXACT, 1, 2 * GiB);
+    test_warmup(FLARE_REUSE_NONE, 1, 24 * GiB);
+    test_warmup(FLARE_REUSE_SEGMENTS, 1, 2 * GiB);
     test_forced_reuse();
     test_bad_inputs();
     test_injected_failures();
     test_wrong_pool();
     test_destroy_report();
     test_poisoned();
-    test_threads(0, 0);
-    test_threads(0, 64 * MiB);
-    test_threads(1, 0);
+    test_threads(FLARE_REUSE_BEST_FIT, 0, 0);
+    test_threads(FLARE_REUSE_BEST_FIT, 0, 64 * MiB);
+    test_threads(FLARE_REUSE_BEST_FIT, 1, 0);
+    test_threads(FLARE_REUSE_SEGMENTS, 0, 0);
+    test_threads(FLARE_REUSE_SEGMENTS, 0, 64 * MiB);
+    test_threads(FLARE_REUSE_SEGMENTS, 1, 0);
     test_stream_bad_inputs();
     test_sim_streams();
     test_stream_same_stream_reuse();
     test_stream_cross_stream();
     test_stream_capture();
     test_stream_record();
+    test_segments_small_blocks();
+    test_segments_whole_threshold();
+    test_segments_streams();
+    test_segments_invariant();
     printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
 }

@@ -117,6 +117,16 @@ typedef enum FlareReusePolicy {
      * keeps every mapping (the warmup-retention bug).
      */
     FLARE_REUSE_NONE = 2,
+    /**
+     * Blocks carved from segments: a heap per stream (and one for the
+     * synchronous API) of reserved address ranges covered by whole physical
+     * handles mapped back to back, grown at their end; requests rounded to
+     * 512 bytes, placed best-fit, split and coalesced in software, so many
+     * tensors share a handle (see `docs/ARCHITECTURE.md`, "Segments").
+     * Requests above `segment_whole_threshold_bytes` take whole mappings,
+     * reused best-fit.
+     */
+    FLARE_REUSE_SEGMENTS = 3,
 } FlareReusePolicy;
 
 /**
@@ -283,6 +293,15 @@ typedef struct FlarePoolConfig {
      * an older caller's `struct_size` of 64 leaves it at its default.
      */
     uint32_t cross_stream_reuse;
+    /**
+     * `FLARE_REUSE_SEGMENTS` only: a request of more than this many bytes takes
+     * a whole mapping of its own (reused best-fit) instead of a block of a
+     * segment. 0 (what `flare_pool_config_init` writes) is the default: no
+     * request does (`UINT64_MAX`). Added in 0.1.0 after `cross_stream_reuse`
+     * (`sizeof` grew from 72 to 80): an older caller's `struct_size` of 72 leaves
+     * it at its default.
+     */
+    uint64_t segment_whole_threshold_bytes;
 } FlarePoolConfig;
 
 /**
@@ -313,11 +332,15 @@ typedef struct FlareDestroyReport {
      */
     uint64_t live_requested_bytes;
     /**
-     * Bytes mapped for those allocations (rounded to the mappings' sizes).
+     * Bytes the pool held for those allocations: each whole mapping's size (the
+     * request rounded to the granularity), and in `FLARE_REUSE_SEGMENTS` each
+     * block's size (the request rounded to 512 bytes); the snapshot's
+     * `live_mapped_bytes + block_live_bytes`.
      */
     uint64_t live_mapped_bytes;
     /**
-     * Physical bytes the pool held on the device (live, idle and pending), all
+     * Physical bytes the pool held on the device (live, idle, pending and
+     * mapped in segments: the snapshot's `physical_bytes`), all
      * released, unless the status is `FLARE_STATUS_DRIVER_ERROR`: then what the
      * driver refused is left to it.
      */
@@ -327,16 +350,30 @@ typedef struct FlareDestroyReport {
 /**
  * A consistent copy of a pool's counters (taken under the pool's lock).
  *
- * Byte fields are bytes; `*_count` fields count mappings; the other counters count
- * events since the pool was created. `physical_bytes == live_mapped_bytes +
- * idle_bytes + pending_bytes` always holds.
+ * Byte fields are bytes; `*_count` fields count mappings (`segment_count`
+ * segments, `block_live_count` blocks); the other counters count events since
+ * the pool was created. These always hold (every physical handle is counted
+ * once: whole mappings live, idle or pending, and the handles mapped in
+ * segments): `physical_bytes == live_mapped_bytes + idle_bytes + pending_bytes +
+ * segment_mapped_bytes`; `segment_mapped_bytes == block_live_bytes +
+ * block_free_bytes`; `allocations == frees + live_count`; `block_live_count <=
+ * live_count`. The segment fields are 0 unless `reuse_policy` is
+ * `FLARE_REUSE_SEGMENTS`; there a live block counts in `live_count` and
+ * `live_requested_bytes` but not in `live_mapped_bytes` (its bytes are in
+ * `block_live_bytes`), and a segment's reservation stays in `reserved_bytes`
+ * and `segment_count` after its last handle is released, until the pool is
+ * destroyed.
  *
  * Versioning: the caller sets `struct_size` to `sizeof(FlareSnapshot)` of its
  * header; only the fields lying wholly inside `struct_size` bytes are written, and
  * `struct_size` itself is left as it is. It must cover at least `struct_size` and
  * `scope_open` (8 bytes) and be at most 4096, else `FLARE_STATUS_INVALID_ARGUMENT`.
  * Fields are only ever added at the end: `reuse_forced_hits` was added in 0.1.0
- * after `reserve_failures` (an older caller's `struct_size` leaves it out).
+ * after `reserve_failures` (an older caller's `struct_size` leaves it out), the
+ * stream counters (`events_outstanding` to `stream_call_failures`) after it
+ * (`sizeof` 304), the segment counters (`segment_count` to `block_free_bytes`)
+ * after those (`sizeof` grew from 304 to 352: a caller's `struct_size` of 304
+ * leaves them unwritten).
  */
 typedef struct FlareSnapshot {
     /**
@@ -513,6 +550,34 @@ typedef struct FlareSnapshot {
      * synchronize (trim, finish, destroy, out-of-memory).
      */
     uint64_t stream_call_failures;
+    /**
+     * Segments held (segment mode): reserved address ranges, each kept until
+     * destroy once made, so that a heap regrows into it.
+     */
+    uint64_t segment_count;
+    /**
+     * Physical handles mapped in segments.
+     */
+    uint64_t segment_handles;
+    /**
+     * Bytes of the handles mapped in segments: `block_live_bytes +
+     * block_free_bytes`.
+     */
+    uint64_t segment_mapped_bytes;
+    /**
+     * Live blocks (segment mode; also counted in `live_count`).
+     */
+    uint64_t block_live_count;
+    /**
+     * Bytes of live blocks, each rounded to 512 bytes.
+     */
+    uint64_t block_live_bytes;
+    /**
+     * Bytes inside mapped handles that no live block holds: free in a heap,
+     * or freed and waiting (on a fence, a capture, a synchronize) before they
+     * return to it (fragmentation, from the device's point of view).
+     */
+    uint64_t block_free_bytes;
 } FlareSnapshot;
 
 /**
@@ -535,7 +600,9 @@ extern "C" {
  * sizeof(FlarePoolConfig))`, `FLARE_BACKEND_SIMULATED` (set `FLARE_BACKEND_CUDA` for
  * real memory), device 0, `FLARE_REUSE_BEST_FIT`, release threshold 0, no peers,
  * simulated capacity, granularity and device count 0 (their defaults: 140 GiB,
- * 2 MiB, 1 device), best-fit waste bound 30%, `FLARE_CROSS_STREAM_WHEN_COMPLETE`.
+ * 2 MiB, 1 device), best-fit waste bound 30%, `FLARE_CROSS_STREAM_WHEN_COMPLETE`,
+ * segment whole-mapping threshold 0 (its default: no request takes a whole mapping
+ * in `FLARE_REUSE_SEGMENTS`).
  *
  * Writes at most `config_size` bytes: only the fields lying wholly inside the first
  * `config_size` bytes (and inside this library's struct) are written, so an older
@@ -624,11 +691,17 @@ enum FlareStatus flare_pool_destroy_report(struct FlarePool *pool,
 
 /**
  * Allocates `size` bytes of device memory and writes its device address
- * (a `CUdeviceptr`, aligned to the granularity) to `*out_ptr`.
+ * (a `CUdeviceptr`, aligned to the granularity; in `FLARE_REUSE_SEGMENTS`, a block's
+ * address, aligned to 512 bytes) to `*out_ptr`.
  *
  * The size is rounded up to the granularity (2 MiB on an H200). An idle mapping that
  * fits under the reuse policy is taken with no driver call; otherwise a new mapping is
- * created (create, reserve, map, set access).
+ * created (create, reserve, map, set access). In `FLARE_REUSE_SEGMENTS` (up to
+ * `segment_whole_threshold_bytes`) the size is rounded up to 512 bytes instead and
+ * carved from the free space of the synchronous API's heap (requests up to 1 MiB and
+ * larger ones in segments of their own) with no driver call; otherwise the heap
+ * grows by whole handles mapped at the end of its segment (create, map, set access;
+ * a reserve only for a new segment).
  *
  * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL argument or a size of 0 (or one
  * whose rounding overflows); `FLARE_STATUS_REQUEST_TOO_LARGE` when the rounded size
@@ -650,7 +723,10 @@ enum FlareStatus flare_package_allocate(struct FlarePool *pool, size_t size, voi
  * returned. Inside a retention scope the mapping is retained idle; outside, it is
  * cached up to the release threshold, else released. A release step the driver
  * refuses is kept, counted in the snapshot and retried later: it does not fail the
- * free.
+ * free. In `FLARE_REUSE_SEGMENTS` a block returns to its heap, coalesced with its
+ * free neighbours; outside a scope, a handle whose whole range is then free is
+ * released under the same threshold (unmapped and released; its segment's address
+ * reservation is kept until `flare_pool_destroy`, for the heap to regrow into).
  *
  * `ptr` NULL: `FLARE_STATUS_SUCCESS`, nothing happens (with a valid pool).
  *
@@ -678,7 +754,9 @@ enum FlareStatus flare_retention_begin(struct FlarePool *pool);
 
 /**
  * Closes the retention scope and releases every idle mapping (one synchronize, then
- * unmap, release and free each). Live allocations stay live.
+ * unmap, release and free each), and in `FLARE_REUSE_SEGMENTS` every handle whose
+ * whole range is free (the segments' reservations are kept until destroy). Live
+ * allocations stay live.
  *
  * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL; `FLARE_STATUS_SCOPE_STATE` with no
  * scope open; `FLARE_STATUS_DRIVER_ERROR` with the first release step the driver
@@ -702,7 +780,9 @@ enum FlareStatus flare_retention_finish(struct FlarePool *pool);
 enum FlareStatus flare_retention_abort(struct FlarePool *pool);
 
 /**
- * Releases every idle (cached) mapping now and retries pending releases.
+ * Releases every idle (cached) mapping now, in `FLARE_REUSE_SEGMENTS` every handle
+ * whose whole range is free too (the segments' reservations are kept until destroy),
+ * and retries pending releases.
  *
  * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL; `FLARE_STATUS_SCOPE_STATE` inside
  * a retention scope; `FLARE_STATUS_DRIVER_ERROR` with the first step the driver
@@ -730,12 +810,16 @@ enum FlareStatus flare_pool_snapshot(const struct FlarePool *pool, struct FlareS
 /**
  * Allocates `size` bytes of device memory for use on `stream`, stream-ordered (as
  * `cuMemAllocAsync`), and writes its device address (a `CUdeviceptr`, aligned to the
- * granularity) to `*out_ptr`. Work queued on `stream` from now on may use it; work on
+ * granularity; in `FLARE_REUSE_SEGMENTS`, a block's address, aligned to 512 bytes) to
+ * `*out_ptr`. Work queued on `stream` from now on may use it; work on
  * another stream must be ordered after this point on `stream` (an event), or the
  * allocation marked with `flare_package_record_stream`.
  *
- * The size is rounded up to the granularity (2 MiB on an H200). Which idle memory it
- * may take:
+ * The size is rounded up to the granularity (2 MiB on an H200); in
+ * `FLARE_REUSE_SEGMENTS` (up to `segment_whole_threshold_bytes`), to 512 bytes, and
+ * carved from `stream`'s own heap first (a heap per stream: blocks freed on `stream`
+ * return to it at once), the rules below applying to blocks freed elsewhere. Which
+ * idle memory it may take:
  * - memory whose last free (`flare_package_free_async`) was on `stream` is handed out
  *   at once, even with work still queued on it: stream order runs that work before
  *   anything queued after this call;
@@ -749,7 +833,8 @@ enum FlareStatus flare_pool_snapshot(const struct FlarePool *pool, struct FlareS
  *   (after it, the memory is kept for the graph's replays: see
  *   `flare_package_free_async`).
  *
- * Otherwise a new mapping is created (create, reserve, map, set access), which is
+ * Otherwise a new mapping is created (create, reserve, map, set access; in segment
+ * mode, the heap grows by a whole handle), which is
  * legal during a capture (VMM calls do not break one, measured on an H200,
  * `docs/vmm-semantics.md`). The reuse policy and the release threshold apply as for
  * `flare_package_allocate`. `stream` may be captured (`cuStreamGetCaptureInfo`); no
@@ -798,7 +883,10 @@ enum FlareStatus flare_package_allocate_async(struct FlarePool *pool,
  * release now (out-of-memory retry, `flare_pool_trim`, `flare_retention_finish`,
  * `flare_pool_destroy`). Never `cuCtxSynchronize`, and no event on the legacy stream.
  * Inside a retention scope nothing is released; outside, the release threshold
- * applies as for `flare_package_free`.
+ * applies as for `flare_package_free`. In `FLARE_REUSE_SEGMENTS` the block returns
+ * to `stream`'s heap at once when it came from that heap (coalesced, reusable on
+ * `stream`); what is released is a handle whose whole range is free, under the same
+ * fences, its segment's reservation kept until destroy.
  *
  * On a stream being captured: the free never synchronizes, never unmaps and records
  * nothing that breaks the capture. Memory freed during a capture is reused only by

@@ -148,6 +148,21 @@ fn normalized(header: &str) -> String {
         .join(" ")
 }
 
+/// The header with its `/* ... */` comments left out.
+fn without_comments(header: &str) -> String {
+    let mut out = String::with_capacity(header.len());
+    let mut rest = header;
+    while let Some(start) = rest.find("/*") {
+        out.push_str(&rest[..start]);
+        match rest[start..].find("*/") {
+            Some(end) => rest = &rest[start + end + 2..],
+            None => return out,
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 #[test]
 fn header_declares_the_whole_contract() {
     let header = generate();
@@ -203,9 +218,22 @@ fn header_declares_the_whole_contract() {
         "uint32_t backend;",
         "uint32_t reuse_policy;",
         "uint32_t best_fit_max_waste_percent;",
-        "uint32_t cross_stream_reuse; } FlarePoolConfig;",
+        "uint64_t segment_whole_threshold_bytes; } FlarePoolConfig;",
     ] {
         assert!(flat.contains(decl), "the generated header lacks `{decl}`");
+    }
+    // Segment mode (issue 12), in the code with the comments left out: the policy's
+    // number, the configuration's field (at the end of the struct, after
+    // cross_stream_reuse), the snapshot's six counters in their order, at its end.
+    let code = normalized(&without_comments(&header));
+    for decl in [
+        "FLARE_REUSE_NONE = 2, FLARE_REUSE_SEGMENTS = 3, } FlareReusePolicy;",
+        "uint32_t cross_stream_reuse; uint64_t segment_whole_threshold_bytes; } FlarePoolConfig;",
+        "uint64_t stream_call_failures; uint64_t segment_count; uint64_t segment_handles; \
+         uint64_t segment_mapped_bytes; uint64_t block_live_count; uint64_t block_live_bytes; \
+         uint64_t block_free_bytes; } FlareSnapshot;",
+    ] {
+        assert!(code.contains(decl), "the generated header lacks `{decl}`");
     }
     assert!(
         !header.contains("Raw"),

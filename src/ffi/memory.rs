@@ -28,11 +28,17 @@ unsafe fn pool_call(
 }
 
 /// Allocates `size` bytes of device memory and writes its device address
-/// (a `CUdeviceptr`, aligned to the granularity) to `*out_ptr`.
+/// (a `CUdeviceptr`, aligned to the granularity; in `FLARE_REUSE_SEGMENTS`, a block's
+/// address, aligned to 512 bytes) to `*out_ptr`.
 ///
 /// The size is rounded up to the granularity (2 MiB on an H200). An idle mapping that
 /// fits under the reuse policy is taken with no driver call; otherwise a new mapping is
-/// created (create, reserve, map, set access).
+/// created (create, reserve, map, set access). In `FLARE_REUSE_SEGMENTS` (up to
+/// `segment_whole_threshold_bytes`) the size is rounded up to 512 bytes instead and
+/// carved from the free space of the synchronous API's heap (requests up to 1 MiB and
+/// larger ones in segments of their own) with no driver call; otherwise the heap
+/// grows by whole handles mapped at the end of its segment (create, map, set access;
+/// a reserve only for a new segment).
 ///
 /// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL argument or a size of 0 (or one
 /// whose rounding overflows); `FLARE_STATUS_REQUEST_TOO_LARGE` when the rounded size
@@ -80,7 +86,10 @@ pub unsafe extern "C" fn flare_package_allocate(
 /// returned. Inside a retention scope the mapping is retained idle; outside, it is
 /// cached up to the release threshold, else released. A release step the driver
 /// refuses is kept, counted in the snapshot and retried later: it does not fail the
-/// free.
+/// free. In `FLARE_REUSE_SEGMENTS` a block returns to its heap, coalesced with its
+/// free neighbours; outside a scope, a handle whose whole range is then free is
+/// released under the same threshold (unmapped and released; its segment's address
+/// reservation is kept until `flare_pool_destroy`, for the heap to regrow into).
 ///
 /// `ptr` NULL: `FLARE_STATUS_SUCCESS`, nothing happens (with a valid pool).
 ///
@@ -119,7 +128,9 @@ pub unsafe extern "C" fn flare_retention_begin(pool: *mut FlarePool) -> FlareSta
 }
 
 /// Closes the retention scope and releases every idle mapping (one synchronize, then
-/// unmap, release and free each). Live allocations stay live.
+/// unmap, release and free each), and in `FLARE_REUSE_SEGMENTS` every handle whose
+/// whole range is free (the segments' reservations are kept until destroy). Live
+/// allocations stay live.
 ///
 /// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL; `FLARE_STATUS_SCOPE_STATE` with no
 /// scope open; `FLARE_STATUS_DRIVER_ERROR` with the first release step the driver
@@ -147,7 +158,9 @@ pub unsafe extern "C" fn flare_retention_abort(pool: *mut FlarePool) -> FlareSta
     unsafe { pool_call("flare_retention_abort", pool, Pool::retention_abort) }
 }
 
-/// Releases every idle (cached) mapping now and retries pending releases.
+/// Releases every idle (cached) mapping now, in `FLARE_REUSE_SEGMENTS` every handle
+/// whose whole range is free too (the segments' reservations are kept until destroy),
+/// and retries pending releases.
 ///
 /// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL; `FLARE_STATUS_SCOPE_STATE` inside
 /// a retention scope; `FLARE_STATUS_DRIVER_ERROR` with the first step the driver

@@ -161,7 +161,9 @@ pub(super) unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolC
 /// sizeof(FlarePoolConfig))`, `FLARE_BACKEND_SIMULATED` (set `FLARE_BACKEND_CUDA` for
 /// real memory), device 0, `FLARE_REUSE_BEST_FIT`, release threshold 0, no peers,
 /// simulated capacity, granularity and device count 0 (their defaults: 140 GiB,
-/// 2 MiB, 1 device), best-fit waste bound 30%, `FLARE_CROSS_STREAM_WHEN_COMPLETE`.
+/// 2 MiB, 1 device), best-fit waste bound 30%, `FLARE_CROSS_STREAM_WHEN_COMPLETE`,
+/// segment whole-mapping threshold 0 (its default: no request takes a whole mapping
+/// in `FLARE_REUSE_SEGMENTS`).
 ///
 /// Writes at most `config_size` bytes: only the fields lying wholly inside the first
 /// `config_size` bytes (and inside this library's struct) are written, so an older

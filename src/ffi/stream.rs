@@ -18,12 +18,16 @@ pub(crate) fn stream_of(stream: FlareStream) -> Stream {
 
 /// Allocates `size` bytes of device memory for use on `stream`, stream-ordered (as
 /// `cuMemAllocAsync`), and writes its device address (a `CUdeviceptr`, aligned to the
-/// granularity) to `*out_ptr`. Work queued on `stream` from now on may use it; work on
+/// granularity; in `FLARE_REUSE_SEGMENTS`, a block's address, aligned to 512 bytes) to
+/// `*out_ptr`. Work queued on `stream` from now on may use it; work on
 /// another stream must be ordered after this point on `stream` (an event), or the
 /// allocation marked with `flare_package_record_stream`.
 ///
-/// The size is rounded up to the granularity (2 MiB on an H200). Which idle memory it
-/// may take:
+/// The size is rounded up to the granularity (2 MiB on an H200); in
+/// `FLARE_REUSE_SEGMENTS` (up to `segment_whole_threshold_bytes`), to 512 bytes, and
+/// carved from `stream`'s own heap first (a heap per stream: blocks freed on `stream`
+/// return to it at once), the rules below applying to blocks freed elsewhere. Which
+/// idle memory it may take:
 /// - memory whose last free (`flare_package_free_async`) was on `stream` is handed out
 ///   at once, even with work still queued on it: stream order runs that work before
 ///   anything queued after this call;
@@ -37,7 +41,8 @@ pub(crate) fn stream_of(stream: FlareStream) -> Stream {
 ///   (after it, the memory is kept for the graph's replays: see
 ///   `flare_package_free_async`).
 ///
-/// Otherwise a new mapping is created (create, reserve, map, set access), which is
+/// Otherwise a new mapping is created (create, reserve, map, set access; in segment
+/// mode, the heap grows by a whole handle), which is
 /// legal during a capture (VMM calls do not break one, measured on an H200,
 /// `docs/vmm-semantics.md`). The reuse policy and the release threshold apply as for
 /// `flare_package_allocate`. `stream` may be captured (`cuStreamGetCaptureInfo`); no
@@ -111,7 +116,10 @@ pub unsafe extern "C" fn flare_package_allocate_async(
 /// release now (out-of-memory retry, `flare_pool_trim`, `flare_retention_finish`,
 /// `flare_pool_destroy`). Never `cuCtxSynchronize`, and no event on the legacy stream.
 /// Inside a retention scope nothing is released; outside, the release threshold
-/// applies as for `flare_package_free`.
+/// applies as for `flare_package_free`. In `FLARE_REUSE_SEGMENTS` the block returns
+/// to `stream`'s heap at once when it came from that heap (coalesced, reusable on
+/// `stream`); what is released is a handle whose whole range is free, under the same
+/// fences, its segment's reservation kept until destroy.
 ///
 /// On a stream being captured: the free never synchronizes, never unmaps and records
 /// nothing that breaks the capture. Memory freed during a capture is reused only by

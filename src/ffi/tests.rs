@@ -7,7 +7,7 @@ use std::ptr;
 
 use super::boundary::{boundary, pool_ref};
 use super::*;
-use crate::Error;
+use crate::{Error, ReusePolicy};
 
 const MIB: u64 = 1 << 20;
 
@@ -161,8 +161,9 @@ fn config_init_writes_at_most_config_size_bytes() {
     // device 8..12, reuse_policy 12..16, release_threshold_bytes 16..24,
     // peer_devices 24..32, peer_device_count 32..36, padding 36..40,
     // sim_capacity_bytes 40..48, sim_granularity_bytes 48..56, sim_device_count
-    // 56..60, best_fit_max_waste_percent 60..64, cross_stream_reuse 64..68, tail
-    // padding 68..72.
+    // 56..60, best_fit_max_waste_percent 60..64, cross_stream_reuse 64..68, padding
+    // 68..72 (a u64 is 8-aligned), segment_whole_threshold_bytes 72..80; no tail
+    // padding.
     for size in [0, 1, 3] {
         assert!(init_into(size).0.iter().all(|&b| b == 0xcd), "size {size}");
     }
@@ -190,29 +191,52 @@ fn config_init_writes_at_most_config_size_bytes() {
     let b = init_into(64);
     assert_eq!((u32_at(&b, 0), u32_at(&b, 60)), (64, 30));
     assert!(b.0[64..].iter().all(|&x| x == 0xcd));
-    // Up to cross_stream_reuse, without the tail padding.
-    let b = init_into(68);
-    assert_eq!((u32_at(&b, 0), u32_at(&b, 64)), (68, 0));
-    assert!(b.0[68..].iter().all(|&x| x == 0xcd));
-    // This header's struct, and a newer caller's larger one: 72 bytes written (the
-    // tail padding zeroed), struct_size says 72, the rest untouched.
-    for size in [72, 100, 128] {
+    // Up to cross_stream_reuse; and a caller compiled before
+    // segment_whole_threshold_bytes (sizeof 72, with 4 bytes of tail padding then):
+    // the same 68 bytes, its padding past the last whole field left alone, the new
+    // field's 8 bytes not written.
+    for size in [68, 72, 79] {
         let b = init_into(size);
-        assert_eq!(u32_at(&b, 0), 72, "size {size}");
+        assert_eq!(
+            (u32_at(&b, 0), u32_at(&b, 64)),
+            (size as u32, 0),
+            "size {size}"
+        );
+        assert_eq!(u32_at(&b, 60), 30, "size {size}");
+        assert!(b.0[68..].iter().all(|&x| x == 0xcd), "size {size}");
+    }
+    // This header's struct, and a newer caller's larger one: 80 bytes written (the
+    // padding before segment_whole_threshold_bytes zeroed), struct_size says 80,
+    // the rest untouched.
+    for size in [80, 100, 128] {
+        let b = init_into(size);
+        assert_eq!(u32_at(&b, 0), 80, "size {size}");
         assert_eq!(u32_at(&b, 12), 0, "best fit");
         assert_eq!(u32_at(&b, 60), 30, "the default waste bound");
         assert_eq!(u32_at(&b, 64), 0, "FLARE_CROSS_STREAM_WHEN_COMPLETE");
-        assert_eq!(u32_at(&b, 68), 0, "tail padding, size {size}");
-        assert!(b.0[72..].iter().all(|&x| x == 0xcd), "size {size}");
+        assert_eq!(u32_at(&b, 68), 0, "padding, size {size}");
+        assert_eq!(
+            (u32_at(&b, 72), u32_at(&b, 76)),
+            (0, 0),
+            "segment_whole_threshold_bytes 0 (the default), size {size}"
+        );
+        assert!(b.0[80..].iter().all(|&x| x == 0xcd), "size {size}");
     }
     // NULL is a no-op.
     // SAFETY: NULL is allowed.
-    unsafe { flare_pool_config_init(ptr::null_mut(), 72) };
+    unsafe { flare_pool_config_init(ptr::null_mut(), size_of::<FlarePoolConfig>()) };
     // What an older caller initialised creates a pool with the defaults.
     let b = init_into(40);
     let mut older = FlarePoolConfig::default_for_layout();
-    // SAFETY: both are 72 bytes; every byte pattern is a valid FlarePoolConfig.
-    unsafe { ptr::copy_nonoverlapping(b.0.as_ptr(), ptr::addr_of_mut!(older).cast::<u8>(), 72) };
+    // SAFETY: `b` has 128 bytes, `older` is a whole FlarePoolConfig (80 bytes);
+    // every byte pattern is a valid FlarePoolConfig.
+    unsafe {
+        ptr::copy_nonoverlapping(
+            b.0.as_ptr(),
+            ptr::addr_of_mut!(older).cast::<u8>(),
+            size_of::<FlarePoolConfig>(),
+        )
+    };
     let pool = create(&older);
     assert_eq!(snap(pool).granularity_bytes, 2 * MIB);
     destroy(pool);
@@ -321,6 +345,53 @@ fn destroy_report(pool: *mut FlarePool) -> (FlareStatus, FlareDestroyReport) {
     // SAFETY: `pool` is NULL or live; `r` is a whole report.
     let st = unsafe { flare_pool_destroy_report(pool, &mut r) };
     (st, r)
+}
+
+/// Segment mode: a live block is held bytes too. Its bytes are the request rounded
+/// to 512 B (not to the granularity): 4096 B and 3 MiB + 1 B live are 4096 +
+/// (3 MiB + 512) bytes of blocks, in two segments (small: one 2 MiB handle; large:
+/// the 3 MiB + 512 need rounded to the granularity, 4 MiB), 6 MiB physical.
+#[test]
+fn destroy_report_counts_live_blocks_in_segment_mode() {
+    let mut c = config();
+    c.reuse_policy = FlareReusePolicy::FLARE_REUSE_SEGMENTS as u32;
+    let pool = create(&c);
+    let sim = snap_sim(pool);
+    let (st, a) = allocate(pool, 4096);
+    assert_eq!(st, FlareStatus::FLARE_STATUS_SUCCESS);
+    let (st, b) = allocate(pool, 3 * MIB as usize + 1);
+    assert_eq!(st, FlareStatus::FLARE_STATUS_SUCCESS);
+    let s = snap(pool);
+    assert_eq!(
+        (s.live_mapped_bytes, s.block_live_count, s.block_live_bytes),
+        (0, 2, 4096 + 3 * MIB + 512)
+    );
+    assert_eq!((s.physical_bytes, s.segment_count), (6 * MIB, 2));
+    let (st, r) = destroy_report(pool);
+    assert_eq!(st, FlareStatus::FLARE_STATUS_SUCCESS);
+    assert_eq!(
+        r,
+        FlareDestroyReport {
+            struct_size: 40,
+            scope_was_open: 0,
+            live_count: 2,
+            live_requested_bytes: 4096 + 3 * MIB + 1,
+            live_mapped_bytes: 4096 + 3 * MIB + 512,
+            physical_bytes: 6 * MIB,
+        }
+    );
+    assert!(
+        last_error().starts_with(
+            "flare_pool_destroy_report: released 2 live allocation(s): 3149825 bytes \
+             requested, 3150336 bytes ("
+        ),
+        "{}",
+        last_error()
+    );
+    // Everything given back, the segments' reservations too.
+    let d = sim.state();
+    assert_eq!((d.handles, d.reservations, d.physical_bytes), (0, 0, 0));
+    let _ = (a, b);
 }
 
 #[test]
@@ -1002,6 +1073,38 @@ fn config_cross_stream_reuse_is_read_validated_and_versioned() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(other.release_threshold_bytes, 5 * MIB);
     assert_eq!(other.best_fit_max_waste_percent, 30);
+}
+
+#[test]
+fn config_segment_whole_threshold_is_read_and_versioned() {
+    let c = config();
+    assert_eq!(
+        c.segment_whole_threshold_bytes, 0,
+        "config_init writes 0 (the default)"
+    );
+    let threshold = |raw: u64, struct_size: u32| {
+        read(&FlarePoolConfig {
+            struct_size,
+            reuse_policy: FlareReusePolicy::FLARE_REUSE_SEGMENTS as u32,
+            segment_whole_threshold_bytes: raw,
+            ..c
+        })
+        .map(|c| (c.reuse_policy, c.segment_whole_threshold_bytes))
+    };
+    // 0 is the default, no request takes a whole mapping: u64::MAX.
+    assert_eq!(threshold(0, 80), Ok((ReusePolicy::Segments, u64::MAX)));
+    // Any other value is taken as it is, in bytes.
+    assert_eq!(threshold(MIB, 80), Ok((ReusePolicy::Segments, MIB)));
+    assert_eq!(threshold(1, 80), Ok((ReusePolicy::Segments, 1)));
+    // A caller compiled before the field (sizeof 72, struct_size 72, or anything
+    // short of its end at 80): its bytes are not read, the default holds.
+    for size in [72, 76, 79] {
+        assert_eq!(
+            threshold(MIB, size),
+            Ok((ReusePolicy::Segments, u64::MAX)),
+            "struct_size {size}"
+        );
+    }
 }
 
 // ---- the semantics (they need the stream-ordered engine of issue 11)

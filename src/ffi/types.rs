@@ -185,16 +185,30 @@ versioned_struct! {
 snapshot_counters!(c_snapshot! {
     /// A consistent copy of a pool's counters (taken under the pool's lock).
     ///
-    /// Byte fields are bytes; `*_count` fields count mappings; the other counters count
-    /// events since the pool was created. `physical_bytes == live_mapped_bytes +
-    /// idle_bytes + pending_bytes` always holds.
+    /// Byte fields are bytes; `*_count` fields count mappings (`segment_count`
+    /// segments, `block_live_count` blocks); the other counters count events since
+    /// the pool was created. These always hold (every physical handle is counted
+    /// once: whole mappings live, idle or pending, and the handles mapped in
+    /// segments): `physical_bytes == live_mapped_bytes + idle_bytes + pending_bytes +
+    /// segment_mapped_bytes`; `segment_mapped_bytes == block_live_bytes +
+    /// block_free_bytes`; `allocations == frees + live_count`; `block_live_count <=
+    /// live_count`. The segment fields are 0 unless `reuse_policy` is
+    /// `FLARE_REUSE_SEGMENTS`; there a live block counts in `live_count` and
+    /// `live_requested_bytes` but not in `live_mapped_bytes` (its bytes are in
+    /// `block_live_bytes`), and a segment's reservation stays in `reserved_bytes`
+    /// and `segment_count` after its last handle is released, until the pool is
+    /// destroyed.
     ///
     /// Versioning: the caller sets `struct_size` to `sizeof(FlareSnapshot)` of its
     /// header; only the fields lying wholly inside `struct_size` bytes are written, and
     /// `struct_size` itself is left as it is. It must cover at least `struct_size` and
     /// `scope_open` (8 bytes) and be at most 4096, else `FLARE_STATUS_INVALID_ARGUMENT`.
     /// Fields are only ever added at the end: `reuse_forced_hits` was added in 0.1.0
-    /// after `reserve_failures` (an older caller's `struct_size` leaves it out).
+    /// after `reserve_failures` (an older caller's `struct_size` leaves it out), the
+    /// stream counters (`events_outstanding` to `stream_call_failures`) after it
+    /// (`sizeof` 304), the segment counters (`segment_count` to `block_free_bytes`)
+    /// after those (`sizeof` grew from 304 to 352: a caller's `struct_size` of 304
+    /// leaves them unwritten).
     pub struct FlareSnapshot;
 });
 
@@ -217,9 +231,13 @@ versioned_struct! {
         pub live_count: u64,
         /// Bytes the callers had asked for, summed over those allocations (not rounded).
         pub live_requested_bytes: u64,
-        /// Bytes mapped for those allocations (rounded to the mappings' sizes).
+        /// Bytes the pool held for those allocations: each whole mapping's size (the
+        /// request rounded to the granularity), and in `FLARE_REUSE_SEGMENTS` each
+        /// block's size (the request rounded to 512 bytes); the snapshot's
+        /// `live_mapped_bytes + block_live_bytes`.
         pub live_mapped_bytes: u64,
-        /// Physical bytes the pool held on the device (live, idle and pending), all
+        /// Physical bytes the pool held on the device (live, idle, pending and
+        /// mapped in segments: the snapshot's `physical_bytes`), all
         /// released, unless the status is `FLARE_STATUS_DRIVER_ERROR`: then what the
         /// driver refused is left to it.
         pub physical_bytes: u64,
@@ -267,7 +285,7 @@ impl FlareDestroyReport {
             scope_was_open: u32::from(s.scope_open),
             live_count: s.live_count,
             live_requested_bytes: s.live_requested_bytes,
-            live_mapped_bytes: s.live_mapped_bytes,
+            live_mapped_bytes: s.live_mapped_bytes + s.block_live_bytes,
             physical_bytes: s.physical_bytes,
         }
     }
@@ -367,24 +385,42 @@ mod tests {
                 (8, Some(8)),
                 (23, Some(16)),
                 // A caller compiled before reuse_forced_hits (240 bytes) gets the
-                // fields up to reserve_failures; this header's 304 bytes, all.
+                // fields up to reserve_failures.
                 (240, Some(240)),
                 (247, Some(240)),
-                (4096, Some(304)),
+                // A caller compiled before the segment counters (304 bytes, up to
+                // stream_call_failures): not one of them.
+                (304, Some(304)),
+                (311, Some(304)),
+                // Ending inside block_free_bytes (344..352): the fields before it.
+                (351, Some(344)),
+                // This header's 352 bytes, and a newer caller's larger struct: all.
+                (352, Some(352)),
+                (4096, Some(352)),
             ],
         );
         // best_fit_max_waste_percent (4 bytes at 60) filled what was the tail
         // padding; cross_stream_reuse (4 bytes at 64) grew the struct to 72, with 4
-        // bytes of tail padding.
+        // bytes of tail padding; segment_whole_threshold_bytes (a u64, 8-aligned:
+        // at 72, after those 4 bytes, now interior padding) grew it to 80, no tail
+        // padding.
         assert_eq!(offset_of!(FlarePoolConfig, best_fit_max_waste_percent), 60);
         assert_eq!(offset_of!(FlarePoolConfig, cross_stream_reuse), 64);
-        assert_eq!(FlarePoolConfig::FIELD_ENDS.last().copied(), Some(68));
-        assert_eq!(size_of::<FlarePoolConfig>(), 72);
+        assert_eq!(
+            offset_of!(FlarePoolConfig, segment_whole_threshold_bytes),
+            72
+        );
+        assert_eq!(FlarePoolConfig::FIELD_ENDS.last().copied(), Some(80));
+        assert_eq!(size_of::<FlarePoolConfig>(), 80);
         check_prefixes::<FlarePoolConfig>(
             &FlarePoolConfig::FIELD_ENDS,
             &[
+                (80, Some(80)),
+                (4096, Some(80)),
+                // A caller compiled before segment_whole_threshold_bytes (sizeof 72):
+                // up to cross_stream_reuse; the padding after it is no field.
                 (72, Some(68)),
-                (4096, Some(68)),
+                (79, Some(68)),
                 // A caller compiled before cross_stream_reuse (sizeof 64): every field
                 // up to best_fit_max_waste_percent, not the new one.
                 (64, Some(64)),
@@ -412,7 +448,18 @@ mod tests {
         assert_eq!(offset_of!(FlareSnapshot, create_failures), 224);
         assert_eq!(offset_of!(FlareSnapshot, reserve_failures), 232);
         assert_eq!(offset_of!(FlareSnapshot, reuse_forced_hits), 240);
-        assert_eq!(size_of::<FlareSnapshot>(), 304);
+        // The stream-order counters (issue 11), after it: 8 at 248, the last of 7
+        // ending at 304 (0.1.0's second header).
+        assert_eq!(offset_of!(FlareSnapshot, events_outstanding), 248);
+        assert_eq!(offset_of!(FlareSnapshot, stream_call_failures), 296);
+        // The six segment counters (issue 12), after those: 304 to 352.
+        assert_eq!(offset_of!(FlareSnapshot, segment_count), 304);
+        assert_eq!(offset_of!(FlareSnapshot, segment_handles), 312);
+        assert_eq!(offset_of!(FlareSnapshot, segment_mapped_bytes), 320);
+        assert_eq!(offset_of!(FlareSnapshot, block_live_count), 328);
+        assert_eq!(offset_of!(FlareSnapshot, block_live_bytes), 336);
+        assert_eq!(offset_of!(FlareSnapshot, block_free_bytes), 344);
+        assert_eq!(size_of::<FlareSnapshot>(), 352);
     }
 
     #[test]
@@ -428,10 +475,16 @@ mod tests {
             map_failures: 13,
             reserve_failures: 17,
             reuse_forced_hits: 19,
+            segment_count: 23,
+            segment_handles: 29,
+            segment_mapped_bytes: 31,
+            block_live_count: 37,
+            block_live_bytes: 41,
+            block_free_bytes: 43,
             ..Snapshot::default()
         };
         let c = FlareSnapshot::from_snapshot(&s);
-        assert_eq!((c.struct_size, c.scope_open), (304, 1));
+        assert_eq!((c.struct_size, c.scope_open), (352, 1));
         assert_eq!(
             (c.granularity_bytes, c.live_count, c.live_requested_bytes),
             (2 << 20, 3, 5)
@@ -441,7 +494,16 @@ mod tests {
             (7, 11, 19)
         );
         assert_eq!((c.map_failures, c.reserve_failures), (13, 17));
+        assert_eq!(
+            (c.segment_count, c.segment_handles, c.segment_mapped_bytes),
+            (23, 29, 31)
+        );
+        assert_eq!(
+            (c.block_live_count, c.block_live_bytes, c.block_free_bytes),
+            (37, 41, 43)
+        );
         assert_eq!((c.frees, c.sync_failures, c.create_failures), (0, 0, 0));
+        assert_eq!((c.stream_call_failures, c.capture_held_bytes), (0, 0));
     }
 
     #[test]
@@ -460,6 +522,13 @@ mod tests {
         );
         assert_eq!(ReusePolicy::from(P::FLARE_REUSE_EXACT), ReusePolicy::Exact);
         assert_eq!(ReusePolicy::from(P::FLARE_REUSE_NONE), ReusePolicy::None);
+        assert_eq!(P::from_raw(3), Some(P::FLARE_REUSE_SEGMENTS));
+        assert_eq!(
+            ReusePolicy::from(P::FLARE_REUSE_SEGMENTS),
+            ReusePolicy::Segments
+        );
+        assert_eq!(P::FLARE_REUSE_SEGMENTS.name(), c"FLARE_REUSE_SEGMENTS");
+        assert_eq!(P::ALL.len(), 4);
         // The cross-stream modes: 0 is the default, so that a zeroed field means it.
         use FlareCrossStreamReuse as X;
         assert_eq!(
@@ -499,8 +568,8 @@ mod tests {
         );
         assert_eq!(FlareDriverCall::ALL.len(), DriverCall::MEMORY_CALLS.len());
         assert_eq!(
-            P::parse(3, "reuse_policy").map_err(|e| e.to_string()),
-            Err("invalid argument: reuse_policy 3 is not a FlareReusePolicy (0..2)".into())
+            P::parse(4, "reuse_policy").map_err(|e| e.to_string()),
+            Err("invalid argument: reuse_policy 4 is not a FlareReusePolicy (0..3)".into())
         );
         assert_eq!(
             FlareDriverCall::FLARE_CALL_SYNCHRONIZE.name(),

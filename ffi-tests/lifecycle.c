@@ -7,7 +7,7 @@
 _Static_assert(sizeof(FlarePoolConfig) == 80, "FlarePoolConfig layout");
 _Static_assert(offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72,
                "FlarePoolConfig layout");
-_Static_assert(sizeof(FlareSnapshot) == 352, "FlareSnapshot layout");
+_Static_assert(sizeof(FlareSnapshot) == 368, "FlareSnapshot layout");
 _Static_assert(offsetof(FlareSnapshot, segment_count) == 304, "FlareSnapshot layout");
 _Static_assert(FLARE_REUSE_SEGMENTS == 3, "FlareReusePolicy numbers");
 

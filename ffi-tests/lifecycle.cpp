@@ -14,7 +14,8 @@ static_assert(offsetof(FlarePoolConfig, cross_stream_reuse) == 64, "FlarePoolCon
 static_assert(offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72,
               "FlarePoolConfig layout");
 static_assert(sizeof(FlareStream) == sizeof(void *), "FlareStream is a CUstream");
-static_assert(sizeof(FlareSnapshot) == 352, "FlareSnapshot layout");
+static_assert(sizeof(FlareSnapshot) == 368, "FlareSnapshot layout");
+static_assert(offsetof(FlareSnapshot, segment_lent_bytes) == 360, "FlareSnapshot layout");
 static_assert(offsetof(FlareSnapshot, reuse_forced_hits) == 240, "FlareSnapshot layout");
 static_assert(offsetof(FlareSnapshot, segment_count) == 304, "FlareSnapshot layout");
 static_assert(offsetof(FlareSnapshot, block_free_bytes) == 344, "FlareSnapshot layout");

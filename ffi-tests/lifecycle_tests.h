@@ -106,6 +106,7 @@ static int snap_consistent(const FlareSnapshot *s) {
                s->live_mapped_bytes + s->idle_bytes + s->pending_bytes + s->segment_mapped_bytes &&
            s->segment_mapped_bytes == s->block_live_bytes + s->block_free_bytes &&
            s->block_live_count <= s->live_count &&
+           (s->segment_handles_lent == 0) == (s->segment_lent_bytes == 0) &&
            s->allocations == s->frees + s->live_count &&
            s->physical_bytes <= s->peak_physical_bytes;
 }
@@ -144,12 +145,13 @@ static void test_status_names(void) {
           FLARE_REUSE_NONE == 2 && FLARE_BACKEND_SIMULATED == 1);
     /* The layouts on a 64-bit target, by hand (lifecycle.cpp asserts them at compile
      * time): the configuration's u64 segment_whole_threshold_bytes at 72, after 4
-     * bytes of padding behind cross_stream_reuse (64..68); the snapshot's six segment
-     * counters after stream_call_failures (296..304). */
+     * bytes of padding behind cross_stream_reuse (64..68); the snapshot's eight segment
+     * counters after stream_call_failures (296..304), up to 368. */
     CHECK(sizeof(FlarePoolConfig) == 80 &&
           offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72);
-    CHECK(sizeof(FlareSnapshot) == 352 && offsetof(FlareSnapshot, segment_count) == 304 &&
-          offsetof(FlareSnapshot, block_free_bytes) == 344);
+    CHECK(sizeof(FlareSnapshot) == 368 && offsetof(FlareSnapshot, segment_count) == 304 &&
+          offsetof(FlareSnapshot, block_free_bytes) == 344 &&
+          offsetof(FlareSnapshot, segment_lent_bytes) == 360);
     CHECK(FLARE_PACKAGE_VERSION_MAJOR == 0 && FLARE_PACKAGE_VERSION_MINOR == 1 &&
           FLARE_PACKAGE_VERSION_PATCH == 0);
 }
@@ -509,7 +511,7 @@ static void test_forced_reuse(void) {
               offsetof(FlareSnapshot, reuse_forced_hits) + 8 &&
           offsetof(FlareSnapshot, segment_count) ==
               offsetof(FlareSnapshot, stream_call_failures) + 8 &&
-          sizeof(FlareSnapshot) == offsetof(FlareSnapshot, block_free_bytes) + 8);
+          sizeof(FlareSnapshot) == offsetof(FlareSnapshot, segment_lent_bytes) + 8);
     memset(&old, 0xab, sizeof old);
     old.struct_size = (uint32_t)offsetof(FlareSnapshot, reuse_forced_hits);
     OK(flare_pool_snapshot(pool, &old));

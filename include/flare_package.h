@@ -371,8 +371,8 @@ typedef struct FlareDestroyReport {
  * Fields are only ever added at the end: `reuse_forced_hits` was added in 0.1.0
  * after `reserve_failures` (an older caller's `struct_size` leaves it out), the
  * stream counters (`events_outstanding` to `stream_call_failures`) after it
- * (`sizeof` 304), the segment counters (`segment_count` to `block_free_bytes`)
- * after those (`sizeof` grew from 304 to 352: a caller's `struct_size` of 304
+ * (`sizeof` 304), the segment counters (`segment_count` to `segment_lent_bytes`)
+ * after those (`sizeof` grew from 304 to 368: a caller's `struct_size` of 304
  * leaves them unwritten).
  */
 typedef struct FlareSnapshot {
@@ -578,6 +578,18 @@ typedef struct FlareSnapshot {
      * return to it (fragmentation, from the device's point of view).
      */
     uint64_t block_free_bytes;
+    /**
+     * Handles lent within their segment: a handle whose whole range was free
+     * was mapped again at the segment's growing end (instead of creating a new
+     * handle), its old address left mapped and unused until its release.
+     * Each such handle holds two mappings; its bytes count once.
+     */
+    uint64_t segment_handles_lent;
+    /**
+     * Bytes of the lent handles (each mapped twice, counted once in
+     * `physical_bytes` and `segment_mapped_bytes`).
+     */
+    uint64_t segment_lent_bytes;
 } FlareSnapshot;
 
 /**

@@ -17,9 +17,8 @@ use flare_package::{trace, DevicePtr, Driver, Pool, PoolConfig, ReusePolicy};
 use std::sync::Arc;
 
 fn rig() -> (Arc<CudaDriver>, Pool) {
-    let d = Arc::new(
-        CudaDriver::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}")),
-    );
+    let d =
+        Arc::new(CudaDriver::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}")));
     let pool = Pool::with_driver(
         PoolConfig::cuda(0).with_policy(ReusePolicy::Segments),
         d.clone(),
@@ -45,7 +44,10 @@ fn write(d: &CudaDriver, ptr: DevicePtr, tag: u64, len: u64) {
 fn assert_holds(d: &CudaDriver, ptr: DevicePtr, tag: u64, len: u64) {
     let mut back = vec![0u8; len as usize];
     d.copy_dtoh(ptr, &mut back).unwrap();
-    assert!(back == pattern(tag, len), "block {ptr:#x} ({len} B) lost its data");
+    assert!(
+        back == pattern(tag, len),
+        "block {ptr:#x} ({len} B) lost its data"
+    );
 }
 
 /// Two hundred blocks of 512 B to 3 MiB, each written with its own pattern: all read

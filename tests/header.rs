@@ -224,14 +224,15 @@ fn header_declares_the_whole_contract() {
     }
     // Segment mode (issue 12), in the code with the comments left out: the policy's
     // number, the configuration's field (at the end of the struct, after
-    // cross_stream_reuse), the snapshot's six counters in their order, at its end.
+    // cross_stream_reuse), the snapshot's eight counters in their order, at its end.
     let code = normalized(&without_comments(&header));
     for decl in [
         "FLARE_REUSE_NONE = 2, FLARE_REUSE_SEGMENTS = 3, } FlareReusePolicy;",
         "uint32_t cross_stream_reuse; uint64_t segment_whole_threshold_bytes; } FlarePoolConfig;",
         "uint64_t stream_call_failures; uint64_t segment_count; uint64_t segment_handles; \
          uint64_t segment_mapped_bytes; uint64_t block_live_count; uint64_t block_live_bytes; \
-         uint64_t block_free_bytes; } FlareSnapshot;",
+         uint64_t block_free_bytes; uint64_t segment_handles_lent; uint64_t segment_lent_bytes; \
+         } FlareSnapshot;",
     ] {
         assert!(code.contains(decl), "the generated header lacks `{decl}`");
     }

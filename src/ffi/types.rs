@@ -206,8 +206,8 @@ snapshot_counters!(c_snapshot! {
     /// Fields are only ever added at the end: `reuse_forced_hits` was added in 0.1.0
     /// after `reserve_failures` (an older caller's `struct_size` leaves it out), the
     /// stream counters (`events_outstanding` to `stream_call_failures`) after it
-    /// (`sizeof` 304), the segment counters (`segment_count` to `block_free_bytes`)
-    /// after those (`sizeof` grew from 304 to 352: a caller's `struct_size` of 304
+    /// (`sizeof` 304), the segment counters (`segment_count` to `segment_lent_bytes`)
+    /// after those (`sizeof` grew from 304 to 368: a caller's `struct_size` of 304
     /// leaves them unwritten).
     pub struct FlareSnapshot;
 });
@@ -394,9 +394,12 @@ mod tests {
                 (311, Some(304)),
                 // Ending inside block_free_bytes (344..352): the fields before it.
                 (351, Some(344)),
-                // This header's 352 bytes, and a newer caller's larger struct: all.
                 (352, Some(352)),
-                (4096, Some(352)),
+                // Ending inside segment_lent_bytes (360..368).
+                (367, Some(360)),
+                // This header's 368 bytes, and a newer caller's larger struct: all.
+                (368, Some(368)),
+                (4096, Some(368)),
             ],
         );
         // best_fit_max_waste_percent (4 bytes at 60) filled what was the tail
@@ -452,14 +455,16 @@ mod tests {
         // ending at 304 (0.1.0's second header).
         assert_eq!(offset_of!(FlareSnapshot, events_outstanding), 248);
         assert_eq!(offset_of!(FlareSnapshot, stream_call_failures), 296);
-        // The six segment counters (issue 12), after those: 304 to 352.
+        // The eight segment counters (issue 12), after those: 304 to 368.
         assert_eq!(offset_of!(FlareSnapshot, segment_count), 304);
         assert_eq!(offset_of!(FlareSnapshot, segment_handles), 312);
         assert_eq!(offset_of!(FlareSnapshot, segment_mapped_bytes), 320);
         assert_eq!(offset_of!(FlareSnapshot, block_live_count), 328);
         assert_eq!(offset_of!(FlareSnapshot, block_live_bytes), 336);
         assert_eq!(offset_of!(FlareSnapshot, block_free_bytes), 344);
-        assert_eq!(size_of::<FlareSnapshot>(), 352);
+        assert_eq!(offset_of!(FlareSnapshot, segment_handles_lent), 352);
+        assert_eq!(offset_of!(FlareSnapshot, segment_lent_bytes), 360);
+        assert_eq!(size_of::<FlareSnapshot>(), 368);
     }
 
     #[test]
@@ -481,10 +486,12 @@ mod tests {
             block_live_count: 37,
             block_live_bytes: 41,
             block_free_bytes: 43,
+            segment_handles_lent: 47,
+            segment_lent_bytes: 53,
             ..Snapshot::default()
         };
         let c = FlareSnapshot::from_snapshot(&s);
-        assert_eq!((c.struct_size, c.scope_open), (352, 1));
+        assert_eq!((c.struct_size, c.scope_open), (368, 1));
         assert_eq!(
             (c.granularity_bytes, c.live_count, c.live_requested_bytes),
             (2 << 20, 3, 5)
@@ -502,6 +509,7 @@ mod tests {
             (c.block_live_count, c.block_live_bytes, c.block_free_bytes),
             (37, 41, 43)
         );
+        assert_eq!((c.segment_handles_lent, c.segment_lent_bytes), (47, 53));
         assert_eq!((c.frees, c.sync_failures, c.create_failures), (0, 0, 0));
         assert_eq!((c.stream_call_failures, c.capture_held_bytes), (0, 0));
     }

@@ -125,7 +125,7 @@ fn json_has_exactly_the_keys() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 6, "two traces x three policies: {out}");
+    assert_eq!(lines.len(), 8, "two traces x four policies: {out}");
     let mut policies = Vec::new();
     for line in &lines {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
@@ -141,7 +141,7 @@ fn json_has_exactly_the_keys() {
     }
     assert_eq!(
         policies,
-        ["none", "exact", "best-fit", "none", "exact", "best-fit"]
+        ["none", "exact", "best-fit", "segments", "none", "exact", "best-fit", "segments"]
     );
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(lines[0]).unwrap()["trace"],
@@ -263,6 +263,7 @@ fn table_reports_allocations_live_at_the_end() {
             ("none".to_string(), "21".to_string()),
             ("exact".to_string(), "21".to_string()),
             ("best-fit".to_string(), "21".to_string()),
+            ("segments".to_string(), "21".to_string()),
         ],
         "{out}"
     );
@@ -330,17 +331,25 @@ fn policy_names_are_exact() {
         "All",
         " none",
         "best-fit,exact",
+        "Segments",
+        "segment",
     ] {
         let o = flare_replay(&["--policy", name, s(&t)]);
         assert_eq!(o.status.code(), Some(2), "{name:?}: {}", stderr(&o));
         assert!(
-            stderr(&o).contains("none, exact, best-fit or all"),
+            stderr(&o).contains("none, exact, best-fit, segments or all"),
             "{name:?}: {}",
             stderr(&o)
         );
         assert!(stdout(&o).is_empty(), "{name:?}");
     }
-    for (name, rows) in [("none", 1), ("exact", 1), ("best-fit", 1), ("all", 3)] {
+    for (name, rows) in [
+        ("none", 1),
+        ("exact", 1),
+        ("best-fit", 1),
+        ("segments", 1),
+        ("all", 4),
+    ] {
         let o = flare_replay(&["--json", "--policy", name, s(&t)]);
         assert!(o.status.success(), "{name}: {}", stderr(&o));
         assert_eq!(stdout(&o).lines().count(), rows, "{name}");
@@ -495,7 +504,7 @@ fn dash_reads_a_trace_from_standard_input_once() {
     let from_stdin = flare_replay_stdin(&["--json", "-"], &text);
     assert!(from_stdin.status.success(), "{}", stderr(&from_stdin));
     let (a, b) = (stdout(&from_file), stdout(&from_stdin));
-    assert_eq!(a.lines().count(), 3);
+    assert_eq!(a.lines().count(), 4);
     for (f, i) in a.lines().zip(b.lines()) {
         let mut f: serde_json::Value = serde_json::from_str(f).unwrap();
         let mut i: serde_json::Value = serde_json::from_str(i).unwrap();
@@ -662,5 +671,5 @@ fn table_names_each_trace_once_and_fits_100_columns() {
             "wall time"
         ]
     );
-    assert_eq!(rows.len(), 4, "{out}");
+    assert_eq!(rows.len(), 5, "{out}");
 }

@@ -77,25 +77,15 @@ use flare_tools::cuda_baseline::{
 
 type BoxResult<T> = Result<T, Box<dyn Error>>;
 
+const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-const KIB: u64 = 1 << 10;
 const SIZES: [u64; 3] = [2 * MIB, 64 * MIB, GIB];
 /// Section 7's sizes: small tensors (the heaps' small class, up to 1 MiB), then the
 /// whole-mapping sizes.
 const SEGMENT_PAIR_SIZES: [u64; 6] = [4 * KIB, 64 * KIB, MIB, 2 * MIB, 64 * MIB, GIB];
 /// Pairs per batch timed together (section 7).
 const BATCH_PAIRS: usize = 1_000;
-/// A live block's size in segment mode around the measured block: the smallest
-/// block (512 bytes) in the small class, just over 1 MiB in the large class, so that
-/// it lands in the measured size's heap.
-fn live_neighbour_bytes(size: u64) -> u64 {
-    if size <= MIB {
-        512
-    } else {
-        MIB + 512
-    }
-}
 const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
 /// Buffers freed in flight per round, and their size (section 4).
 const INFLIGHT_BUFFERS: usize = 1_000;
@@ -107,6 +97,17 @@ const TOUCH_EVERY: usize = 8;
 const INFLIGHT_KERNEL: Duration = Duration::from_millis(200);
 /// `CUDA_ERROR_NOT_READY`: what a stream query answers while work is queued.
 const NOT_READY: CuResult = CuResult(600);
+
+/// A live block's size in segment mode around the measured block: the smallest
+/// block (512 bytes) in the small class, just over 1 MiB in the large class, so that
+/// it lands in the measured size's heap.
+fn live_neighbour_bytes(size: u64) -> u64 {
+    if size <= MIB {
+        512
+    } else {
+        MIB + 512
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(

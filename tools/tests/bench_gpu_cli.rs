@@ -221,3 +221,134 @@ fn a_simulated_quick_run_reports_the_stream_order_sections() {
         assert!(t["measured"].is_null() && t["met"].is_null(), "{t}");
     }
 }
+
+/// A quick dry run on the simulated driver reports segment mode (issue 12) beside the
+/// rest: every shipped trace replayed with best-fit and with segments (each run to its
+/// end, holding nothing afterwards: the replay frees, finishes its scope and trims; the
+/// lower bound as the trace computes it at the simulated 2 MiB granularity; segments
+/// held only in segment mode), section 7's pairs at its six sizes with a tenth of the
+/// iterations (2,000 single pairs, 10 batches of 1,000), and the new targets: the pair
+/// and peak ratios unmeasured without the stream-ordered pool, the handles created
+/// measured on any backend.
+#[test]
+fn a_simulated_quick_run_reports_segment_mode() {
+    let cwd = scratch_dir("sim-segments");
+    let json = cwd.join("report.json");
+    let traces = shipped_traces();
+    let o = bench(
+        &[
+            "--backend",
+            "sim",
+            "--quick",
+            "--traces",
+            &traces,
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        Some(&cwd),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    for header in ["segment pair", "handles created", "/ lower bound"] {
+        assert!(out.contains(header), "no {header:?} in the tables:\n{out}");
+    }
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (kib, mib) = (1u64 << 10, 1u64 << 20);
+
+    let replays = r["replay"].as_array().expect("replay");
+    let mut files: Vec<_> = std::fs::read_dir(&traces)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "trace"))
+        .collect();
+    files.sort();
+    assert_eq!(replays.len(), files.len(), "one row per shipped trace");
+    for (x, file) in replays.iter().zip(&files) {
+        let t = flare_package::trace::parse(file).unwrap();
+        let lower = t.lower_bound_bytes(2 * mib);
+        assert_eq!(x["lower_bound_bytes"], lower, "{x}");
+        for (key, policy) in [("flare", "best-fit"), ("flare_segments", "segments")] {
+            let f = &x[key];
+            assert_eq!(f["policy"], policy, "{x}");
+            assert!(f["out_of_memory_at_line"].is_null(), "{f}");
+            assert_eq!(f["final_physical_bytes"], 0, "{f}");
+            let peak = f["peak_physical_bytes"].as_u64().unwrap();
+            let vs_lower = f["ratio_peak_vs_lower_bound"].as_f64().unwrap();
+            assert!((vs_lower - peak as f64 / lower as f64).abs() < 1e-9, "{f}");
+            assert!(f["mappings_created"].as_u64().unwrap() >= 1, "{f}");
+        }
+        assert_eq!(
+            x["flare"]["segments"], 0,
+            "no segment with whole mappings: {x}"
+        );
+        let held = x["flare_segments"]["segments"].as_u64().unwrap();
+        assert!(held >= 1, "the segment-mode replay held no segment: {x}");
+        for alt in [
+            "stream_ordered",
+            "ratio_peak_bytes",
+            "ratio_peak_bytes_segments",
+            "ratio_seconds_segments",
+        ] {
+            assert!(x[alt].is_null(), "{alt} on the simulated driver: {x}");
+        }
+    }
+
+    let pairs = r["segment_pair"].as_array().expect("segment_pair");
+    let sizes: Vec<u64> = pairs
+        .iter()
+        .map(|p| p["size_bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        sizes,
+        [4 * kib, 64 * kib, mib, 2 * mib, 64 * mib, 1024 * mib]
+    );
+    for p in pairs {
+        for (key, iterations) in [
+            ("flare_sync", 2_000),
+            ("flare_stream", 2_000),
+            ("flare_sync_batched", 10_000),
+            ("flare_stream_batched", 10_000),
+        ] {
+            assert_eq!(p[key]["iterations"], iterations, "{key}: {p}");
+            assert!(p[key]["median_ns"].as_f64().unwrap() > 0.0, "{key}: {p}");
+        }
+        for alt in [
+            "stream_ordered",
+            "stream_ordered_batched",
+            "ratio_median_sync_vs_stream_ordered",
+            "ratio_batched_stream_vs_stream_ordered",
+        ] {
+            assert!(p[alt].is_null(), "{alt} on the simulated driver: {p}");
+        }
+    }
+
+    let targets = r["targets"].as_array().expect("targets");
+    let find = |what: &str| {
+        targets
+            .iter()
+            .find(|t| t["what"] == what)
+            .unwrap_or_else(|| panic!("no target {what:?}: {targets:?}"))
+    };
+    for what in [
+        "segment pair 4.0 KiB (scope) / stream-ordered warm pair (median) <= 0.1",
+        "segment stream pair 4.0 KiB / stream-ordered warm pair (median) <= 0.1",
+    ] {
+        let t = find(what);
+        assert_eq!(t["limit"], 0.1);
+        assert!(t["measured"].is_null() && t["met"].is_null(), "{t}");
+    }
+    for x in replays {
+        let name = x["trace"].as_str().unwrap();
+        let peak = find(&format!(
+            "replay {name}: segments peak physical / stream-ordered reserved high <= 1"
+        ));
+        assert!(peak["measured"].is_null(), "{peak}");
+        let handles = find(&format!("replay {name}: segments handles created <= 100"));
+        assert_eq!(handles["limit"], 100.0);
+        let created = x["flare_segments"]["mappings_created"].as_u64().unwrap();
+        assert_eq!(handles["measured"], created as f64, "{handles}");
+        assert_eq!(handles["met"], created <= 100, "{handles}");
+    }
+}

@@ -25,11 +25,27 @@
 //!    buffers, against 1,000 `cuMemFreeAsync` of buffers in flight the same way, and
 //!    the old synchronous `free_raw` of buffers in flight for contrast (each release
 //!    synchronizes the device, so the first free waits for the kernel).
-//! 5. Replay of every shipped trace through the pool (`trace::replay`) and through the
+//! 5. Replay of every shipped trace through the pool (`trace::replay`, once with
+//!    best-fit whole mappings and once in segment mode, issue 12) and through the
 //!    stream-ordered pool (alloc / free by id on one stream, synchronize at the end):
-//!    wall time and peak physical memory.
+//!    wall time, peak physical memory (ours: the snapshot's peak; the stream-ordered
+//!    pool: `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`) and their ratio, the trace's lower
+//!    bound (peak live bytes rounded to the granularity) and each peak over it, and
+//!    the physical handles each of our replays created.
 //! 6. Reuse throughput with 1, 2, 4, 8 and 16 threads on one pool (each thread its own
 //!    size, inside a scope), pairs per second.
+//! 7. Segment pair (issue 12): an allocate + free pair in segment mode at sizes
+//!    typical of tensors (4 KiB, 64 KiB, 1 MiB) and larger ones (2 MiB, 64 MiB, 1 GiB),
+//!    each served from a free block lying between two live blocks of its heap (no
+//!    driver call): the synchronous pair (`allocate_raw` + `free_raw`) inside a
+//!    retention scope, and the stream pair (`allocate_async_raw` + `free_async_raw`)
+//!    on one stream (no scope, release threshold `u64::MAX`: checked, no handle
+//!    created and nothing served across streams), against the stream-ordered pool's
+//!    warm pair (`cuMemAllocFromPoolAsync` + `cuMemFreeAsync` on a pool of its own,
+//!    release threshold `u64::MAX`, on the same stream), as in section 1. Each pair is
+//!    timed on its own (median, p99: the timer's overhead included) and, apart, in
+//!    batches of [`BATCH_PAIRS`] pairs timed together (the mean pair of each batch:
+//!    the timer's overhead spread over the batch).
 //!
 //! Prints tables and writes every figure, with the ratios ours / alternative, to
 //! `--json PATH`. `--backend sim` runs flare-package's side only, on the simulated
@@ -52,16 +68,24 @@ use serde::Serialize;
 use flare_package::driver::cuda::CudaDriver;
 use flare_package::driver::{CuResult, MemInfo, Stream};
 use flare_package::trace::{self, Event, Trace};
-use flare_package::{fmt_bytes, DevicePtr, Driver, Pool, PoolConfig, SimConfig, SimDriver};
+use flare_package::{
+    fmt_bytes, DevicePtr, Driver, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver,
+};
 use flare_tools::cuda_baseline::{
     make_current, raw_mapping_cycle, InflightKernels, StreamOrderedPool,
 };
 
 type BoxResult<T> = Result<T, Box<dyn Error>>;
 
+const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const SIZES: [u64; 3] = [2 * MIB, 64 * MIB, GIB];
+/// Section 7's sizes: small tensors (the heaps' small class, up to 1 MiB), then the
+/// whole-mapping sizes.
+const SEGMENT_PAIR_SIZES: [u64; 6] = [4 * KIB, 64 * KIB, MIB, 2 * MIB, 64 * MIB, GIB];
+/// Pairs per batch timed together (section 7).
+const BATCH_PAIRS: usize = 1_000;
 const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
 /// Buffers freed in flight per round, and their size (section 4).
 const INFLIGHT_BUFFERS: usize = 1_000;
@@ -73,6 +97,17 @@ const TOUCH_EVERY: usize = 8;
 const INFLIGHT_KERNEL: Duration = Duration::from_millis(200);
 /// `CUDA_ERROR_NOT_READY`: what a stream query answers while work is queued.
 const NOT_READY: CuResult = CuResult(600);
+
+/// A live block's size in segment mode around the measured block: the smallest
+/// block (512 bytes) in the small class, just over 1 MiB in the large class, so that
+/// it lands in the measured size's heap.
+fn live_neighbour_bytes(size: u64) -> u64 {
+    if size <= MIB {
+        512
+    } else {
+        MIB + 512
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -134,6 +169,36 @@ fn stats(mut v: Vec<u64>) -> Stats {
         mean_ns: v.iter().sum::<u64>() as f64 / n as f64,
         min_ns: v.first().copied().unwrap_or(0) as f64,
     }
+}
+
+/// Runs `f` `warmup` times, then `batches` batches of `per_batch` runs, timing each
+/// batch: the statistics of the mean run of each batch (`iterations`: the runs).
+fn time_batched(
+    batches: usize,
+    per_batch: usize,
+    warmup: usize,
+    mut f: impl FnMut() -> BoxResult<()>,
+) -> BoxResult<Stats> {
+    for _ in 0..warmup {
+        f()?;
+    }
+    let mut v = Vec::with_capacity(batches);
+    for _ in 0..batches {
+        let t = Instant::now();
+        for _ in 0..per_batch {
+            f()?;
+        }
+        v.push(t.elapsed().as_nanos() as u64);
+    }
+    let s = stats(v);
+    let per = per_batch.max(1) as f64;
+    Ok(Stats {
+        iterations: batches * per_batch,
+        median_ns: s.median_ns / per,
+        p99_ns: s.p99_ns / per,
+        mean_ns: s.mean_ns / per,
+        min_ns: s.min_ns / per,
+    })
 }
 
 /// Runs `f` `warmup` times, then `n` times timing each run.
@@ -230,11 +295,20 @@ struct FreshMapping {
 
 #[derive(Debug, Serialize)]
 struct FlareReplay {
+    /// The reuse policy: `best-fit` or `segments`.
+    policy: &'static str,
     seconds: f64,
     events_per_second: f64,
     peak_physical_bytes: u64,
+    /// Peak physical bytes / the trace's lower bound.
+    ratio_peak_vs_lower_bound: Option<f64>,
     final_physical_bytes: u64,
+    /// Physical handles created (`cuMemCreate`): one per mapping with whole
+    /// mappings, one per growth of a segment in segment mode.
     mappings_created: u64,
+    /// Segments (reserved ranges) held at the end of the replay (0 with whole
+    /// mappings).
+    segments: u64,
     reuse_hits: u64,
     out_of_memory_at_line: Option<usize>,
     mem_free_before: Option<u64>,
@@ -258,11 +332,46 @@ struct Replay {
     trace: String,
     events: usize,
     allocations: usize,
+    /// Peak of the bytes live at once, each allocation rounded up to the
+    /// granularity (`Trace::lower_bound_bytes`, as `flare-replay` reports it).
+    lower_bound_bytes: u64,
+    /// Best-fit, whole mappings (the default policy).
     flare: FlareReplay,
+    /// Segment mode.
+    flare_segments: FlareReplay,
     stream_ordered: Option<StreamReplay>,
-    /// ours / stream-ordered pool.
+    /// ours (best-fit) / stream-ordered pool: time, peak physical / reserved high.
     ratio_seconds: Option<f64>,
     ratio_peak_bytes: Option<f64>,
+    /// ours (segments) / stream-ordered pool: time, peak physical / reserved high.
+    ratio_seconds_segments: Option<f64>,
+    ratio_peak_bytes_segments: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct SegmentPair {
+    size_bytes: u64,
+    /// `allocate_raw` + `free_raw` in segment mode, inside a retention scope.
+    flare_sync: Stats,
+    /// `allocate_async_raw` + `free_async_raw` in segment mode, on one stream.
+    flare_stream: Stats,
+    /// `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` on the same stream (own pool,
+    /// warm).
+    stream_ordered: Option<Stats>,
+    /// The same three, timed in batches of `BATCH_PAIRS` pairs: statistics of each
+    /// batch's mean pair.
+    flare_sync_batched: Stats,
+    flare_stream_batched: Stats,
+    stream_ordered_batched: Option<Stats>,
+    /// ours (synchronous pair) / stream-ordered pool's pair: medians, p99s, batch
+    /// medians.
+    ratio_median_sync_vs_stream_ordered: Option<f64>,
+    ratio_p99_sync_vs_stream_ordered: Option<f64>,
+    ratio_batched_sync_vs_stream_ordered: Option<f64>,
+    /// ours (stream pair) / stream-ordered pool's pair: medians, p99s, batch medians.
+    ratio_median_stream_vs_stream_ordered: Option<f64>,
+    ratio_p99_stream_vs_stream_ordered: Option<f64>,
+    ratio_batched_stream_vs_stream_ordered: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -298,6 +407,7 @@ struct Report {
     inflight_frees: InflightFrees,
     replay: Vec<Replay>,
     threads: Vec<Threads>,
+    segment_pair: Vec<SegmentPair>,
     targets: Vec<Target>,
     total_seconds: f64,
 }
@@ -437,44 +547,59 @@ impl Bench {
         Ok(out)
     }
 
+    /// Replays `t` on a fresh pool of the benchmark's backend with `policy`.
+    fn flare_replay(&self, t: &Trace, policy: ReusePolicy, lower: u64) -> BoxResult<FlareReplay> {
+        let pool = Pool::new(self.config().with_policy(policy))?;
+        let before = self.mem_info(Some(&pool));
+        let r = trace::replay(&pool, t, None)?;
+        let after = self.mem_info(Some(&pool));
+        let segments = pool.snapshot().segment_count;
+        drop(pool);
+        Ok(FlareReplay {
+            policy: policy.name(),
+            seconds: r.seconds,
+            events_per_second: t.len() as f64 / r.seconds.max(1e-12),
+            peak_physical_bytes: r.peak_physical_bytes,
+            ratio_peak_vs_lower_bound: ratio(r.peak_physical_bytes as f64, lower as f64),
+            final_physical_bytes: r.final_physical_bytes,
+            mappings_created: r.mappings_created,
+            segments,
+            reuse_hits: r.reuse_hits,
+            out_of_memory_at_line: r.out_of_memory_at_line,
+            mem_free_before: before.map(|m| m.free),
+            mem_free_after: after.map(|m| m.free),
+        })
+    }
+
     fn replays(&self) -> BoxResult<Vec<Replay>> {
         let mut out = Vec::new();
+        let granularity = Pool::new(self.config())?.granularity();
         for file in &self.trace_files {
             let t = trace::parse(file)?;
             eprintln!("replay {} ({} events)", t.name(), t.len());
-            let pool = Pool::new(self.config())?;
-            let before = self.mem_info(Some(&pool));
-            let r = trace::replay(&pool, &t, None)?;
-            let after = self.mem_info(Some(&pool));
-            drop(pool);
-            let flare = FlareReplay {
-                seconds: r.seconds,
-                events_per_second: t.len() as f64 / r.seconds.max(1e-12),
-                peak_physical_bytes: r.peak_physical_bytes,
-                final_physical_bytes: r.final_physical_bytes,
-                mappings_created: r.mappings_created,
-                reuse_hits: r.reuse_hits,
-                out_of_memory_at_line: r.out_of_memory_at_line,
-                mem_free_before: before.map(|m| m.free),
-                mem_free_after: after.map(|m| m.free),
-            };
+            let lower = t.lower_bound_bytes(granularity);
+            let flare = self.flare_replay(&t, ReusePolicy::BestFit, lower)?;
+            let flare_segments = self.flare_replay(&t, ReusePolicy::Segments, lower)?;
             let stream_ordered = match self.cuda {
                 Some(_) => Some(self.stream_replay(&t)?),
                 None => None,
             };
             let so = stream_ordered.as_ref().filter(|s| s.error.is_none());
+            let vs_time = |f: &FlareReplay| so.and_then(|s| ratio(f.seconds, s.seconds));
+            let vs_peak = |f: &FlareReplay| {
+                so.and_then(|s| ratio(f.peak_physical_bytes as f64, s.reserved_high_bytes as f64))
+            };
             out.push(Replay {
                 trace: t.name().to_string(),
                 events: t.len(),
                 allocations: t.allocations(),
-                ratio_seconds: so.and_then(|s| ratio(flare.seconds, s.seconds)),
-                ratio_peak_bytes: so.and_then(|s| {
-                    ratio(
-                        flare.peak_physical_bytes as f64,
-                        s.reserved_high_bytes as f64,
-                    )
-                }),
+                lower_bound_bytes: lower,
+                ratio_seconds: vs_time(&flare),
+                ratio_peak_bytes: vs_peak(&flare),
+                ratio_seconds_segments: vs_time(&flare_segments),
+                ratio_peak_bytes_segments: vs_peak(&flare_segments),
                 flare,
+                flare_segments,
                 stream_ordered,
             });
         }
@@ -660,6 +785,33 @@ impl Work<'_> {
     }
 }
 
+/// On a fresh segment-mode pool: allocates a live block, a block of `size` bytes and
+/// another live block (of [`live_neighbour_bytes`]), checks that they lie back to
+/// back (the measured block between two live blocks of its heap: its free neither
+/// coalesces nor leaves a handle wholly free), frees the middle one and returns the
+/// two live ones.
+fn surround(
+    size: u64,
+    mut alloc: impl FnMut(u64) -> BoxResult<DevicePtr>,
+    mut free: impl FnMut(DevicePtr) -> BoxResult<()>,
+) -> BoxResult<[DevicePtr; 2]> {
+    let live = live_neighbour_bytes(size);
+    let first = alloc(live)?;
+    let p = alloc(size)?;
+    let last = alloc(live)?;
+    // Blocks are rounded to 512 bytes (both sizes here already are).
+    if p != first + live || last != p + size {
+        return Err(format!(
+            "segment pair {}: blocks not laid out back to back \
+             ({first:#x}, {p:#x}, {last:#x})",
+            fmt_bytes(size)
+        )
+        .into());
+    }
+    free(p)?;
+    Ok([first, last])
+}
+
 /// A simulated stream on `pool`'s simulated driver, and that driver.
 fn sim_stream(pool: &Pool) -> BoxResult<(Arc<SimDriver>, Stream)> {
     let sim = pool
@@ -795,6 +947,141 @@ impl Bench {
         }
         // The pool first: it may record fence events on the stream until dropped.
         drop(pool);
+        drop(sop);
+        Ok(out)
+    }
+
+    /// Section 7: the segment-mode pairs against the stream-ordered pool's pair.
+    fn segment_pairs(&self) -> BoxResult<Vec<SegmentPair>> {
+        let segments = |threshold: u64| -> BoxResult<Pool> {
+            Ok(Pool::new(PoolConfig {
+                release_threshold_bytes: threshold,
+                ..self.config().with_policy(ReusePolicy::Segments)
+            })?)
+        };
+        let sop = match &self.cuda {
+            Some(_) => Some(StreamOrderedPool::new(self.args.device)?),
+            None => None,
+        };
+        let n = self.scaled(20_000);
+        let batches = self.scaled(20);
+        let mut out = Vec::new();
+        for size in SEGMENT_PAIR_SIZES {
+            eprintln!(
+                "segment pair {}: {n} pairs, {batches} x {BATCH_PAIRS} batched, each",
+                fmt_bytes(size)
+            );
+            // Fresh pools per size, so that the measured block is laid out between
+            // two live blocks of its heap: the synchronous pair inside a scope; the
+            // stream pair with no scope and release threshold u64::MAX (freed memory
+            // stays cached, as the stream-ordered pool's does).
+            let sync_pool = segments(0)?;
+            let scope = sync_pool.retention_scope()?;
+            let live = surround(
+                size,
+                |b| Ok(sync_pool.allocate_raw(b)?),
+                |p| Ok(sync_pool.free_raw(p)?),
+            )?;
+            let before = sync_pool.snapshot();
+            let pair = || {
+                let p = sync_pool.allocate_raw(size)?;
+                sync_pool.free_raw(p)?;
+                Ok(())
+            };
+            let flare_sync = time_each(n, 1_000, pair)?;
+            let flare_sync_batched = time_batched(batches, BATCH_PAIRS, 0, pair)?;
+            let after = sync_pool.snapshot();
+            let pairs = (n + 1_000 + batches * BATCH_PAIRS) as u64;
+            if after.mappings_created != before.mappings_created
+                || after.reuse_exact_hits - before.reuse_exact_hits != pairs
+            {
+                return Err("a segment pair (scope) was not an exact hit in its heap".into());
+            }
+            for p in live {
+                sync_pool.free_raw(p)?;
+            }
+            scope.finish()?;
+            drop(sync_pool);
+
+            let stream_pool = segments(u64::MAX)?;
+            let stream = match &sop {
+                Some(sop) => sop.stream(),
+                None => sim_stream(&stream_pool)?.1,
+            };
+            let live = surround(
+                size,
+                |b| Ok(stream_pool.allocate_async_raw(b, stream)?),
+                |p| Ok(stream_pool.free_async_raw(p, stream)?),
+            )?;
+            let before = stream_pool.snapshot();
+            let pair = || {
+                let p = stream_pool.allocate_async_raw(size, stream)?;
+                stream_pool.free_async_raw(p, stream)?;
+                Ok(())
+            };
+            let flare_stream = time_each(n, 1_000, pair)?;
+            let flare_stream_batched = time_batched(batches, BATCH_PAIRS, 0, pair)?;
+            let after = stream_pool.snapshot();
+            if after.mappings_created != before.mappings_created
+                || after.reuse_exact_hits - before.reuse_exact_hits != pairs
+            {
+                return Err("a segment stream pair was not an exact hit in its heap".into());
+            }
+            if after.cross_stream_hits != before.cross_stream_hits {
+                return Err("a segment stream pair was served across streams".into());
+            }
+            for p in live {
+                stream_pool.free_async_raw(p, stream)?;
+            }
+            // Before the stream-ordered pool's stream goes: it may record fence
+            // events on it until dropped.
+            drop(stream_pool);
+
+            let (mut stream_ordered, mut stream_ordered_batched) = (None, None);
+            if let Some(sop) = &sop {
+                let cur = sop.make_current()?;
+                let pair = || {
+                    let p = cur.pool_alloc(sop, size)?;
+                    cur.pool_free(sop, p)?;
+                    Ok(())
+                };
+                stream_ordered = Some(time_each(n, 1_000, pair)?);
+                stream_ordered_batched = Some(time_batched(batches, BATCH_PAIRS, 0, pair)?);
+                sop.synchronize()?;
+            }
+            let vs = |ours: &Stats, alt: &Option<Stats>, p99: bool| {
+                alt.as_ref().and_then(|a| {
+                    if p99 {
+                        ratio(ours.p99_ns, a.p99_ns)
+                    } else {
+                        ratio(ours.median_ns, a.median_ns)
+                    }
+                })
+            };
+            out.push(SegmentPair {
+                size_bytes: size,
+                ratio_median_sync_vs_stream_ordered: vs(&flare_sync, &stream_ordered, false),
+                ratio_p99_sync_vs_stream_ordered: vs(&flare_sync, &stream_ordered, true),
+                ratio_batched_sync_vs_stream_ordered: vs(
+                    &flare_sync_batched,
+                    &stream_ordered_batched,
+                    false,
+                ),
+                ratio_median_stream_vs_stream_ordered: vs(&flare_stream, &stream_ordered, false),
+                ratio_p99_stream_vs_stream_ordered: vs(&flare_stream, &stream_ordered, true),
+                ratio_batched_stream_vs_stream_ordered: vs(
+                    &flare_stream_batched,
+                    &stream_ordered_batched,
+                    false,
+                ),
+                flare_sync,
+                flare_stream,
+                stream_ordered,
+                flare_sync_batched,
+                flare_stream_batched,
+                stream_ordered_batched,
+            });
+        }
         drop(sop);
         Ok(out)
     }
@@ -977,6 +1264,35 @@ fn targets(r: &Report) -> Vec<Target> {
         2.0,
         f.ratio_total_vs_cu_mem_free_async,
     ));
+    // Issue 12 (segment mode).
+    for p in &r.segment_pair {
+        let size = fmt_bytes(p.size_bytes);
+        out.push(check(
+            format!("segment pair {size} (scope) / stream-ordered warm pair (median) <= 0.1"),
+            0.1,
+            p.ratio_median_sync_vs_stream_ordered,
+        ));
+        out.push(check(
+            format!("segment stream pair {size} / stream-ordered warm pair (median) <= 0.1"),
+            0.1,
+            p.ratio_median_stream_vs_stream_ordered,
+        ));
+    }
+    for x in &r.replay {
+        out.push(check(
+            format!(
+                "replay {}: segments peak physical / stream-ordered reserved high <= 1",
+                x.trace
+            ),
+            1.0,
+            x.ratio_peak_bytes_segments,
+        ));
+        out.push(check(
+            format!("replay {}: segments handles created <= 100", x.trace),
+            100.0,
+            Some(x.flare_segments.mappings_created as f64),
+        ));
+    }
     out
 }
 
@@ -1127,8 +1443,11 @@ fn print(r: &Report) {
     t.set_header(vec![
         "trace",
         "events",
+        "policy",
         "flare time",
         "flare peak physical",
+        "/ lower bound",
+        "handles created",
         "flare free before/after",
         "stream-ordered time",
         "stream-ordered reserved high",
@@ -1137,23 +1456,36 @@ fn print(r: &Report) {
     ]);
     for p in &r.replay {
         let so = p.stream_ordered.as_ref();
-        t.add_row(vec![
-            p.trace.clone(),
-            p.events.to_string(),
-            format!("{:.2} ms", p.flare.seconds * 1e3),
-            fmt_bytes(p.flare.peak_physical_bytes),
-            match (p.flare.mem_free_before, p.flare.mem_free_after) {
-                (Some(b), Some(a)) => format!("{} / {}", fmt_bytes(b), fmt_bytes(a)),
-                _ => "n/a".to_string(),
-            },
-            opt(so, |s| match &s.error {
-                Some(e) => format!("failed: {e}"),
-                None => format!("{:.2} ms", s.seconds * 1e3),
-            }),
-            opt(so, |s| fmt_bytes(s.reserved_high_bytes)),
-            opt(p.ratio_seconds, |x| format!("{x:.3}")),
-            opt(p.ratio_peak_bytes, |x| format!("{x:.3}")),
-        ]);
+        let rows = [
+            (&p.flare, p.ratio_seconds, p.ratio_peak_bytes),
+            (
+                &p.flare_segments,
+                p.ratio_seconds_segments,
+                p.ratio_peak_bytes_segments,
+            ),
+        ];
+        for (f, vs_time, vs_peak) in rows {
+            t.add_row(vec![
+                p.trace.clone(),
+                p.events.to_string(),
+                f.policy.to_string(),
+                format!("{:.2} ms", f.seconds * 1e3),
+                fmt_bytes(f.peak_physical_bytes),
+                opt(f.ratio_peak_vs_lower_bound, |x| format!("{x:.3}")),
+                f.mappings_created.to_string(),
+                match (f.mem_free_before, f.mem_free_after) {
+                    (Some(b), Some(a)) => format!("{} / {}", fmt_bytes(b), fmt_bytes(a)),
+                    _ => "n/a".to_string(),
+                },
+                opt(so, |s| match &s.error {
+                    Some(e) => format!("failed: {e}"),
+                    None => format!("{:.2} ms", s.seconds * 1e3),
+                }),
+                opt(so, |s| fmt_bytes(s.reserved_high_bytes)),
+                opt(vs_time, |x| format!("{x:.3}")),
+                opt(vs_peak, |x| format!("{x:.3}")),
+            ]);
+        }
     }
     println!("{t}\n");
 
@@ -1165,6 +1497,45 @@ fn print(r: &Report) {
             x.pairs.to_string(),
             format!("{:.3e}", x.pairs_per_second),
             x.misses.to_string(),
+        ]);
+    }
+    println!("{t}\n");
+
+    let mut t = Table::new();
+    t.set_header(vec![
+        "segment pair",
+        "scope median / p99",
+        "stream median / p99",
+        "stream-ordered median / p99",
+        "batched: scope / stream / stream-ordered",
+        "scope/stream-ordered (median)",
+        "stream/stream-ordered (median)",
+        "batched ratios (scope, stream)",
+    ]);
+    let pair = |s: &Stats| format!("{} / {}", us(s.median_ns), us(s.p99_ns));
+    for p in &r.segment_pair {
+        t.add_row(vec![
+            fmt_bytes(p.size_bytes),
+            pair(&p.flare_sync),
+            pair(&p.flare_stream),
+            opt(p.stream_ordered.as_ref(), pair),
+            format!(
+                "{} / {} / {}",
+                us(p.flare_sync_batched.median_ns),
+                us(p.flare_stream_batched.median_ns),
+                opt(p.stream_ordered_batched, |s| us(s.median_ns))
+            ),
+            opt(p.ratio_median_sync_vs_stream_ordered, |x| format!("{x:.3}")),
+            opt(p.ratio_median_stream_vs_stream_ordered, |x| {
+                format!("{x:.3}")
+            }),
+            match (
+                p.ratio_batched_sync_vs_stream_ordered,
+                p.ratio_batched_stream_vs_stream_ordered,
+            ) {
+                (Some(a), Some(b)) => format!("{a:.3}, {b:.3}"),
+                _ => "n/a".to_string(),
+            },
         ]);
     }
     println!("{t}\n");
@@ -1195,6 +1566,7 @@ fn run(bench: &Bench) -> BoxResult<Report> {
         inflight_frees: bench.inflight_frees()?,
         replay: bench.replays()?,
         threads: bench.threads()?,
+        segment_pair: bench.segment_pairs()?,
         targets: Vec::new(),
         total_seconds: 0.0,
     };

@@ -446,6 +446,14 @@ impl State {
         }
     }
 
+    /// The mapping in `slot`, borrowed (no copy of the whole record).
+    pub(super) fn mref(&self, slot: u32) -> &Mapping {
+        match self.slots.get(slot as usize) {
+            Some(Some(m)) => m,
+            _ => unreachable_slot(slot),
+        }
+    }
+
     pub(super) fn mapping_mut(&mut self, slot: u32) -> &mut Mapping {
         match self.slots.get_mut(slot as usize) {
             Some(Some(m)) => m,
@@ -485,11 +493,13 @@ impl State {
         id: Option<u64>,
     ) -> crate::Result<(u32, Option<Vec<Stream>>)> {
         let unknown = crate::Error::UnknownPointer { ptr };
-        let slot = *self.live.get(&ptr).ok_or(unknown)?;
-        if id.is_some_and(|id| self.mapping(slot).alloc_id != id) {
+        // One hash lookup on the common path: removed first, put back on a mismatch.
+        let slot = self.live.remove(&ptr).ok_or(unknown)?;
+        if id.is_some_and(|id| self.mref(slot).alloc_id != id) {
+            self.live.insert(ptr, slot);
             return Err(crate::Error::UnknownPointer { ptr });
         }
-        self.make_idle(slot);
+        self.make_idle_unlisted(slot);
         let recorded = if self.recorded.is_empty() {
             None
         } else {
@@ -502,14 +512,19 @@ impl State {
     /// freed, needing a device synchronize before release until a stream free says
     /// otherwise.
     pub(super) fn make_idle(&mut self, slot: u32) {
+        let ptr = self.mref(slot).reservation.ptr;
+        self.live.remove(&ptr);
+        self.make_idle_unlisted(slot);
+    }
+
+    /// [`State::make_idle`] for a slot already out of the pointer map.
+    fn make_idle_unlisted(&mut self, slot: u32) {
         let m = self.mapping_mut(slot);
         m.state = MappingState::Idle;
         m.needs_sync = true;
         m.freed_on = None;
-        let (ptr, size, requested, block) =
-            (m.reservation.ptr, m.size(), m.requested, m.is_block());
+        let (size, requested, block) = (m.size(), m.requested, m.is_block());
         m.requested = 0;
-        self.live.remove(&ptr);
         let c = &mut self.counters;
         c.live_count -= 1;
         c.live_requested_bytes -= requested;

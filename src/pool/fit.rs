@@ -146,11 +146,15 @@ impl FreeIndex {
         if link.next != NIL {
             self.links[link.next as usize].prev = link.prev;
         }
+        // A linked slot's heap exists.
+        let Some(Some(heap)) = self.heaps.get_mut(link.heap as usize) else {
+            return false;
+        };
+        heap.len -= 1;
         if link.prev != NIL {
             self.links[link.prev as usize].next = link.next;
         } else {
             let (fl, sl) = unpack(link.bin);
-            let heap = self.heap_mut(link.heap);
             heap.heads[fl][sl] = link.next;
             if link.next == NIL {
                 heap.bins[fl] &= !(1 << sl);
@@ -158,9 +162,6 @@ impl FreeIndex {
                     heap.levels &= !(1 << fl);
                 }
             }
-        }
-        if let Some(Some(h)) = self.heaps.get_mut(link.heap as usize) {
-            h.len -= 1;
         }
         self.links[slot as usize] = UNLINKED;
         true

@@ -348,8 +348,11 @@ impl Pool {
             // Streams from `record_stream` do not matter here: the release
             // synchronizes every device.
             let (slot, _recorded) = st.free_live(ptr, id)?;
-            let m = st.mapping(slot);
-            if m.is_block() {
+            let (block, seg) = {
+                let m = st.mref(slot);
+                (m.is_block(), m.seg)
+            };
+            if block {
                 // Back to its heap (the synchronous heap's own), or kept whole for the
                 // synchronous API (a stream heap's block); then, over the threshold,
                 // its segment's handles left wholly free are released.
@@ -357,7 +360,7 @@ impl Pool {
                 if st.counters.scope_open || st.cached_bytes() <= self.release_threshold {
                     return Ok(());
                 }
-                st.collect_segment(m.seg, &mut batch, true, Some(self.release_threshold));
+                st.collect_segment(seg, &mut batch, true, Some(self.release_threshold));
                 st.collect_retries(&mut batch, true);
                 st.start_release(&mut batch);
                 drop(st);

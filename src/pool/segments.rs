@@ -186,18 +186,21 @@ impl State {
     /// makes it safe for its heap's home (the home's own bucket, or [`ANY`]), it goes
     /// back to the heap's free space; returns whether it did.
     pub(super) fn block_to_heap(&mut self, slot: u32, bucket: u32) -> bool {
-        let m = self.mapping(slot);
+        let (sid, needs_sync, mark) = {
+            let m = self.mref(slot);
+            (m.seg, m.needs_sync, m.mark)
+        };
         let ticket = self.sync_ticket;
-        let seg = &mut self.segs.segs[m.seg as usize];
+        let seg = &mut self.segs.segs[sid as usize];
         let home = home_of(seg.key);
         if bucket != home && bucket != ANY {
             return false;
         }
         if bucket == home {
-            if home == SYNC_FREED || m.needs_sync {
+            if home == SYNC_FREED || needs_sync {
                 seg.dirty_at = Some(ticket);
             } else {
-                seg.mark = seg.mark.max(m.mark);
+                seg.mark = seg.mark.max(mark);
             }
         }
         self.merge_free(slot);
@@ -207,50 +210,57 @@ impl State {
     /// Idle block `slot` (out of every index) joins its heap's free space, coalesced
     /// with its free neighbours.
     pub(super) fn merge_free(&mut self, slot: u32) {
-        let mut m = self.mapping(slot);
-        let key = self.segs.segs[m.seg as usize].key;
-        if m.prev != NIL {
-            let p = self.mapping(m.prev);
-            if p.state == MappingState::HeapFree && p.ptr() + p.size() == m.ptr() {
-                self.segs.free.remove(m.prev);
-                let old = m.prev;
-                let seg = &mut self.segs.segs[m.seg as usize];
-                if seg.tail == old {
+        let (sid, mut ptr, mut size, mut prev, mut next) = {
+            let m = self.mref(slot);
+            (m.seg, m.ptr(), m.size(), m.prev, m.next)
+        };
+        if prev != NIL {
+            let p = self.mref(prev);
+            if p.state == MappingState::HeapFree && p.ptr() + p.size() == ptr {
+                let (pptr, psize, pprev) = (p.ptr(), p.size(), p.prev);
+                self.segs.free.remove(prev);
+                let seg = &mut self.segs.segs[sid as usize];
+                if seg.tail == prev {
                     seg.tail = slot;
                 }
-                m.reservation.ptr = p.ptr();
-                m.handle.size += p.size();
-                m.prev = p.prev;
-                if p.prev != NIL {
-                    self.mapping_mut(p.prev).next = slot;
+                self.remove_slot(prev);
+                ptr = pptr;
+                size += psize;
+                prev = pprev;
+                if prev != NIL {
+                    self.mapping_mut(prev).next = slot;
                 }
-                self.remove_slot(old);
             }
         }
-        if m.next != NIL {
-            let n = self.mapping(m.next);
-            if n.state == MappingState::HeapFree && m.ptr() + m.size() == n.ptr() {
-                self.segs.free.remove(m.next);
-                let old = m.next;
-                m.handle.size += n.size();
-                m.next = n.next;
-                if n.next != NIL {
-                    self.mapping_mut(n.next).prev = slot;
-                }
-                let seg = &mut self.segs.segs[m.seg as usize];
-                if seg.tail == old {
+        if next != NIL {
+            let n = self.mref(next);
+            if n.state == MappingState::HeapFree && ptr + size == n.ptr() {
+                let (nsize, nnext) = (n.size(), n.next);
+                self.segs.free.remove(next);
+                let seg = &mut self.segs.segs[sid as usize];
+                if seg.tail == next {
                     seg.tail = slot;
                 }
-                self.remove_slot(old);
+                self.remove_slot(next);
+                size += nsize;
+                next = nnext;
+                if next != NIL {
+                    self.mapping_mut(next).prev = slot;
+                }
             }
         }
+        let key = self.segs.segs[sid as usize].key;
+        let m = self.mapping_mut(slot);
+        m.reservation.ptr = ptr;
+        m.handle.size = size;
+        m.prev = prev;
+        m.next = next;
         m.state = MappingState::HeapFree;
         m.requested = 0;
         m.retry = false;
         m.needs_sync = false;
         m.freed_on = None;
-        *self.mapping_mut(slot) = m;
-        self.segs.free.insert(slot, key, m.size());
+        self.segs.free.insert(slot, key, size);
     }
 
     /// Claims room for a handle of at least `size` bytes at the end of heap `key`'s

@@ -499,7 +499,7 @@ impl State {
             self.live.insert(ptr, slot);
             return Err(crate::Error::UnknownPointer { ptr });
         }
-        self.make_idle_unlisted(slot);
+        self.make_idle(slot);
         let recorded = if self.recorded.is_empty() {
             None
         } else {
@@ -508,17 +508,11 @@ impl State {
         Ok((slot, recorded))
     }
 
-    /// Makes live `slot` idle (out of the pointer map, not yet indexed): counted as
+    /// Makes live `slot`, already taken out of the pointer map, idle (not yet
+    /// indexed): counted as
     /// freed, needing a device synchronize before release until a stream free says
     /// otherwise.
     pub(super) fn make_idle(&mut self, slot: u32) {
-        let ptr = self.mref(slot).reservation.ptr;
-        self.live.remove(&ptr);
-        self.make_idle_unlisted(slot);
-    }
-
-    /// [`State::make_idle`] for a slot already out of the pointer map.
-    fn make_idle_unlisted(&mut self, slot: u32) {
         let m = self.mapping_mut(slot);
         m.state = MappingState::Idle;
         m.needs_sync = true;

@@ -381,7 +381,7 @@ impl State {
 
     /// Handle `hslot`, mapped at `ptr` (`size` bytes) at segment `sid`'s growing end,
     /// joins the segment: its range becomes a free block, linked to (and coalesced
-    /// with) the block before it. Ends one in-flight growth step (`busy`).
+    /// with) the blocks next to it. Ends one in-flight growth step (`busy`).
     fn place_range(&mut self, sid: u32, ptr: DevicePtr, size: u64, hslot: u32) -> u32 {
         let seg = &mut self.segs.segs[sid as usize];
         seg.busy -= 1;
@@ -395,22 +395,56 @@ impl State {
             },
         );
         let (tail, tail_end) = (seg.tail, seg.tail_end);
+        // Blocks cover every booked handle: a booked handle right before (after) it
+        // holds the block that ends (starts) there. Usually that is the end block
+        // only; a growth booked after a later growth of the segment (both in flight
+        // at once) lies below it, and its neighbours are found by a scan (rare path:
+        // left unlinked, the ranges could never coalesce).
+        let left_booked = at > 0 && seg.handles[at - 1].ptr + seg.handles[at - 1].size == ptr;
+        let right_booked = seg.handles.get(at + 1).is_some_and(|h| h.ptr == ptr + size);
+        let by_tail = tail != NIL && tail_end == ptr;
+        let (prev, next) = if right_booked || (left_booked && !by_tail) {
+            self.block_neighbours(sid, ptr, size)
+        } else if by_tail {
+            (tail, NIL)
+        } else {
+            (NIL, NIL)
+        };
         let mut block = Mapping::block(sid, ptr, size, MappingState::Idle);
-        let linked = tail != NIL && tail_end == ptr;
-        if linked {
-            block.prev = tail;
-        }
+        block.prev = prev;
+        block.next = next;
         let slot = self.add_slot(block);
-        if linked {
-            self.mapping_mut(tail).next = slot;
+        if prev != NIL {
+            self.mapping_mut(prev).next = slot;
+        }
+        if next != NIL {
+            self.mapping_mut(next).prev = slot;
         }
         let seg = &mut self.segs.segs[sid as usize];
-        if ptr + size > seg.tail_end || seg.tail == NIL {
+        if next == NIL && (ptr + size > seg.tail_end || seg.tail == NIL) {
             seg.tail = slot;
             seg.tail_end = ptr + size;
         }
         self.merge_free(slot);
         slot
+    }
+
+    /// The blocks of segment `sid` that end at `ptr` and that start at `ptr + size`
+    /// ([`NIL`] where none does): a scan of the books (rare paths only).
+    fn block_neighbours(&self, sid: u32, ptr: DevicePtr, size: u64) -> (u32, u32) {
+        let (mut left, mut right) = (NIL, NIL);
+        for (i, s) in self.slots.iter().enumerate() {
+            if let Some(b) = s {
+                if b.piece == Piece::Block && b.seg == sid {
+                    if b.ptr() + b.size() == ptr {
+                        left = i as u32;
+                    } else if b.ptr() == ptr + size {
+                        right = i as u32;
+                    }
+                }
+            }
+        }
+        (left, right)
     }
 
     /// Resets segment `sid` to empty when its last handle is gone and nothing is in
@@ -754,18 +788,7 @@ impl State {
         c.segment_mapped_bytes += size;
         c.block_free_bytes += size;
         // Its neighbours (rare path: a scan of the segment's blocks).
-        let (mut left, mut right) = (NIL, NIL);
-        for (i, s) in self.slots.iter().enumerate() {
-            if let Some(b) = s {
-                if b.piece == Piece::Block && b.seg == sid {
-                    if b.ptr() + b.size() == ptr {
-                        left = i as u32;
-                    } else if b.ptr() == ptr + size {
-                        right = i as u32;
-                    }
-                }
-            }
-        }
+        let (left, right) = self.block_neighbours(sid, ptr, size);
         let mut block = Mapping::block(sid, ptr, size, MappingState::Idle);
         block.prev = left;
         block.next = right;

@@ -541,7 +541,10 @@ impl State {
             }
             let mut f = Some(f);
             while let Some(range) = f {
-                if keep.is_some_and(|k| self.cached_bytes() <= k) {
+                // What `batch` releases is still counted cached until it is booked.
+                if keep.is_some_and(|k| {
+                    self.cached_bytes().saturating_sub(releasing_bytes(batch)) <= k
+                }) {
                     return;
                 }
                 f = self.take_handle_from(range, batch, needs_sync).flatten();
@@ -841,6 +844,17 @@ const GROWTH_DIVISOR: u64 = 8;
 
 /// ... but never more than this many bytes beyond the need (64 MiB).
 const GROWTH_CAP_BYTES: u64 = 64 << 20;
+
+/// Bytes of the handles and whole mappings in `batch`: idle until it is booked, then
+/// released (its blocks go back to their heaps, still cached).
+fn releasing_bytes(batch: &Batch) -> u64 {
+    batch
+        .mappings
+        .iter()
+        .filter(|(_, m)| !m.is_block())
+        .map(|(_, m)| m.size())
+        .sum()
+}
 
 /// `v` rounded up to a multiple of `g` (a power of two); `None` on overflow.
 pub(super) fn round_up(v: u64, g: u64) -> Option<u64> {

@@ -987,3 +987,65 @@ fn seg_failed_release_races_growth() {
         ],
     );
 }
+
+/// Segments: the first two requests of a heap race, both missing. Each is served
+/// and they do not overlap, by one of three paths: the second carves the first's
+/// new handle (one segment, one handle); it grows the segment the first made,
+/// after the first's claim (one segment, two handles); or both found no segment
+/// and each reserved one (two segments of the heap, one handle each: the first
+/// growth of a heap reserves outside the lock). Freed outside a scope (threshold
+/// 0), every handle is released, the reservations when the pool is dropped: also
+/// where both blocks were carved from the first segment (the second growth's carve
+/// took the first's free rest), leaving the second segment's handle wholly free
+/// with no block of it ever freed.
+#[test]
+fn seg_first_growths_race() {
+    static SEEN: [AtomicUsize; 3] = [const { AtomicUsize::new(0) }; 3];
+    model("seg_first_growths_race", Some(4), || {
+        let (pool, sim) = seg_pool(0);
+        let alloc = || {
+            let pool = pool.clone();
+            thread::spawn(move || pool.allocate_raw(KIB).unwrap())
+        };
+        let t1 = alloc();
+        let t2 = alloc();
+        invariants(&pool.snapshot());
+        let p1 = t1.join().unwrap();
+        let p2 = t2.join().unwrap();
+        assert!(p1.abs_diff(p2) >= KIB, "{p1:#x} {p2:#x} overlap");
+        let s = pool.snapshot();
+        invariants(&s);
+        no_failures(&s);
+        let got = (s.segment_count, s.segment_handles, s.mappings_created);
+        let outcome = match got {
+            (1, 1, 1) => {
+                // (A reuse hit, or a growth that found the free end block enough
+                // and mapped nothing.)
+                assert_eq!(p1.abs_diff(p2), KIB, "carved from one handle");
+                0
+            }
+            (1, 2, 2) => 1,
+            (2, 2, 2) => 2,
+            _ => panic!("{s:#?}"),
+        };
+        SEEN[outcome].fetch_add(1, Ordering::Relaxed);
+        assert_eq!(s.physical_bytes, s.segment_handles * 2 * MIB);
+        books_match_driver(&s, &sim);
+        for p in [p1, p2] {
+            assert_eq!(sim.touch(p, KIB, 0), CuResult::SUCCESS);
+            pool.free_raw(p).unwrap();
+        }
+        let s = pool.snapshot();
+        invariants(&s);
+        no_failures(&s);
+        assert_eq!((s.physical_bytes, s.segment_handles), (0, 0), "{s:#?}");
+        assert_eq!(s.mappings_released, s.mappings_created);
+        books_match_driver(&s, &sim);
+        drop_and_check_empty(pool, sim);
+    });
+    all_seen(
+        "seg_first_growths_race",
+        &SEEN,
+        &["one handle", "one segment, two handles", "two segments"],
+    );
+}

@@ -508,14 +508,28 @@ impl State {
         }
     }
 
-    /// As [`State::collect_heaps`], for segment `sid` only.
-    pub(super) fn collect_segment(
+    /// As [`State::collect_heaps`], for the segments of segment `sid`'s heap key: a
+    /// free's release. Not `sid` alone: a heap has more than one segment when its
+    /// first growths raced (each reserved one) or one ran out of room, and a growth
+    /// whose carve took a block of another segment (freed meanwhile) leaves its new
+    /// handle wholly free, which no free in that segment may ever come to collect.
+    pub(super) fn collect_heap_of(
         &mut self,
         sid: u32,
         batch: &mut Batch,
         may_sync: bool,
         keep: Option<u64>,
     ) {
+        let key = self.segs.segs[sid as usize].key;
+        let n = self.segs.by_key.get(&key).map_or(0, Vec::len);
+        for i in 0..n {
+            let s = self.segs.by_key[&key][i];
+            self.collect_segment(s, batch, may_sync, keep);
+        }
+    }
+
+    /// As [`State::collect_heaps`], for segment `sid` only.
+    fn collect_segment(&mut self, sid: u32, batch: &mut Batch, may_sync: bool, keep: Option<u64>) {
         if self.segs.segs[sid as usize].handles.is_empty() {
             return;
         }

@@ -1049,3 +1049,63 @@ fn seg_first_growths_race() {
         &["one handle", "one segment, two handles", "two segments"],
     );
 }
+
+/// Segments, stream order: as `stream_free_races_polling_release`, with the two
+/// blocks in stream S's heap (a 2 MiB handle for `p`, a 4 MiB one for `q`). A free
+/// on S puts its block back in S's heap at once, marked; its handle is released
+/// (threshold 0) only once a fence covering that mark completed (the free's poll,
+/// or the trim's fence wait), never with a device synchronize, and never while S's
+/// kernel on `p` may run (the simulated driver would record a fault).
+#[test]
+fn seg_stream_free_races_polling_release() {
+    model("seg_stream_free_races_polling_release", Some(4), || {
+        let (pool, sim) = seg_pool(0);
+        let s = flare_package::Stream(sim.stream_create().unwrap());
+        let p = pool.allocate_async_raw(2 * MIB, s).unwrap();
+        let q = pool.allocate_async_raw(4 * MIB, s).unwrap();
+        assert_eq!(q, p + 2 * MIB, "S's heap grows after p");
+        assert_eq!(pool.snapshot().segment_handles, 2);
+        assert_eq!(sim.launch(s.0, p, 2 * MIB), CuResult::SUCCESS);
+        let t1 = {
+            let pool = pool.clone();
+            thread::spawn(move || pool.free_async_raw(p, s).unwrap())
+        };
+        let t2 = {
+            let pool = pool.clone();
+            thread::spawn(move || pool.trim().unwrap())
+        };
+        let t3 = {
+            let (pool, sim) = (pool.clone(), sim.clone());
+            thread::spawn(move || {
+                assert_eq!(sim.stream_complete(s.0), CuResult::SUCCESS);
+                pool.free_async_raw(q, s).unwrap();
+            })
+        };
+        invariants(&pool.snapshot());
+        t1.join().unwrap();
+        t2.join().unwrap();
+        t3.join().unwrap();
+        let s1 = pool.snapshot();
+        invariants(&s1);
+        no_failures(&s1);
+        assert_eq!((s1.live_count, s1.frees), (0, 2));
+        assert_eq!(s1.physical_bytes, s1.block_free_bytes, "{s1:#?}");
+        books_match_driver(&s1, &sim);
+        pool.trim().unwrap();
+        let s2 = pool.snapshot();
+        invariants(&s2);
+        assert_eq!(
+            (
+                s2.physical_bytes,
+                s2.mappings_released,
+                s2.events_outstanding
+            ),
+            (0, 2, 0),
+            "{s2:#?}"
+        );
+        assert_eq!(sim.call_count(DriverCall::Synchronize), 0);
+        assert!(sim.faults().is_empty(), "driver faults: {:?}", sim.faults());
+        books_match_driver(&s2, &sim);
+        drop_and_check_empty(pool, sim);
+    });
+}

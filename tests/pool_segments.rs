@@ -430,6 +430,31 @@ fn trim_waits_for_a_stream_heaps_fence() {
     no_faults(&sim);
 }
 
+/// A stream heap whose fence cannot be recorded, or waited on, at trim: the order of
+/// its stream's work is unknown, so its free handles are released after a device
+/// synchronize instead (counted, not an error), as idle memory of a stream is, and
+/// not before the stream's kernel is done.
+#[test]
+fn a_failed_fence_releases_a_stream_heap_after_a_synchronize() {
+    for call in [SimStreamCall::EventRecord, SimStreamCall::EventSynchronize] {
+        let (pool, sim) = seg_pool(u64::MAX);
+        let s = stream(&sim);
+        let p = pool.allocate_async_raw(MIB, s).unwrap();
+        sim.launch(s.0, p, MIB);
+        pool.free_async_raw(p, s).unwrap();
+        sim.inject_stream_failure(call, 1, CuResult::UNKNOWN);
+        pool.trim().unwrap();
+        let snap = check(&pool);
+        assert_eq!(
+            (snap.physical_bytes, snap.stream_call_failures),
+            (0, 1),
+            "{call:?}: {snap:#?}"
+        );
+        assert_eq!(sim.call_count(DriverCall::Synchronize), 1, "{call:?}");
+        no_faults(&sim);
+    }
+}
+
 /// The synchronous free of a block with work in flight: its handle's release
 /// synchronizes the device first (the synchronous API's contract).
 #[test]

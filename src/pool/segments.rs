@@ -458,17 +458,39 @@ impl State {
         }
     }
 
-    /// Whether the handles of segment `sid` need a device synchronize before their
-    /// release.
-    fn segment_needs_sync(&self, sid: u32) -> bool {
+    /// Whether the handles of segment `sid` may be released now and need a device
+    /// synchronize first: `None` while it holds memory freed on its home stream that
+    /// no completed fence covers (released once one does, with no synchronize, as
+    /// memory idle in a stream's bucket is; a release point whose fence failed holds
+    /// it for a synchronize instead, [`State::hold_heaps`]), else `Some(needs_sync)`.
+    fn segment_release(&self, sid: u32) -> Option<bool> {
         let seg = &self.segs.segs[sid as usize];
-        if seg.dirty_at.is_some_and(|t| self.synced <= t) {
-            return true;
-        }
         let home = home_of(seg.key);
-        match self.buckets.get(home as usize).map(|b| b.kind) {
-            Some(BucketKind::Stream(_)) => self.buckets[home as usize].completed < seg.mark,
-            _ => false,
+        if let Some(BucketKind::Stream(_)) = self.buckets.get(home as usize).map(|b| b.kind) {
+            if self.buckets[home as usize].completed < seg.mark {
+                return None;
+            }
+        }
+        Some(seg.dirty_at.is_some_and(|t| self.synced <= t))
+    }
+
+    /// Stream bucket `b`'s fence could not be recorded or waited on (or the pool is
+    /// being destroyed): memory freed on its stream into its heaps that no completed
+    /// fence covers is released after a device synchronize instead (as
+    /// `hold_unconfirmed` holds idle memory).
+    pub(super) fn hold_heaps(&mut self, b: u32) {
+        let completed = self.buckets[b as usize].completed;
+        let ticket = self.sync_ticket;
+        for k in [b << 1, (b << 1) | 1] {
+            let n = self.segs.by_key.get(&k).map_or(0, Vec::len);
+            for i in 0..n {
+                let sid = self.segs.by_key[&k][i];
+                let seg = &mut self.segs.segs[sid as usize];
+                if seg.mark > completed {
+                    seg.mark = 0;
+                    seg.dirty_at = Some(ticket);
+                }
+            }
         }
     }
 
@@ -533,7 +555,9 @@ impl State {
         if self.segs.segs[sid as usize].handles.is_empty() {
             return;
         }
-        let needs_sync = self.segment_needs_sync(sid);
+        let Some(needs_sync) = self.segment_release(sid) else {
+            return;
+        };
         if needs_sync && !may_sync {
             return;
         }

@@ -29,6 +29,7 @@ fn eight_threads_on_the_real_driver() {
             max_bytes: 256 * MIB,
             limit: Duration::from_secs(60),
             captures: false,
+            small_sizes: false,
         },
     );
     println!("real driver: {r:?}");

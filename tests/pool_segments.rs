@@ -282,6 +282,48 @@ fn a_release_threshold_keeps_free_handles_cached() {
     assert_eq!(s.physical_bytes, 0, "trim releases every free handle");
 }
 
+/// Over the release threshold, a free releases wholly free handles only until the
+/// cached bytes are back at the threshold (the handles in flight count as released):
+/// the rest stay cached, as whole mappings do.
+#[test]
+fn a_release_over_the_threshold_stops_at_it() {
+    let (pool, sim) = seg_pool(8 * MIB);
+    // Four 4 MiB requests: a 4 MiB handle each (an eighth of what is mapped is at
+    // most 1.5 MiB: never more than the need).
+    let p: Vec<u64> = (0..4)
+        .map(|_| pool.allocate_raw(4 * MIB).unwrap())
+        .collect();
+    let s = check(&pool);
+    assert_eq!((s.segment_handles, s.physical_bytes), (4, 16 * MIB));
+    pool.free_raw(p[0]).unwrap();
+    pool.free_raw(p[1]).unwrap();
+    let s = check(&pool);
+    assert_eq!(
+        (s.physical_bytes, s.block_free_bytes),
+        (16 * MIB, 8 * MIB),
+        "8 MiB free: at the threshold, all kept"
+    );
+    // 12 MiB free in three wholly free handles: releasing one brings the cached bytes
+    // back to 8 MiB.
+    pool.free_raw(p[2]).unwrap();
+    let s = check(&pool);
+    assert_eq!(
+        (s.physical_bytes, s.block_free_bytes, s.segment_handles),
+        (12 * MIB, 8 * MIB, 3),
+        "{s:#?}"
+    );
+    assert_eq!(sim.call_count(DriverCall::Release), 1);
+    pool.free_raw(p[3]).unwrap();
+    let s = check(&pool);
+    assert_eq!(
+        (s.physical_bytes, s.block_free_bytes, s.segment_handles),
+        (8 * MIB, 8 * MIB, 2),
+        "{s:#?}"
+    );
+    assert_eq!(sim.call_count(DriverCall::Release), 2);
+    no_faults(&sim);
+}
+
 /// A request above `segment_whole_threshold_bytes` takes a whole mapping.
 #[test]
 fn requests_above_the_whole_threshold_take_whole_mappings() {
@@ -386,6 +428,31 @@ fn trim_waits_for_a_stream_heaps_fence() {
         "the fence wait ran the kernel"
     );
     no_faults(&sim);
+}
+
+/// A stream heap whose fence cannot be recorded, or waited on, at trim: the order of
+/// its stream's work is unknown, so its free handles are released after a device
+/// synchronize instead (counted, not an error), as idle memory of a stream is, and
+/// not before the stream's kernel is done.
+#[test]
+fn a_failed_fence_releases_a_stream_heap_after_a_synchronize() {
+    for call in [SimStreamCall::EventRecord, SimStreamCall::EventSynchronize] {
+        let (pool, sim) = seg_pool(u64::MAX);
+        let s = stream(&sim);
+        let p = pool.allocate_async_raw(MIB, s).unwrap();
+        sim.launch(s.0, p, MIB);
+        pool.free_async_raw(p, s).unwrap();
+        sim.inject_stream_failure(call, 1, CuResult::UNKNOWN);
+        pool.trim().unwrap();
+        let snap = check(&pool);
+        assert_eq!(
+            (snap.physical_bytes, snap.stream_call_failures),
+            (0, 1),
+            "{call:?}: {snap:#?}"
+        );
+        assert_eq!(sim.call_count(DriverCall::Synchronize), 1, "{call:?}");
+        no_faults(&sim);
+    }
 }
 
 /// The synchronous free of a block with work in flight: its handle's release

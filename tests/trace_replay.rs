@@ -303,9 +303,16 @@ fn segments_meet_the_replay_targets_on_the_shipped_traces() {
         let (pool, driver) = sim_pool(ReusePolicy::Segments, CAPACITY);
         let r = trace::replay(&pool, &t, None).unwrap();
         let ratio = r.peak_physical_bytes as f64 / bound as f64;
-        let limit = if name.contains(".tensor.") { 1.15 } else { 1.02 };
+        let limit = if name.contains(".tensor.") {
+            1.15
+        } else {
+            1.02
+        };
         assert!(ratio <= limit, "{name}: {ratio:.3}x the lower bound");
-        assert!(ratio >= 1.0 || name.contains(".tensor."), "{name}: {ratio:.3}x");
+        assert!(
+            ratio >= 1.0 || name.contains(".tensor."),
+            "{name}: {ratio:.3}x"
+        );
         assert_eq!(r.final_physical_bytes, 0, "{name}");
         assert_eq!(driver.state().physical_bytes, 0, "{name}");
         let (whole, _) = sim_pool(ReusePolicy::BestFit, CAPACITY);

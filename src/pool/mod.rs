@@ -355,12 +355,12 @@ impl Pool {
             if block {
                 // Back to its heap (the synchronous heap's own), or kept whole for the
                 // synchronous API (a stream heap's block); then, over the threshold,
-                // its segment's handles left wholly free are released.
+                // its heap's handles left wholly free are released.
                 st.index_insert(slot, SYNC_FREED);
                 if st.counters.scope_open || st.cached_bytes() <= self.release_threshold {
                     return Ok(());
                 }
-                st.collect_segment(seg, &mut batch, true, Some(self.release_threshold));
+                st.collect_heap_of(seg, &mut batch, true, Some(self.release_threshold));
                 st.collect_retries(&mut batch, true);
                 st.start_release(&mut batch);
                 drop(st);

@@ -391,7 +391,7 @@ impl State {
 
     /// Handle `hslot`, mapped at `ptr` (`size` bytes) at segment `sid`'s growing end,
     /// joins the segment: its range becomes a free block, linked to (and coalesced
-    /// with) the block before it. Ends one in-flight growth step (`busy`).
+    /// with) the blocks next to it. Ends one in-flight growth step (`busy`).
     fn place_range(&mut self, sid: u32, ptr: DevicePtr, size: u64, hslot: u32) -> u32 {
         let seg = &mut self.segs.segs[sid as usize];
         seg.busy -= 1;
@@ -405,22 +405,56 @@ impl State {
             },
         );
         let (tail, tail_end) = (seg.tail, seg.tail_end);
+        // Blocks cover every booked handle: a booked handle right before (after) it
+        // holds the block that ends (starts) there. Usually that is the end block
+        // only; a growth booked after a later growth of the segment (both in flight
+        // at once) lies below it, and its neighbours are found by a scan (rare path:
+        // left unlinked, the ranges could never coalesce).
+        let left_booked = at > 0 && seg.handles[at - 1].ptr + seg.handles[at - 1].size == ptr;
+        let right_booked = seg.handles.get(at + 1).is_some_and(|h| h.ptr == ptr + size);
+        let by_tail = tail != NIL && tail_end == ptr;
+        let (prev, next) = if right_booked || (left_booked && !by_tail) {
+            self.block_neighbours(sid, ptr, size)
+        } else if by_tail {
+            (tail, NIL)
+        } else {
+            (NIL, NIL)
+        };
         let mut block = Mapping::block(sid, ptr, size, MappingState::Idle);
-        let linked = tail != NIL && tail_end == ptr;
-        if linked {
-            block.prev = tail;
-        }
+        block.prev = prev;
+        block.next = next;
         let slot = self.add_slot(block);
-        if linked {
-            self.mapping_mut(tail).next = slot;
+        if prev != NIL {
+            self.mapping_mut(prev).next = slot;
+        }
+        if next != NIL {
+            self.mapping_mut(next).prev = slot;
         }
         let seg = &mut self.segs.segs[sid as usize];
-        if ptr + size > seg.tail_end || seg.tail == NIL {
+        if next == NIL && (ptr + size > seg.tail_end || seg.tail == NIL) {
             seg.tail = slot;
             seg.tail_end = ptr + size;
         }
         self.merge_free(slot);
         slot
+    }
+
+    /// The blocks of segment `sid` that end at `ptr` and that start at `ptr + size`
+    /// ([`NIL`] where none does): a scan of the books (rare paths only).
+    fn block_neighbours(&self, sid: u32, ptr: DevicePtr, size: u64) -> (u32, u32) {
+        let (mut left, mut right) = (NIL, NIL);
+        for (i, s) in self.slots.iter().enumerate() {
+            if let Some(b) = s {
+                if b.piece == Piece::Block && b.seg == sid {
+                    if b.ptr() + b.size() == ptr {
+                        left = i as u32;
+                    } else if b.ptr() == ptr + size {
+                        right = i as u32;
+                    }
+                }
+            }
+        }
+        (left, right)
     }
 
     /// Resets segment `sid` to empty when its last handle is gone and nothing is in
@@ -434,17 +468,39 @@ impl State {
         }
     }
 
-    /// Whether the handles of segment `sid` need a device synchronize before their
-    /// release.
-    fn segment_needs_sync(&self, sid: u32) -> bool {
+    /// Whether the handles of segment `sid` may be released now and need a device
+    /// synchronize first: `None` while it holds memory freed on its home stream that
+    /// no completed fence covers (released once one does, with no synchronize, as
+    /// memory idle in a stream's bucket is; a release point whose fence failed holds
+    /// it for a synchronize instead, [`State::hold_heaps`]), else `Some(needs_sync)`.
+    fn segment_release(&self, sid: u32) -> Option<bool> {
         let seg = &self.segs.segs[sid as usize];
-        if seg.dirty_at.is_some_and(|t| self.synced <= t) {
-            return true;
-        }
         let home = home_of(seg.key);
-        match self.buckets.get(home as usize).map(|b| b.kind) {
-            Some(BucketKind::Stream(_)) => self.buckets[home as usize].completed < seg.mark,
-            _ => false,
+        if let Some(BucketKind::Stream(_)) = self.buckets.get(home as usize).map(|b| b.kind) {
+            if self.buckets[home as usize].completed < seg.mark {
+                return None;
+            }
+        }
+        Some(seg.dirty_at.is_some_and(|t| self.synced <= t))
+    }
+
+    /// Stream bucket `b`'s fence could not be recorded or waited on (or the pool is
+    /// being destroyed): memory freed on its stream into its heaps that no completed
+    /// fence covers is released after a device synchronize instead (as
+    /// `hold_unconfirmed` holds idle memory).
+    pub(super) fn hold_heaps(&mut self, b: u32) {
+        let completed = self.buckets[b as usize].completed;
+        let ticket = self.sync_ticket;
+        for k in [b << 1, (b << 1) | 1] {
+            let n = self.segs.by_key.get(&k).map_or(0, Vec::len);
+            for i in 0..n {
+                let sid = self.segs.by_key[&k][i];
+                let seg = &mut self.segs.segs[sid as usize];
+                if seg.mark > completed {
+                    seg.mark = 0;
+                    seg.dirty_at = Some(ticket);
+                }
+            }
         }
     }
 
@@ -484,18 +540,34 @@ impl State {
         }
     }
 
-    /// As [`State::collect_heaps`], for segment `sid` only.
-    pub(super) fn collect_segment(
+    /// As [`State::collect_heaps`], for the segments of segment `sid`'s heap key: a
+    /// free's release. Not `sid` alone: a heap has more than one segment when its
+    /// first growths raced (each reserved one) or one ran out of room, and a growth
+    /// whose carve took a block of another segment (freed meanwhile) leaves its new
+    /// handle wholly free, which no free in that segment may ever come to collect.
+    pub(super) fn collect_heap_of(
         &mut self,
         sid: u32,
         batch: &mut Batch,
         may_sync: bool,
         keep: Option<u64>,
     ) {
+        let key = self.segs.segs[sid as usize].key;
+        let n = self.segs.by_key.get(&key).map_or(0, Vec::len);
+        for i in 0..n {
+            let s = self.segs.by_key[&key][i];
+            self.collect_segment(s, batch, may_sync, keep);
+        }
+    }
+
+    /// As [`State::collect_heaps`], for segment `sid` only.
+    fn collect_segment(&mut self, sid: u32, batch: &mut Batch, may_sync: bool, keep: Option<u64>) {
         if self.segs.segs[sid as usize].handles.is_empty() {
             return;
         }
-        let needs_sync = self.segment_needs_sync(sid);
+        let Some(needs_sync) = self.segment_release(sid) else {
+            return;
+        };
         if needs_sync && !may_sync {
             return;
         }
@@ -517,7 +589,10 @@ impl State {
             }
             let mut f = Some(f);
             while let Some(range) = f {
-                if keep.is_some_and(|k| self.cached_bytes() <= k) {
+                // What `batch` releases is still counted cached until it is booked.
+                if keep.is_some_and(|k| {
+                    self.cached_bytes().saturating_sub(releasing_bytes(batch)) <= k
+                }) {
                     return;
                 }
                 f = self.take_handle_from(range, batch, needs_sync).flatten();
@@ -764,18 +839,7 @@ impl State {
         c.segment_mapped_bytes += size;
         c.block_free_bytes += size;
         // Its neighbours (rare path: a scan of the segment's blocks).
-        let (mut left, mut right) = (NIL, NIL);
-        for (i, s) in self.slots.iter().enumerate() {
-            if let Some(b) = s {
-                if b.piece == Piece::Block && b.seg == sid {
-                    if b.ptr() + b.size() == ptr {
-                        left = i as u32;
-                    } else if b.ptr() == ptr + size {
-                        right = i as u32;
-                    }
-                }
-            }
-        }
+        let (left, right) = self.block_neighbours(sid, ptr, size);
         let mut block = Mapping::block(sid, ptr, size, MappingState::Idle);
         block.prev = left;
         block.next = right;
@@ -828,6 +892,17 @@ const GROWTH_DIVISOR: u64 = 8;
 
 /// ... but never more than this many bytes beyond the need (64 MiB).
 const GROWTH_CAP_BYTES: u64 = 64 << 20;
+
+/// Bytes of the handles and whole mappings in `batch`: idle until it is booked, then
+/// released (its blocks go back to their heaps, still cached).
+fn releasing_bytes(batch: &Batch) -> u64 {
+    batch
+        .mappings
+        .iter()
+        .filter(|(_, m)| !m.is_block())
+        .map(|(_, m)| m.size())
+        .sum()
+}
 
 /// `v` rounded up to a multiple of `g` (a power of two); `None` on overflow.
 pub(super) fn round_up(v: u64, g: u64) -> Option<u64> {

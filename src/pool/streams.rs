@@ -752,6 +752,9 @@ impl Pool {
                 // for a later one.
                 let hold = if destroying { &streams } else { &failed };
                 hold_unconfirmed(&mut st, hold, destroying);
+                for &b in hold {
+                    st.hold_heaps(b);
+                }
                 if !failed.is_empty() {
                     first = None;
                 }

@@ -3,13 +3,15 @@
 //! operations from many threads, invariants checked all along from a checker thread,
 //! a watchdog against deadlock, and the totals reconciled at the end.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use super::{GIB, MIB};
-use flare_package::{DevicePtr, Error, Pool};
+use flare_package::pool::SEGMENT_BLOCK_ROUND_BYTES;
+use flare_package::{CuResult, DevicePtr, Error, Pool};
 
 /// How hard to hammer.
 #[derive(Clone, Copy, Debug)]
@@ -33,6 +35,9 @@ pub struct Params {
     /// 9) and finishes the scope. Use with `scope_threads: 0`, so that no worker
     /// closes its scope or trims.
     pub captures: bool,
+    /// Half the requests small: 512 B to 1 MiB, as many of each power of two (a
+    /// segment-mode heap's small class); the other half as [`Rng::size`].
+    pub small_sizes: bool,
 }
 
 /// What the run did, reconciled with the pool's snapshot.
@@ -75,6 +80,35 @@ impl Rng {
         };
         1 + self.below(top.min(max))
     }
+    /// 512 B .. 1 MiB, log-uniform: as many requests in each power-of-two range
+    /// from [512 B, 1 KiB) to [512 KiB, 1 MiB).
+    pub fn small_size(&mut self) -> u64 {
+        let low = 1u64 << (9 + self.below(11));
+        low + self.below(low)
+    }
+}
+
+/// The live allocations of every worker, by address (start -> (end, worker)): an
+/// allocation handed out while another overlapping it is live fails the run.
+#[derive(Default)]
+struct LiveRanges(Mutex<BTreeMap<DevicePtr, (DevicePtr, u64)>>);
+
+impl LiveRanges {
+    fn insert(&self, ptr: DevicePtr, bytes: u64, worker: u64) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let end = ptr + bytes;
+        if let Some((&s, &(e, w))) = m.range(..end).next_back() {
+            assert!(
+                e <= ptr,
+                "worker {worker:#x}: [{ptr:#x}, {end:#x}) overlaps worker {w:#x}'s live [{s:#x}, {e:#x})"
+            );
+        }
+        m.insert(ptr, (end, worker));
+    }
+    fn remove(&self, ptr: DevicePtr) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(m.remove(&ptr).is_some(), "{ptr:#x} was not live");
+    }
 }
 
 /// What one worker did.
@@ -112,8 +146,16 @@ fn scope_result(r: flare_package::Result<()>, ok: &mut u64, errors: &mut u64) {
 /// One worker: `p.ops` random operations, at most `p.max_live` allocations live; the
 /// scope threads also begin, finish and abort the scope (and trim); frees what it
 /// still holds at the end.
-fn worker(pool: &Pool, seed: u64, p: Params, scope_thread: bool) -> Totals {
+fn worker(pool: &Pool, seed: u64, p: Params, scope_thread: bool, ranges: &LiveRanges) -> Totals {
     let mut rng = Rng::new(seed);
+    let sim = pool.sim_driver();
+    // Segment mode hands out blocks aligned to 512 bytes; whole mappings are aligned
+    // to the granularity.
+    let align = if pool.policy().is_segments() {
+        SEGMENT_BLOCK_ROUND_BYTES
+    } else {
+        pool.granularity()
+    };
     let mut t = Totals::default();
     let mut live: Vec<(DevicePtr, u64)> = Vec::new();
     for _ in 0..p.ops {
@@ -138,22 +180,33 @@ fn worker(pool: &Pool, seed: u64, p: Params, scope_thread: bool) -> Totals {
                 _ => scope_result(pool.trim(), &mut t.trims, &mut t.scope_errors),
             }
         } else if (r < 50 && live.len() < p.max_live) || live.is_empty() {
-            let bytes = rng.size(p.max_bytes);
+            let bytes = if p.small_sizes && rng.below(2) == 0 {
+                rng.small_size()
+            } else {
+                rng.size(p.max_bytes)
+            };
             let ptr = pool
                 .allocate_raw(bytes)
                 .unwrap_or_else(|e| panic!("allocate {bytes}: {e}"));
-            assert_eq!(ptr % pool.granularity(), 0);
+            assert_eq!(ptr % align, 0, "{ptr:#x} for {bytes} bytes");
+            ranges.insert(ptr, bytes, seed);
+            if let Some(sim) = &sim {
+                // Mapped, with access, for all its bytes.
+                assert_eq!(sim.touch(ptr, bytes, 0), CuResult::SUCCESS, "{ptr:#x}");
+            }
             live.push((ptr, bytes));
             t.allocations += 1;
         } else {
             let i = rng.below(live.len() as u64) as usize;
             let (ptr, _) = live.swap_remove(i);
+            ranges.remove(ptr);
             pool.free_raw(ptr)
                 .unwrap_or_else(|e| panic!("free {ptr:#x}: {e}"));
             t.frees += 1;
         }
     }
     for (ptr, _) in live {
+        ranges.remove(ptr);
         pool.free_raw(ptr).unwrap();
         t.frees += 1;
     }
@@ -194,16 +247,17 @@ pub fn hammer(pool: Arc<Pool>, p: Params) -> Report {
             checks
         })
     };
+    let ranges = Arc::new(LiveRanges::default());
     let capturer = p.captures.then(|| {
-        let (pool, stop) = (pool.clone(), stop.clone());
-        thread::spawn(move || capture_loop(&pool, &stop))
+        let (pool, stop, ranges) = (pool.clone(), stop.clone(), ranges.clone());
+        thread::spawn(move || capture_loop(&pool, &stop, p.small_sizes, &ranges))
     });
     let (tx, rx) = mpsc::channel();
     for i in 0..threads {
-        let (pool, tx) = (pool.clone(), tx.clone());
+        let (pool, tx, ranges) = (pool.clone(), tx.clone(), ranges.clone());
         thread::spawn(move || {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                worker(&pool, 0x5EED_0000 + i, p, i < scope_threads)
+                worker(&pool, 0x5EED_0000 + i, p, i < scope_threads, &ranges)
             }));
             let _ = tx.send((i, r.map_err(|p| panic_message(&*p))));
         });
@@ -258,7 +312,15 @@ pub fn hammer(pool: Arc<Pool>, p: Params) -> Report {
     if let Err(e) = s.check_invariants() {
         panic!("{e}\n{s:#?}");
     }
-    assert_eq!((s.physical_bytes, s.reserved_bytes), (0, 0), "{s:#?}");
+    assert_eq!(s.physical_bytes, 0, "{s:#?}");
+    if pool.policy().is_segments() {
+        // Handles all released; the segments keep their reservations until the pool
+        // is dropped.
+        assert_eq!((s.segment_handles, s.block_free_bytes), (0, 0), "{s:#?}");
+        assert_eq!(s.segment_handles_lent, 0, "{s:#?}");
+    } else {
+        assert_eq!(s.reserved_bytes, 0, "{s:#?}");
+    }
     assert_eq!((s.idle_count, s.pending_count), (0, 0), "{s:#?}");
     assert_eq!(s.mappings_created, s.mappings_released, "{s:#?}");
     println!(
@@ -290,7 +352,7 @@ pub fn hammer(pool: Arc<Pool>, p: Params) -> Report {
 
 /// The capture thread of [`Params::captures`]: scopes with a capture inside, until
 /// `stop`; returns how many captures it made and what it did.
-fn capture_loop(pool: &Pool, stop: &AtomicBool) -> (u64, Totals) {
+fn capture_loop(pool: &Pool, stop: &AtomicBool, small: bool, ranges: &LiveRanges) -> (u64, Totals) {
     let sim = pool
         .sim_driver()
         .expect("captures need the simulated driver")
@@ -306,8 +368,15 @@ fn capture_loop(pool: &Pool, stop: &AtomicBool) -> (u64, Totals) {
         // Keep the capture open a while, so that a release still running from
         // before `begin` would reach its synchronize inside it.
         for _ in 0..64 {
-            let bytes = rng.size(256 * MIB);
+            let bytes = if small && rng.below(2) == 0 {
+                rng.small_size()
+            } else {
+                rng.size(256 * MIB)
+            };
             let ptr = pool.allocate_raw(bytes).unwrap();
+            ranges.insert(ptr, bytes, u64::MAX);
+            assert_eq!(sim.touch(ptr, bytes, 0), flare_package::CuResult::SUCCESS);
+            ranges.remove(ptr);
             pool.free_raw(ptr).unwrap();
             t.allocations += 1;
             t.frees += 1;

@@ -545,3 +545,31 @@ fn a_failed_growth_is_undone() {
     check(&pool);
     assert_driver_empty(&pool);
 }
+
+/// Outside a scope, a heap whose top handle is released and regrown every iteration
+/// (activations above a long-lived weight) maps it at the same address each time:
+/// the segment's growing end comes back down, so its reservation is never walked
+/// through (at 64 MiB an iteration, 140 GiB would last 2 240 iterations before a
+/// new reservation).
+#[test]
+fn a_released_top_handle_is_regrown_in_place() {
+    let (pool, sim) = seg_pool(0);
+    let weight = pool.allocate_raw(4 * MIB).unwrap();
+    let first = pool.allocate_raw(64 * MIB).unwrap();
+    pool.free_raw(first).unwrap();
+    assert_eq!(
+        check(&pool).physical_bytes,
+        4 * MIB,
+        "the top handle released"
+    );
+    for _ in 0..100 {
+        let a = pool.allocate_raw(64 * MIB).unwrap();
+        assert_eq!(a, first, "regrown at the same address");
+        pool.free_raw(a).unwrap();
+    }
+    assert_eq!(sim.call_count(DriverCall::Reserve), 1);
+    let s = check(&pool);
+    assert_eq!((s.segment_count, s.physical_bytes), (1, 4 * MIB));
+    pool.free_raw(weight).unwrap();
+    no_faults(&sim);
+}

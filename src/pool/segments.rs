@@ -274,24 +274,30 @@ impl State {
         g: u64,
         step: impl Fn(u64, u64) -> u64,
     ) -> Option<Growth> {
-        let sid = *self.segs.by_key.get(&key)?.last()?;
+        // The newest segment first (it holds the free block at the growing end),
+        // then the older ones, oldest first (one emptied or shrunk since has room).
+        let ids = self.segs.by_key.get(&key)?;
+        let (&last, older) = ids.split_last()?;
+        let (sid, end, need, room) = std::iter::once(last)
+            .chain(older.iter().copied())
+            .find_map(|sid| {
+                let seg = &self.segs.segs[sid as usize];
+                let end = seg.base() + seg.claimed;
+                let trailing = if seg.tail != NIL && seg.tail_end == end {
+                    let t = self.mref(seg.tail);
+                    if t.state == MappingState::HeapFree {
+                        t.size()
+                    } else {
+                        0
+                    }
+                } else {
+                    0
+                };
+                let need = round_up(size.saturating_sub(trailing), g)?;
+                let room = seg.reservation.size.saturating_sub(seg.claimed);
+                (need <= room).then_some((sid, end, need, room))
+            })?;
         let seg = &self.segs.segs[sid as usize];
-        let end = seg.base() + seg.claimed;
-        let trailing = if seg.tail != NIL && seg.tail_end == end {
-            let t = self.mapping(seg.tail);
-            if t.state == MappingState::HeapFree {
-                t.size()
-            } else {
-                0
-            }
-        } else {
-            0
-        };
-        let need = round_up(size.saturating_sub(trailing), g)?;
-        let room = seg.reservation.size.saturating_sub(seg.claimed);
-        if need > room {
-            return None;
-        }
         let mapped = seg.handles.iter().map(|h| h.size).sum::<u64>();
         let lends = self.lend_handles(sid, need);
         let lent: u64 = lends.iter().map(|l| l.handle.size).sum();
@@ -863,6 +869,41 @@ impl State {
     pub(super) fn handle_unmapped(&mut self, sid: u32) {
         self.segs.segs[sid as usize].busy -= 1;
         self.maybe_reset(sid);
+        self.maybe_retreat(sid);
+    }
+
+    /// With nothing in flight in segment `sid`, brings its growing end back down to
+    /// the end of the highest mapping left in it (a handle, or a lent handle's
+    /// retired mapping): a heap that frees and regrows its top handles (an engine's
+    /// activations above long-lived weights, outside a scope) then maps them at the
+    /// same addresses again, instead of walking up its reservation and reserving a
+    /// new segment each time the range runs out.
+    fn maybe_retreat(&mut self, sid: u32) {
+        let seg = &self.segs.segs[sid as usize];
+        if seg.busy != 0 || seg.va_lost || seg.handles.is_empty() {
+            return;
+        }
+        let top = seg
+            .handles
+            .iter()
+            .map(|h| {
+                let alias = self.mref(h.slot).alias;
+                let alias_end = if alias != 0 { alias + h.size } else { 0 };
+                (h.ptr + h.size).max(alias_end)
+            })
+            .max()
+            .unwrap_or(seg.base());
+        let seg = &mut self.segs.segs[sid as usize];
+        let end = seg.base() + seg.claimed;
+        if top < end {
+            seg.claimed = top - seg.base();
+            if seg.tail_end > top || seg.tail == NIL {
+                // The block that ends at the new end is found by `place_range`'s
+                // scan when a growth books a handle right after it.
+                seg.tail = NIL;
+                seg.tail_end = top;
+            }
+        }
     }
 
     /// Segments left with no handle, for destroy: forgotten here, their
@@ -914,6 +955,21 @@ pub(super) fn round_up(v: u64, g: u64) -> Option<u64> {
 const _: () = assert!(NO_SEGMENT == u32::MAX);
 
 impl State {
+    /// Keeps reservation `r` (counted in `reserved_bytes`), whose free the driver
+    /// refused, pending: retried at the next release point.
+    fn keep_pending_reservation(&mut self, r: Reservation) {
+        self.counters.pending_count += 1;
+        let slot = self.add_slot(Mapping {
+            state: MappingState::Pending,
+            created: false,
+            mapped: false,
+            handle_live: false,
+            reservation_live: true,
+            ..Mapping::created(r, PhysicalHandle { raw: 0, size: 0 }, 0)
+        });
+        self.pending.push(slot);
+    }
+
     /// Keeps what a failed growth's undo left with the driver (a handle, mapped at
     /// `ptr` or not) pending: retried at the next release point.
     fn keep_pending_handle(&mut self, ptr: DevicePtr, handle: PhysicalHandle, mapped: bool) {
@@ -1119,12 +1175,25 @@ impl Pool {
                     }
                 };
                 let mut st = lock(&self.state);
-                let sid = st.add_segment(key, r);
-                let claim = st.claim_start(sid, step(need, 0).max(need).min(r.size));
-                Growth {
-                    claim,
-                    lends: Vec::new(),
-                    start: claim.ptr,
+                // Another growth may have made room (a segment of this heap, or room
+                // in one) while the reservation was made: use that, give this back.
+                if let Some(gr) = st.claim_growth(key, size, g, step) {
+                    drop(st);
+                    if let Err(e) = self.driver.free_reservation(r) {
+                        let mut st = lock(&self.state);
+                        st.counters.count_failure(e.call);
+                        st.counters.reserved_bytes += r.size;
+                        st.keep_pending_reservation(r);
+                    }
+                    gr
+                } else {
+                    let sid = st.add_segment(key, r);
+                    let claim = st.claim_start(sid, step(need, 0).max(need).min(r.size));
+                    Growth {
+                        claim,
+                        lends: Vec::new(),
+                        start: claim.ptr,
+                    }
                 }
             }
         };
@@ -1257,16 +1326,7 @@ impl Pool {
                 let mut st = lock(&self.state);
                 st.counters.count_failure(e.call);
                 st.counters.reserved_bytes += r.size;
-                st.counters.pending_count += 1;
-                let slot = st.add_slot(Mapping {
-                    state: MappingState::Pending,
-                    created: false,
-                    mapped: false,
-                    handle_live: false,
-                    reservation_live: true,
-                    ..Mapping::created(r, PhysicalHandle { raw: 0, size: 0 }, 0)
-                });
-                st.pending.push(slot);
+                st.keep_pending_reservation(r);
                 if first.is_ok() {
                     first = Err(Error::Driver {
                         source: e,

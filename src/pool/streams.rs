@@ -600,9 +600,13 @@ impl Pool {
             }
             st.index_remove(slot);
             st.mapping_mut(slot).needs_sync = false;
-            let over = threshold.is_some_and(|t| {
-                !st.counters.scope_open && st.cached_bytes() - released_bytes(batch) > t
-            });
+            // A block "released" goes back to its heap, which `ANY` does at once
+            // (its work completed); the caller then releases its heap's wholly free
+            // handles against the threshold.
+            let over = !st.mref(slot).is_block()
+                && threshold.is_some_and(|t| {
+                    !st.counters.scope_open && st.cached_bytes() - released_bytes(batch) > t
+                });
             if over {
                 let m = st.mapping_mut(slot);
                 m.state = MappingState::Releasing;

@@ -519,10 +519,16 @@ impl State {
         m.freed_on = None;
         let (size, requested, block) = (m.size(), m.requested, m.is_block());
         m.requested = 0;
+        self.counters.frees += 1;
+        self.count_no_longer_live(size, requested, block);
+    }
+
+    /// Moves an allocation of `size` bytes (`requested` asked) out of the live
+    /// counters: a block's bytes to the free block bytes, a whole mapping's to idle.
+    pub(super) fn count_no_longer_live(&mut self, size: u64, requested: u64, block: bool) {
         let c = &mut self.counters;
         c.live_count -= 1;
         c.live_requested_bytes -= requested;
-        c.frees += 1;
         if block {
             c.block_live_count -= 1;
             c.block_live_bytes -= size;

@@ -269,27 +269,8 @@ impl Pool {
                 bytes: rounded,
             });
         }
-        {
-            let mut st = lock(&self.state);
-            // An idle mapping larger than the policy's bound still serves: take it
-            // before failing, and before releasing anything.
-            if self.policy != ReusePolicy::None {
-                let forced = match on {
-                    Some((s, capture)) => {
-                        self.take_forced_for_stream(&mut st, s, capture, rounded, bytes)
-                    }
-                    None => st
-                        .take_forced(SYNC_FREED, rounded, bytes)
-                        .or_else(|| st.take_forced(ANY, rounded, bytes)),
-                };
-                if let Some(ptr) = forced {
-                    return Ok(ptr);
-                }
-            }
-            if st.counters.scope_open {
-                return Err(self.oom_error(&st, rounded, Some(err)));
-            }
-            st.counters.oom_retries += 1;
+        if let Some(ptr) = self.after_oom(on, rounded, rounded, bytes, err)? {
+            return Ok(ptr);
         }
         // Outside a scope: release what is idle, look again, retry once. A failed
         // release (a synchronize refused during a capture, say) is already counted
@@ -313,6 +294,41 @@ impl Pool {
                 bytes: rounded,
             }),
         }
+    }
+
+    /// What an allocation does when the driver ran out of memory before releasing
+    /// anything: the smallest idle mapping (or block freed whole into a bucket) of at
+    /// least `size` bytes that the caller may take (`on`: its stream and capture),
+    /// whatever its size, because the policy's bound chooses between idle memory and
+    /// is no reason to fail while some would serve (not under `none`); inside a scope,
+    /// the out-of-memory error (`rounded` bytes asked, with the driver's `err`);
+    /// outside one, `Ok(None)`, counted in `oom_retries`: the caller releases what is
+    /// idle and retries once.
+    fn after_oom(
+        &self,
+        on: Option<(Stream, Option<u64>)>,
+        rounded: u64,
+        size: u64,
+        bytes: u64,
+        err: DriverError,
+    ) -> Result<Option<DevicePtr>> {
+        let mut st = lock(&self.state);
+        if self.policy != ReusePolicy::None {
+            let forced = match on {
+                Some((s, capture)) => self.take_forced_for_stream(&mut st, s, capture, size, bytes),
+                None => st
+                    .take_forced(SYNC_FREED, size, bytes)
+                    .or_else(|| st.take_forced(ANY, size, bytes)),
+            };
+            if forced.is_some() {
+                return Ok(forced);
+            }
+        }
+        if st.counters.scope_open {
+            return Err(self.oom_error(&st, rounded, Some(err)));
+        }
+        st.counters.oom_retries += 1;
+        Ok(None)
     }
 
     fn oom_error(&self, st: &State, rounded: u64, source: Option<DriverError>) -> Error {

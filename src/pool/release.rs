@@ -407,18 +407,7 @@ impl Pool {
                     m.state = MappingState::Idle;
                     m.needs_sync = true;
                     let (size, requested, block) = (m.size(), m.requested, m.is_block());
-                    let c = &mut st.counters;
-                    c.live_count -= 1;
-                    c.live_requested_bytes -= requested;
-                    if block {
-                        c.block_live_count -= 1;
-                        c.block_live_bytes -= size;
-                        c.block_free_bytes += size;
-                    } else {
-                        c.live_mapped_bytes -= size;
-                        c.idle_count += 1;
-                        c.idle_bytes += size;
-                    }
+                    st.count_no_longer_live(size, requested, block);
                     st.index_insert(slot, SYNC_FREED);
                 }
             }

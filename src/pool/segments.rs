@@ -1088,21 +1088,8 @@ impl Pool {
                 })
             }
         };
-        {
-            let mut st = lock(&self.state);
-            let forced = match on {
-                Some((s, capture)) => self.take_forced_for_stream(&mut st, s, capture, size, bytes),
-                None => st
-                    .take_forced(SYNC_FREED, size, bytes)
-                    .or_else(|| st.take_forced(ANY, size, bytes)),
-            };
-            if let Some(p) = forced {
-                return Ok(p);
-            }
-            if st.counters.scope_open {
-                return Err(self.oom_error(&st, rounded, Some(err)));
-            }
-            st.counters.oom_retries += 1;
+        if let Some(p) = self.after_oom(on, rounded, size, bytes, err)? {
+            return Ok(p);
         }
         let _ = self.release_now(Captures::Keep, on.is_none(), false, false);
         {

@@ -10,10 +10,10 @@
 
 mod common;
 
-use common::{assert_driver_empty, check, MIB};
-use flare_package::driver::sim::{CaptureMode, SimStreamCall, CU_STREAM_NON_BLOCKING};
+use common::{assert_driver_empty, check, no_faults, stream, MIB};
+use flare_package::driver::sim::{CaptureMode, SimStreamCall};
 use flare_package::{
-    CuResult, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver, Stream,
+    CuResult, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver,
 };
 use std::sync::Arc;
 
@@ -39,13 +39,6 @@ fn seg_pool_on(capacity: u64, threshold: u64) -> (Pool, Arc<SimDriver>) {
     (pool, sim)
 }
 
-fn stream(sim: &SimDriver) -> Stream {
-    Stream(
-        sim.stream_create_with_flags(CU_STREAM_NON_BLOCKING)
-            .unwrap(),
-    )
-}
-
 /// Every driver call the simulated driver counted, memory and stream calls.
 fn total_calls(sim: &SimDriver) -> u64 {
     DriverCall::ALL
@@ -60,11 +53,6 @@ fn total_calls(sim: &SimDriver) -> u64 {
 
 fn is_oom(e: &Error) -> bool {
     matches!(e, Error::OutOfMemory { .. })
-}
-
-#[track_caller]
-fn no_faults(sim: &SimDriver) {
-    assert_eq!(sim.contract_faults(), 0, "faults: {:?}", sim.faults());
 }
 
 /// A hundred 4 KiB tensors share one 2 MiB handle (a whole mapping each would take

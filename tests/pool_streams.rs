@@ -8,8 +8,8 @@
 
 mod common;
 
-use common::{check, MIB};
-use flare_package::driver::sim::{CaptureMode, SimStreamCall, CU_STREAM_NON_BLOCKING};
+use common::{check, no_faults, stream, MIB};
+use flare_package::driver::sim::{CaptureMode, SimStreamCall};
 use flare_package::driver::Driver;
 use flare_package::{
     CrossStreamReuse, CuResult, DriverCall, Error, Pool, PoolConfig, SimConfig, SimDriver, Stream,
@@ -44,20 +44,8 @@ fn small_device(capacity: u64) -> (Pool, Arc<SimDriver>) {
     (pool, sim)
 }
 
-fn stream(sim: &SimDriver) -> Stream {
-    Stream(
-        sim.stream_create_with_flags(CU_STREAM_NON_BLOCKING)
-            .unwrap(),
-    )
-}
-
 fn syncs(sim: &SimDriver) -> u64 {
     sim.call_count(DriverCall::Synchronize)
-}
-
-#[track_caller]
-fn no_faults(sim: &SimDriver) {
-    assert_eq!(sim.contract_faults(), 0, "faults: {:?}", sim.faults());
 }
 
 /// Memory freed on S with S's kernel still queued is handed back to S at once (stream

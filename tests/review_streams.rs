@@ -6,10 +6,10 @@
 
 mod common;
 
-use common::{check, MIB};
-use flare_package::driver::sim::{CaptureMode, CU_STREAM_NON_BLOCKING};
+use common::{check, no_faults, stream, MIB};
+use flare_package::driver::sim::CaptureMode;
 use flare_package::{
-    CrossStreamReuse, CuResult, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver, Stream,
+    CrossStreamReuse, CuResult, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver,
 };
 use std::sync::Arc;
 
@@ -27,18 +27,6 @@ fn sim_pool(cross: CrossStreamReuse, threshold: u64, capacity: u64) -> (Pool, Ar
     .unwrap();
     let sim = pool.sim_driver().unwrap();
     (pool, sim)
-}
-
-fn stream(sim: &SimDriver) -> Stream {
-    Stream(
-        sim.stream_create_with_flags(CU_STREAM_NON_BLOCKING)
-            .unwrap(),
-    )
-}
-
-#[track_caller]
-fn no_faults(sim: &SimDriver) {
-    assert_eq!(sim.contract_faults(), 0, "faults: {:?}", sim.faults());
 }
 
 /// A simulated driver whose next call of one kind can be held at a gate, to stop a

@@ -267,3 +267,20 @@ pub const SHIPPED: [(&str, f64, f64); 4] = [
     ("graph-warmup-20sizes.tensor.trace", 3.08, 1208.91),
     ("graph-warmup-20sizes.segment.trace", 28.58, 53.43),
 ];
+
+/// A new non-blocking simulated stream (`CU_STREAM_NON_BLOCKING`: not ordered with
+/// the legacy stream, as PyTorch's side and capture streams are).
+pub fn stream(sim: &flare_package::SimDriver) -> flare_package::Stream {
+    flare_package::Stream(
+        sim.stream_create_with_flags(flare_package::driver::sim::CU_STREAM_NON_BLOCKING)
+            .expect("a simulated stream"),
+    )
+}
+
+/// The simulated driver recorded no contract fault (an unmap of memory queued work
+/// touches, a hand-off of memory another stream's unordered work touches, anything
+/// that breaks a capture).
+#[track_caller]
+pub fn no_faults(sim: &flare_package::SimDriver) {
+    assert_eq!(sim.contract_faults(), 0, "faults: {:?}", sim.faults());
+}

@@ -561,3 +561,57 @@ fn a_released_top_handle_is_regrown_in_place() {
     pool.free_raw(weight).unwrap();
     no_faults(&sim);
 }
+
+/// A handle released out of the middle of a free block leaves the part before it
+/// free and usable at its size: a 2.5 MiB block in a 4 MiB handle, a 3.5 MiB one
+/// spanning the handle's free 1.5 MiB and a new 2 MiB handle; freeing the second
+/// (threshold 0) releases the new handle, and a 1.5 MiB request then takes the
+/// first handle's free part with no driver call.
+#[test]
+fn the_free_part_beside_a_released_handle_keeps_its_size() {
+    let (pool, sim) = seg_pool(0);
+    let a = pool.allocate_raw(5 * MIB / 2).unwrap();
+    let x = pool.allocate_raw(7 * MIB / 2).unwrap();
+    assert_eq!(x, a + 5 * MIB / 2, "x starts in a's handle");
+    let s = check(&pool);
+    assert_eq!((s.segment_handles, s.physical_bytes), (2, 6 * MIB));
+    pool.free_raw(x).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.segment_handles, s.physical_bytes), (1, 4 * MIB));
+    assert_eq!(s.block_free_bytes, 3 * MIB / 2);
+    let creates = sim.call_count(DriverCall::Create);
+    let y = pool.allocate_raw(3 * MIB / 2).unwrap();
+    assert_eq!(y, x, "the free part of a's handle");
+    assert_eq!(sim.call_count(DriverCall::Create), creates);
+    for p in [a, y] {
+        pool.free_raw(p).unwrap();
+    }
+    assert_eq!(check(&pool).physical_bytes, 0);
+}
+
+/// A steady stream pair (allocate and free the same size on one stream, outside a
+/// scope, threshold 0, the block between two live ones so its handle is never
+/// wholly free) records no fence: memory reused at once is never fenced, as with
+/// whole mappings (`cover_waited`, aged).
+#[test]
+fn a_steady_stream_pair_records_no_fence() {
+    let (pool, sim) = seg_pool(0);
+    let s = stream(&sim);
+    let left = pool.allocate_async_raw(64 * KIB, s).unwrap();
+    let p = pool.allocate_async_raw(64 * KIB, s).unwrap();
+    let right = pool.allocate_async_raw(64 * KIB, s).unwrap();
+    pool.free_async_raw(p, s).unwrap();
+    for _ in 0..200 {
+        let q = pool.allocate_async_raw(64 * KIB, s).unwrap();
+        assert_eq!(q, p);
+        pool.free_async_raw(q, s).unwrap();
+    }
+    assert_eq!(sim.stream_call_count(SimStreamCall::EventRecord), 0);
+    assert_eq!(check(&pool).events_outstanding, 0);
+    for b in [left, right] {
+        pool.free_async_raw(b, s).unwrap();
+    }
+    pool.trim().unwrap();
+    assert_eq!(check(&pool).physical_bytes, 0);
+    no_faults(&sim);
+}

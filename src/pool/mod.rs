@@ -318,8 +318,9 @@ impl Pool {
     fn oom_error(&self, st: &State, rounded: u64, source: Option<DriverError>) -> Error {
         Error::OutOfMemory {
             requested: rounded,
-            live: st.counters.live_mapped_bytes,
-            idle: st.counters.idle_bytes,
+            // Segment mode: live blocks are live, free blocks cached.
+            live: st.counters.live_mapped_bytes + st.counters.block_live_bytes,
+            idle: st.cached_bytes(),
             in_scope: st.counters.scope_open,
             source,
         }

@@ -1,0 +1,59 @@
+//! Review of segment mode (issue 12), as a new user and an adversarial tester: each
+//! test is one finding and FAILS on the reviewed commit (c30ae19). Each expectation
+//! is quoted from the README, the rustdoc, `docs/ARCHITECTURE.md` or the issue, not
+//! taken from the code's output.
+//! Run: `cargo test --release --test review_segments`.
+#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
+
+mod common;
+
+use common::{check, MIB};
+use flare_package::{Error, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver};
+use std::sync::Arc;
+
+const G: u64 = 2 * MIB;
+
+/// A segment-mode pool on a simulated device of `capacity` bytes, release threshold
+/// `threshold`.
+fn seg_pool(capacity: u64, threshold: u64) -> (Pool, Arc<SimDriver>) {
+    let pool = Pool::new(PoolConfig {
+        reuse_policy: ReusePolicy::Segments,
+        release_threshold_bytes: threshold,
+        ..PoolConfig::simulated(SimConfig {
+            capacity_bytes: capacity,
+            ..SimConfig::default()
+        })
+    })
+    .unwrap();
+    let sim = pool.sim_driver().unwrap();
+    (pool, sim)
+}
+
+/// `Error::OutOfMemory` says `live`: "Bytes mapped to live allocations when the
+/// request failed", and `idle`: "Bytes held idle (retained or cached)". In segment
+/// mode live allocations are blocks and retained memory is free blocks, so a full
+/// device reported "0 B live, 0 B retained idle" while the pool held all of it: the
+/// message sends the user looking for memory elsewhere. Here a 2 MiB block is live
+/// and a 2 MiB block retained (inside a scope) on a 4 MiB device.
+#[test]
+fn out_of_memory_counts_blocks_as_live_and_retained() {
+    let (pool, _sim) = seg_pool(2 * G, 0);
+    let scope = pool.retention_scope().unwrap();
+    let a = pool.allocate_raw(G).unwrap();
+    let b = pool.allocate_raw(G).unwrap();
+    pool.free_raw(b).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.physical_bytes, s.block_live_bytes), (2 * G, G));
+    let e = pool.allocate_raw(2 * G).unwrap_err();
+    match e {
+        Error::OutOfMemory {
+            live,
+            idle,
+            in_scope,
+            ..
+        } => assert_eq!((live, idle, in_scope), (G, G, true), "{e}"),
+        _ => panic!("not out of memory: {e:?}"),
+    }
+    pool.free_raw(a).unwrap();
+    scope.finish().unwrap();
+}

@@ -8,7 +8,10 @@
 mod common;
 
 use common::{check, MIB};
-use flare_package::{Error, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver};
+use flare_package::driver::sim::CU_STREAM_NON_BLOCKING;
+use flare_package::{
+    DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver, Stream,
+};
 use std::sync::Arc;
 
 const G: u64 = 2 * MIB;
@@ -56,4 +59,38 @@ fn out_of_memory_counts_blocks_as_live_and_retained() {
     }
     pool.free_raw(a).unwrap();
     scope.finish().unwrap();
+}
+
+/// `Pool::free_raw`: "Outside [a scope], it stays cached while the pool's idle bytes
+/// stay at or under the release threshold, else it is released"; the README: outside
+/// a scope "a handle whose whole range is free is released (after its stream's fence,
+/// or a device synchronize for the synchronous API)". A block of a stream's heap freed
+/// with the synchronous `free` (threshold 0) was kept whole for the synchronous API
+/// and its handle held until the next trim or finish; a whole mapping freed the same
+/// way is released at once. Released now after the free's synchronize, with no
+/// contract fault (the kernel queued on the block is done first).
+#[test]
+fn a_stream_block_freed_synchronously_is_released_under_the_threshold() {
+    let (pool, sim) = seg_pool(140 << 30, 0);
+    let s = Stream(
+        sim.stream_create_with_flags(CU_STREAM_NON_BLOCKING)
+            .unwrap(),
+    );
+    let p = pool.allocate_async_raw(MIB, s).unwrap();
+    sim.launch(s.0, p, MIB);
+    assert_eq!(check(&pool).physical_bytes, G);
+    pool.free_raw(p).unwrap();
+    let snap = check(&pool);
+    assert_eq!(
+        (snap.physical_bytes, snap.segment_handles),
+        (0, 0),
+        "{snap:#?}"
+    );
+    assert_eq!(sim.call_count(DriverCall::Synchronize), 1);
+    assert_eq!(sim.contract_faults(), 0, "{:?}", sim.faults());
+    // The heap still works: the stream gets a block again.
+    let q = pool.allocate_async_raw(MIB, s).unwrap();
+    pool.free_async_raw(q, s).unwrap();
+    pool.trim().unwrap();
+    assert_eq!(check(&pool).physical_bytes, 0);
 }

@@ -361,6 +361,20 @@ impl Pool {
                 if st.counters.scope_open || st.cached_bytes() <= self.release_threshold {
                     return Ok(());
                 }
+                if st.mref(slot).state == MappingState::Idle {
+                    // A stream heap's block, kept whole for the synchronous API (work
+                    // queued before this free may still touch it): back to its heap
+                    // after this release's synchronize, then its heap's free handles
+                    // are released as below.
+                    st.mark_releasing(slot, &mut batch);
+                    st.start_release(&mut batch);
+                    drop(st);
+                    let _ = self.release_batch(std::mem::take(&mut batch));
+                    st = lock(&self.state);
+                    if st.counters.scope_open || st.cached_bytes() <= self.release_threshold {
+                        return Ok(());
+                    }
+                }
                 st.collect_heap_of(seg, &mut batch, true, Some(self.release_threshold));
                 st.collect_retries(&mut batch, true);
                 st.start_release(&mut batch);

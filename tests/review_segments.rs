@@ -8,9 +8,9 @@
 mod common;
 
 use common::{check, MIB};
-use flare_package::driver::sim::CU_STREAM_NON_BLOCKING;
+use flare_package::driver::sim::{CaptureMode, SimStreamCall, CU_STREAM_NON_BLOCKING};
 use flare_package::{
-    DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver, Stream,
+    CuResult, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver, Stream,
 };
 use std::sync::Arc;
 
@@ -93,4 +93,61 @@ fn a_stream_block_freed_synchronously_is_released_under_the_threshold() {
     pool.free_async_raw(q, s).unwrap();
     pool.trim().unwrap();
     assert_eq!(check(&pool).physical_bytes, 0);
+}
+
+/// The README: "memory freed in a capture is reused only by that capture and kept for
+/// its graph until the scope open at capture time finishes, or, with none, until trim
+/// or destroy" (a replay of the graph writes into it). A block freed in a capture
+/// while `record_stream` named another stream waits for that stream's fence; when the
+/// fence could not be recorded (at the free) or waited on (at a release point), the
+/// block went to the "held" bucket, which the next release point that synchronizes
+/// releases: here the synchronous out-of-memory release, with no scope closed and no
+/// trim, unmapped the graph's memory. Found by a fuzzer that checks capture-held
+/// ranges stay mapped.
+#[test]
+fn capture_memory_whose_fence_failed_is_kept_for_its_graph() {
+    for call in [SimStreamCall::EventRecord, SimStreamCall::EventSynchronize] {
+        // 4 MiB: S's small segment (2 MiB) and the synchronous heap's 2 MiB fill it.
+        let (pool, sim) = seg_pool(2 * G, 0);
+        let s = Stream(
+            sim.stream_create_with_flags(CU_STREAM_NON_BLOCKING)
+                .unwrap(),
+        );
+        let t = Stream(
+            sim.stream_create_with_flags(CU_STREAM_NON_BLOCKING)
+                .unwrap(),
+        );
+        let p = pool.allocate_async_raw(MIB, s).unwrap();
+        let q = pool.allocate_raw(G).unwrap();
+        pool.record_stream(p, t).unwrap();
+        sim.launch(t.0, p, MIB);
+        sim.stream_begin_capture(s.0, CaptureMode::Global);
+        if call == SimStreamCall::EventRecord {
+            sim.inject_stream_failure(call, 1, CuResult::UNKNOWN);
+        }
+        pool.free_async_raw(p, s).unwrap();
+        assert_eq!(sim.stream_end_capture(s.0), CuResult::SUCCESS);
+        sim.stream_complete(t.0);
+        if call == SimStreamCall::EventSynchronize {
+            sim.inject_stream_failure(call, 1, CuResult::UNKNOWN);
+        }
+        // The device is full: the synchronous allocation releases what it may.
+        let r = pool.allocate_raw(G);
+        assert!(
+            matches!(r, Err(Error::OutOfMemory { .. })),
+            "{call:?}: the graph's 2 MiB handle served {r:x?}"
+        );
+        assert_eq!(
+            sim.touch(p, MIB, 0),
+            CuResult::SUCCESS,
+            "{call:?}: the graph's memory was unmapped"
+        );
+        check(&pool);
+        // Trim releases it (no scope: the capture's memory goes at trim).
+        pool.free_raw(q).unwrap();
+        pool.trim().unwrap();
+        let snap = check(&pool);
+        assert_eq!(snap.physical_bytes, 0, "{call:?}: {snap:#?}");
+        assert_eq!(sim.contract_faults(), 0, "{:?}", sim.faults());
+    }
 }

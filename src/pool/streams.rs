@@ -387,6 +387,9 @@ impl Pool {
                         _ => return hold(st, slot),
                     }
                 }
+                // Memory of a capture is kept for its graph, not released at the
+                // next synchronize: it waits for a fence a later call records.
+                Cover::Failed if is_capture(st, dest) => needs.push((b, mark)),
                 // The recorded stream's order cannot be tracked (a failed call).
                 Cover::Failed => return hold(st, slot),
             }
@@ -755,7 +758,7 @@ impl Pool {
                 // Memory freed after this release point recorded its fences is left
                 // for a later one.
                 let hold = if destroying { &streams } else { &failed };
-                hold_unconfirmed(&mut st, hold, destroying);
+                hold_unconfirmed(&mut st, hold, destroying, captures);
                 for &b in hold {
                     st.hold_heaps(b);
                 }
@@ -936,8 +939,10 @@ fn complete_through(st: &mut State, b: u32, covers: u64) {
 /// A release point that may synchronize the device: memory of buckets `buckets`
 /// still waiting on a fence after the waits (a stream or event call failed) goes to
 /// [`HELD`], released after the device synchronize; with `all`, so does every
-/// deferred mapping (destroy), else those waiting on those buckets.
-fn hold_unconfirmed(st: &mut State, buckets: &[u32], all: bool) {
+/// deferred mapping (destroy), else those waiting on those buckets, except memory of
+/// a capture whose bucket `captures` does not release (its graph may replay into
+/// it: it stays deferred until a later fence completes).
+fn hold_unconfirmed(st: &mut State, buckets: &[u32], all: bool, captures: Captures) {
     for &b in buckets {
         let completed = st.buckets[b as usize].completed;
         for slot in st.idle.slots_in(b) {
@@ -955,7 +960,17 @@ fn hold_unconfirmed(st: &mut State, buckets: &[u32], all: bool) {
             .needs
             .iter()
             .any(|(b, _)| buckets.contains(b));
-        if all || waits_on_failed {
+        // Memory of a capture that this release point does not release stays
+        // deferred (its graph may replay into it; a later fence lets it in).
+        let kept = match st.buckets[st.mapping(st.deferred[i].slot).bucket as usize].kind {
+            BucketKind::Capture { epoch, .. } => match captures {
+                Captures::Keep => true,
+                Captures::OfScope(e) => e != epoch,
+                Captures::All => false,
+            },
+            _ => false,
+        };
+        if all || (waits_on_failed && !kept) {
             let d = st.deferred.swap_remove(i);
             let size = st.mapping(d.slot).size();
             st.counters.event_wait_bytes -= size;
@@ -965,6 +980,11 @@ fn hold_unconfirmed(st: &mut State, buckets: &[u32], all: bool) {
             i += 1;
         }
     }
+}
+
+/// Whether bucket `b` is a capture's.
+fn is_capture(st: &State, b: u32) -> bool {
+    matches!(st.buckets[b as usize].kind, BucketKind::Capture { .. })
 }
 
 /// Keeps idle `slot` from everyone until a device synchronize ([`HELD`]): its

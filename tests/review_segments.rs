@@ -151,3 +151,41 @@ fn capture_memory_whose_fence_failed_is_kept_for_its_graph() {
         assert_eq!(sim.contract_faults(), 0, "{:?}", sim.faults());
     }
 }
+
+/// `docs/ARCHITECTURE.md`: "When the driver is out of memory, the smallest idle
+/// mapping that fits is taken whatever its size (the policy's bound chooses between
+/// idle mappings; it is no reason to fail)"; the fit "probes the first 8 blocks of
+/// the request's own bin ..., else takes the first block of the next non-empty bin".
+/// With nine smaller blocks in front of the one block that fits in the request's own
+/// bin (sizes 128 to 131 units of 512 bytes share a bin) and no larger free block,
+/// the lookup gave up: the heap grew, and on a full device the request failed with
+/// out-of-memory although a free block of its heap fits.
+#[test]
+fn a_fitting_free_block_behind_the_probed_ones_is_found() {
+    const U: u64 = 512;
+    // One 2 MiB handle: the small heap's segment, and the whole device.
+    let (pool, _sim) = seg_pool(G, 0);
+    let scope = pool.retention_scope().unwrap();
+    let fits = pool.allocate_raw(131 * U).unwrap();
+    let mut keep = vec![pool.allocate_raw(U).unwrap()];
+    let mut small = Vec::new();
+    for _ in 0..9 {
+        small.push(pool.allocate_raw(128 * U).unwrap());
+        keep.push(pool.allocate_raw(U).unwrap());
+    }
+    // The rest of the handle: 4096 - 131 - 9 * 128 - 10 units.
+    keep.push(pool.allocate_raw(2048 * U).unwrap());
+    keep.push(pool.allocate_raw(755 * U).unwrap());
+    let s = check(&pool);
+    assert_eq!((s.physical_bytes, s.block_free_bytes), (G, 0), "{s:#?}");
+    // Freed first, so it is last in its bin; the nine 128-unit blocks in front.
+    pool.free_raw(fits).unwrap();
+    for p in small {
+        pool.free_raw(p).unwrap();
+    }
+    let p = pool.allocate_raw(130 * U);
+    assert_eq!(p.as_ref().ok(), Some(&fits), "{p:x?}");
+    let s = check(&pool);
+    assert_eq!(s.physical_bytes, G, "no growth: {s:#?}");
+    scope.finish().unwrap();
+}

@@ -177,9 +177,13 @@ impl Pool {
     }
 
     /// Allocates `bytes` of device memory and returns its device address, aligned to
-    /// the granularity. The caller frees it with [`Pool::free_raw`].
+    /// the granularity (in [`ReusePolicy::Segments`], a block's address, aligned to
+    /// 512 bytes). The caller frees it with [`Pool::free_raw`].
     ///
-    /// The size is rounded up to the granularity. An idle mapping that fits under the
+    /// In [`ReusePolicy::Segments`] (up to `segment_whole_threshold_bytes`) the size
+    /// is rounded up to 512 bytes and carved from the synchronous API's heap, which
+    /// grows by whole handles (`docs/ARCHITECTURE.md`, "Segments"); otherwise: the
+    /// size is rounded up to the granularity. An idle mapping that fits under the
     /// reuse policy is taken with no driver call (memory freed with [`Pool::free_raw`]
     /// first, then memory freed on a stream whose work is known complete); otherwise,
     /// when memory freed on streams would fit, their fences are polled

@@ -8,8 +8,9 @@
 //! - A **segment** is one reserved virtual range of a heap key, covered from its
 //!   start by whole physical handles mapped back to back (each handle is mapped whole,
 //!   so the driver's sub-range rule holds by construction). It grows at its end
-//!   (`claimed`) by mapping a new whole handle; a released handle leaves an unmapped
-//!   hole that is not reused until the segment is empty again.
+//!   (`claimed`) by mapping a new whole handle; a released handle below the highest
+//!   mapping left leaves an unmapped hole that is not reused until the segment is
+//!   empty again (the growing end comes back down to that highest mapping).
 //! - A **block** is a range of a segment: live (handed out), idle in a stream-order
 //!   bucket (waiting on a fence, a capture, a synchronize: the buckets of
 //!   `books.rs`), or free in its heap (`HeapFree`, indexed by (heap key, size) in

@@ -59,6 +59,13 @@ impl Pool {
     /// the capture, memory freed earlier in the same capture is taken first, and no
     /// stream is made to wait.
     ///
+    /// In [`ReusePolicy::Segments`] (up to `segment_whole_threshold_bytes`) the size
+    /// is rounded up to 512 bytes and a block is carved from `stream`'s own heap
+    /// first (the address aligned to 512 bytes), then taken as above from memory
+    /// waiting in buckets, else the heap grows. Free blocks of another stream's heap
+    /// are never taken: that memory reaches `stream` only once its handle is
+    /// released (outside a retention scope).
+    ///
     /// Driver calls on a reuse of memory freed on `stream`: none (stream order makes
     /// it safe whether or not `stream` is being captured: memory freed during a
     /// capture is in the capture's bucket, not the stream's). Otherwise one

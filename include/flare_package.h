@@ -398,7 +398,8 @@ typedef struct FlareSnapshot {
      */
     uint64_t live_requested_bytes;
     /**
-     * Bytes mapped for live allocations (rounded to the mappings' sizes).
+     * Bytes mapped for live allocations (rounded to the mappings' sizes):
+     * whole mappings only; live blocks of segments are in `block_live_bytes`.
      */
     uint64_t live_mapped_bytes;
     /**
@@ -430,7 +431,8 @@ typedef struct FlareSnapshot {
      */
     uint64_t peak_physical_bytes;
     /**
-     * High watermark of `live_mapped_bytes`.
+     * High watermark of `live_mapped_bytes` (whole mappings only: live blocks
+     * are not in it).
      */
     uint64_t peak_live_mapped_bytes;
     /**

@@ -189,3 +189,36 @@ fn a_fitting_free_block_behind_the_probed_ones_is_found() {
     assert_eq!(s.physical_bytes, G, "no growth: {s:#?}");
     scope.finish().unwrap();
 }
+
+/// `docs/ARCHITECTURE.md`, "Growth": "A miss maps one new whole handle at the
+/// segment's end, counting the free block already there". Once a released top handle
+/// brought the growing end back down, the free block ending there was not counted:
+/// the next growth mapped the whole request rounded up. Here a 3 MiB block holds a
+/// 4 MiB handle (1 MiB free at its end); a 2 MiB block grows a second handle and is
+/// freed, which releases that handle; a 2.5 MiB request then needs 1.5 MiB beyond the
+/// free 1 MiB, one 2 MiB handle (6 MiB in all), and mapped 4 MiB (8 MiB).
+#[test]
+fn a_growth_after_a_released_top_handle_counts_the_free_end() {
+    let (pool, _sim) = seg_pool(140 << 30, 0);
+    let x = pool.allocate_raw(3 * MIB).unwrap();
+    let y = pool.allocate_raw(G).unwrap();
+    assert_eq!(
+        y,
+        x + 3 * MIB,
+        "carved from the 1 MiB free and a new handle"
+    );
+    pool.free_raw(y).unwrap();
+    let s = check(&pool);
+    assert_eq!(
+        (s.physical_bytes, s.block_free_bytes),
+        (2 * G, MIB),
+        "{s:#?}"
+    );
+    let z = pool.allocate_raw(5 * MIB / 2).unwrap();
+    assert_eq!(z, x + 3 * MIB, "the free end first");
+    let s = check(&pool);
+    assert_eq!(s.physical_bytes, 3 * G, "one 2 MiB handle more: {s:#?}");
+    pool.free_raw(z).unwrap();
+    pool.free_raw(x).unwrap();
+    assert_eq!(check(&pool).physical_bytes, 0);
+}

@@ -900,9 +900,17 @@ impl State {
             seg.claimed = top - seg.base();
             if seg.tail_end > top || seg.tail == NIL {
                 // The block that ends at the new end is found by `place_range`'s
-                // scan when a growth books a handle right after it.
+                // scan when a growth books a handle right after it; a free one is
+                // looked up now (a scan of the heap's free blocks: releases only),
+                // so that the next growth counts it.
                 seg.tail = NIL;
                 seg.tail_end = top;
+                if let Some(f) = self.free_block_covering(sid, top - 1) {
+                    let m = self.mref(f);
+                    if m.ptr() + m.size() == top {
+                        self.segs.segs[sid as usize].tail = f;
+                    }
+                }
             }
         }
     }

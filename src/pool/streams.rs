@@ -765,7 +765,7 @@ impl Pool {
                 // Memory freed after this release point recorded its fences is left
                 // for a later one.
                 let hold = if destroying { &streams } else { &failed };
-                hold_unconfirmed(&mut st, hold, destroying, captures);
+                hold_unconfirmed(&mut st, hold, destroying);
                 for &b in hold {
                     st.hold_heaps(b);
                 }
@@ -946,10 +946,9 @@ fn complete_through(st: &mut State, b: u32, covers: u64) {
 /// A release point that may synchronize the device: memory of buckets `buckets`
 /// still waiting on a fence after the waits (a stream or event call failed) goes to
 /// [`HELD`], released after the device synchronize; with `all`, so does every
-/// deferred mapping (destroy), else those waiting on those buckets, except memory of
-/// a capture whose bucket `captures` does not release (its graph may replay into
-/// it: it stays deferred until a later fence completes).
-fn hold_unconfirmed(st: &mut State, buckets: &[u32], all: bool, captures: Captures) {
+/// deferred mapping (destroy), else those waiting on those buckets (memory of a
+/// capture to its capture's bucket instead, released with it after a synchronize).
+fn hold_unconfirmed(st: &mut State, buckets: &[u32], all: bool) {
     for &b in buckets {
         let completed = st.buckets[b as usize].completed;
         for slot in st.idle.slots_in(b) {
@@ -967,22 +966,22 @@ fn hold_unconfirmed(st: &mut State, buckets: &[u32], all: bool, captures: Captur
             .needs
             .iter()
             .any(|(b, _)| buckets.contains(b));
-        // Memory of a capture that this release point does not release stays
-        // deferred (its graph may replay into it; a later fence lets it in).
-        let kept = match st.buckets[st.mapping(st.deferred[i].slot).bucket as usize].kind {
-            BucketKind::Capture { epoch, .. } => match captures {
-                Captures::Keep => true,
-                Captures::OfScope(e) => e != epoch,
-                Captures::All => false,
-            },
-            _ => false,
-        };
-        if all || (waits_on_failed && !kept) {
+        if all || waits_on_failed {
             let d = st.deferred.swap_remove(i);
             let size = st.mapping(d.slot).size();
             st.counters.event_wait_bytes -= size;
             st.mapping_mut(d.slot).needs_sync = true;
-            st.index_insert(d.slot, HELD);
+            // Memory of a capture stays its capture's (its graph may replay into
+            // it), released with that capture's memory after a device synchronize:
+            // no stream being captured now (else this release point would not
+            // synchronize), so nobody takes it from there.
+            let dest = st.mapping(d.slot).bucket;
+            let to = if !all && is_capture(st, dest) {
+                dest
+            } else {
+                HELD
+            };
+            st.index_insert(d.slot, to);
         } else {
             i += 1;
         }

@@ -996,18 +996,17 @@ fn seg_failed_release_races_growth() {
 }
 
 /// Segments: the first two requests of a heap race, both missing. Each is served
-/// and they do not overlap, by one of three paths: the second carves the first's
-/// new handle (one segment, one handle); it grows the segment the first made,
-/// after the first's claim (one segment, two handles); or both found no segment
-/// and each reserved one (two segments of the heap, one handle each: the first
-/// growth of a heap reserves outside the lock). Freed outside a scope (threshold
-/// 0), every handle is released, the reservations when the pool is dropped: also
-/// where both blocks were carved from the first segment (the second growth's carve
-/// took the first's free rest), leaving the second segment's handle wholly free
-/// with no block of it ever freed.
+/// and they do not overlap, by one of two paths: the second carves the first's
+/// new handle (one segment, one handle); or it grows the segment the first made,
+/// after the first's claim (one segment, two handles). When both found no segment
+/// and each reserved one (the first growth of a heap reserves outside the lock),
+/// the second to take the lock again finds the first's segment and gives its
+/// reservation back (commit 2dc41a6): never two segments. Freed outside a scope
+/// (threshold 0), every handle is released, the reservation when the pool is
+/// dropped.
 #[test]
 fn seg_first_growths_race() {
-    static SEEN: [AtomicUsize; 3] = [const { AtomicUsize::new(0) }; 3];
+    static SEEN: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
     model("seg_first_growths_race", Some(4), || {
         let (pool, sim) = seg_pool(0);
         let alloc = || {
@@ -1032,7 +1031,6 @@ fn seg_first_growths_race() {
                 0
             }
             (1, 2, 2) => 1,
-            (2, 2, 2) => 2,
             _ => panic!("{s:#?}"),
         };
         SEEN[outcome].fetch_add(1, Ordering::Relaxed);
@@ -1053,7 +1051,7 @@ fn seg_first_growths_race() {
     all_seen(
         "seg_first_growths_race",
         &SEEN,
-        &["one handle", "one segment, two handles", "two segments"],
+        &["one handle", "one segment, two handles"],
     );
 }
 

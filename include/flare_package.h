@@ -121,8 +121,9 @@ typedef enum FlareReusePolicy {
      * Blocks carved from segments: a heap per stream (and one for the
      * synchronous API) of reserved address ranges covered by whole physical
      * handles mapped back to back, grown at their end; requests rounded to
-     * 512 bytes, placed best-fit, split and coalesced in software, so many
-     * tensors share a handle (see `docs/ARCHITECTURE.md`, "Segments").
+     * 512 bytes, placed by a bounded good fit (segregated bins), split and
+     * coalesced in software, so many tensors share a handle (see
+     * `docs/ARCHITECTURE.md`, "Segments").
      * Requests above `segment_whole_threshold_bytes` take whole mappings,
      * reused best-fit.
      */
@@ -397,7 +398,8 @@ typedef struct FlareSnapshot {
      */
     uint64_t live_requested_bytes;
     /**
-     * Bytes mapped for live allocations (rounded to the mappings' sizes).
+     * Bytes mapped for live allocations (rounded to the mappings' sizes):
+     * whole mappings only; live blocks of segments are in `block_live_bytes`.
      */
     uint64_t live_mapped_bytes;
     /**
@@ -429,7 +431,8 @@ typedef struct FlareSnapshot {
      */
     uint64_t peak_physical_bytes;
     /**
-     * High watermark of `live_mapped_bytes`.
+     * High watermark of `live_mapped_bytes` (whole mappings only: live blocks
+     * are not in it).
      */
     uint64_t peak_live_mapped_bytes;
     /**

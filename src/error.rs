@@ -27,9 +27,12 @@ pub enum Error {
     OutOfMemory {
         /// Bytes asked for, rounded up to the granularity.
         requested: u64,
-        /// Bytes mapped to live allocations when the request failed.
+        /// Bytes mapped to live allocations when the request failed (in segment
+        /// mode, live blocks included: the snapshot's `live_mapped_bytes +
+        /// block_live_bytes`).
         live: u64,
-        /// Bytes held idle (retained or cached) when the request failed.
+        /// Bytes held idle (retained or cached) when the request failed (in segment
+        /// mode, free blocks included: `idle_bytes + block_free_bytes`).
         idle: u64,
         /// Whether a retention scope was open.
         in_scope: bool,

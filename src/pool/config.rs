@@ -37,8 +37,9 @@ macro_rules! reuse_policies {
             /// Blocks carved from segments: a heap per stream (and one for the
             /// synchronous API) of reserved address ranges covered by whole physical
             /// handles mapped back to back, grown at their end; requests rounded to
-            /// 512 bytes, placed best-fit, split and coalesced in software, so many
-            /// tensors share a handle (see `docs/ARCHITECTURE.md`, "Segments").
+            /// 512 bytes, placed by a bounded good fit (segregated bins), split and
+            /// coalesced in software, so many tensors share a handle (see
+            /// `docs/ARCHITECTURE.md`, "Segments").
             /// Requests above `segment_whole_threshold_bytes` take whole mappings,
             /// reused best-fit.
             Segments = 3, FLARE_REUSE_SEGMENTS, "segments";

@@ -12,10 +12,12 @@
 //! A lookup for `size` first looks through the first [`OWN_BIN_PROBES`] blocks of
 //! `size`'s own bin for the smallest that fits (the exact size of a steady
 //! allocate/free pair is found there), then takes the first block of the next
-//! non-empty bin above, every block of which fits. So a fit exceeds the request by
-//! less than one bin's width (3.1%) unless no bin closer holds a block: a bounded
-//! good fit. Insert, remove and lookup are O(1); nothing allocates on that path
-//! except when a slot or heap is new.
+//! non-empty bin above, every block of which fits; only when no bin above holds a
+//! block does it look through the rest of the own bin (so a free block that fits is
+//! always found). So a fit exceeds the request by less than one bin's width (3.1%)
+//! unless no bin closer holds a block: a bounded good fit. Insert, remove and lookup
+//! are O(1) (a lookup with nothing larger in the heap: O(own bin)); nothing allocates
+//! on that path except when a slot or heap is new.
 
 /// No slot.
 const NIL: u32 = u32::MAX;
@@ -216,7 +218,17 @@ impl FreeIndex {
                 0
             };
             if levels == 0 {
-                return None;
+                // Nothing larger: a fit can only be further down the request's own
+                // bin (a miss would grow the heap, or fail on a full device, while
+                // a free block fits). O(bin length), on a miss only.
+                while s != NIL {
+                    let l = &self.links[s as usize];
+                    if l.size >= size && best.is_none_or(|(b, _)| l.size < b) {
+                        best = Some((l.size, s));
+                    }
+                    s = l.next;
+                }
+                return best.map(|(_, s)| s);
             }
             let f = levels.trailing_zeros() as usize;
             (f, heap.bins[f])

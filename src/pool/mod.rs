@@ -177,9 +177,13 @@ impl Pool {
     }
 
     /// Allocates `bytes` of device memory and returns its device address, aligned to
-    /// the granularity. The caller frees it with [`Pool::free_raw`].
+    /// the granularity (in [`ReusePolicy::Segments`], a block's address, aligned to
+    /// 512 bytes). The caller frees it with [`Pool::free_raw`].
     ///
-    /// The size is rounded up to the granularity. An idle mapping that fits under the
+    /// In [`ReusePolicy::Segments`] (up to `segment_whole_threshold_bytes`) the size
+    /// is rounded up to 512 bytes and carved from the synchronous API's heap, which
+    /// grows by whole handles (`docs/ARCHITECTURE.md`, "Segments"); otherwise: the
+    /// size is rounded up to the granularity. An idle mapping that fits under the
     /// reuse policy is taken with no driver call (memory freed with [`Pool::free_raw`]
     /// first, then memory freed on a stream whose work is known complete); otherwise,
     /// when memory freed on streams would fit, their fences are polled
@@ -334,8 +338,9 @@ impl Pool {
     fn oom_error(&self, st: &State, rounded: u64, source: Option<DriverError>) -> Error {
         Error::OutOfMemory {
             requested: rounded,
-            live: st.counters.live_mapped_bytes,
-            idle: st.counters.idle_bytes,
+            // Segment mode: live blocks are live, free blocks cached.
+            live: st.counters.live_mapped_bytes + st.counters.block_live_bytes,
+            idle: st.cached_bytes(),
             in_scope: st.counters.scope_open,
             source,
         }
@@ -375,6 +380,20 @@ impl Pool {
                 st.index_insert(slot, SYNC_FREED);
                 if st.counters.scope_open || st.cached_bytes() <= self.release_threshold {
                     return Ok(());
+                }
+                if st.mref(slot).state == MappingState::Idle {
+                    // A stream heap's block, kept whole for the synchronous API (work
+                    // queued before this free may still touch it): back to its heap
+                    // after this release's synchronize, then its heap's free handles
+                    // are released as below.
+                    st.mark_releasing(slot, &mut batch);
+                    st.start_release(&mut batch);
+                    drop(st);
+                    let _ = self.release_batch(std::mem::take(&mut batch));
+                    st = lock(&self.state);
+                    if st.counters.scope_open || st.cached_bytes() <= self.release_threshold {
+                        return Ok(());
+                    }
                 }
                 st.collect_heap_of(seg, &mut batch, true, Some(self.release_threshold));
                 st.collect_retries(&mut batch, true);

@@ -419,7 +419,13 @@ impl Pool {
                 && st.segments_empty()
             {
                 drop(st);
-                return last.and(self.free_empty_segments());
+                // Nothing a refused step left is held (a segment's handle refused
+                // once is released by the same release point's second pass): the
+                // segments' reservations last, a refused free retried once.
+                return match self.free_empty_segments() {
+                    Ok(()) => Ok(()),
+                    Err(_) => self.release_now(Captures::All, true, true, false),
+                };
             }
         }
         let freed = self.free_empty_segments();

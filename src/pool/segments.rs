@@ -8,8 +8,9 @@
 //! - A **segment** is one reserved virtual range of a heap key, covered from its
 //!   start by whole physical handles mapped back to back (each handle is mapped whole,
 //!   so the driver's sub-range rule holds by construction). It grows at its end
-//!   (`claimed`) by mapping a new whole handle; a released handle leaves an unmapped
-//!   hole that is not reused until the segment is empty again.
+//!   (`claimed`) by mapping a new whole handle; a released handle below the highest
+//!   mapping left leaves an unmapped hole that is not reused until the segment is
+//!   empty again (the growing end comes back down to that highest mapping).
 //! - A **block** is a range of a segment: live (handed out), idle in a stream-order
 //!   bucket (waiting on a fence, a capture, a synchronize: the buckets of
 //!   `books.rs`), or free in its heap (`HeapFree`, indexed by (heap key, size) in
@@ -899,9 +900,17 @@ impl State {
             seg.claimed = top - seg.base();
             if seg.tail_end > top || seg.tail == NIL {
                 // The block that ends at the new end is found by `place_range`'s
-                // scan when a growth books a handle right after it.
+                // scan when a growth books a handle right after it; a free one is
+                // looked up now (a scan of the heap's free blocks: releases only),
+                // so that the next growth counts it.
                 seg.tail = NIL;
                 seg.tail_end = top;
+                if let Some(f) = self.free_block_covering(sid, top - 1) {
+                    let m = self.mref(f);
+                    if m.ptr() + m.size() == top {
+                        self.segs.segs[sid as usize].tail = f;
+                    }
+                }
             }
         }
     }

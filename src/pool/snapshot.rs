@@ -22,7 +22,8 @@ macro_rules! snapshot_counters {
             live_count,
             /// Bytes the callers asked for, summed over live allocations (not rounded).
             live_requested_bytes,
-            /// Bytes mapped for live allocations (rounded to the mappings' sizes).
+            /// Bytes mapped for live allocations (rounded to the mappings' sizes):
+            /// whole mappings only; live blocks of segments are in `block_live_bytes`.
             live_mapped_bytes,
             /// Idle mappings: retained in a scope or cached; mapped and reusable.
             idle_count,
@@ -38,7 +39,8 @@ macro_rules! snapshot_counters {
             reserved_bytes,
             /// High watermark of `physical_bytes`.
             peak_physical_bytes,
-            /// High watermark of `live_mapped_bytes`.
+            /// High watermark of `live_mapped_bytes` (whole mappings only: live blocks
+            /// are not in it).
             peak_live_mapped_bytes,
             /// Successful allocations.
             allocations,

@@ -59,6 +59,13 @@ impl Pool {
     /// the capture, memory freed earlier in the same capture is taken first, and no
     /// stream is made to wait.
     ///
+    /// In [`ReusePolicy::Segments`] (up to `segment_whole_threshold_bytes`) the size
+    /// is rounded up to 512 bytes and a block is carved from `stream`'s own heap
+    /// first (the address aligned to 512 bytes), then taken as above from memory
+    /// waiting in buckets, else the heap grows. Free blocks of another stream's heap
+    /// are never taken: that memory reaches `stream` only once its handle is
+    /// released (outside a retention scope).
+    ///
     /// Driver calls on a reuse of memory freed on `stream`: none (stream order makes
     /// it safe whether or not `stream` is being captured: memory freed during a
     /// capture is in the capture's bucket, not the stream's). Otherwise one
@@ -387,6 +394,9 @@ impl Pool {
                         _ => return hold(st, slot),
                     }
                 }
+                // Memory of a capture is kept for its graph, not released at the
+                // next synchronize: it waits for a fence a later call records.
+                Cover::Failed if is_capture(st, dest) => needs.push((b, mark)),
                 // The recorded stream's order cannot be tracked (a failed call).
                 Cover::Failed => return hold(st, slot),
             }
@@ -936,7 +946,8 @@ fn complete_through(st: &mut State, b: u32, covers: u64) {
 /// A release point that may synchronize the device: memory of buckets `buckets`
 /// still waiting on a fence after the waits (a stream or event call failed) goes to
 /// [`HELD`], released after the device synchronize; with `all`, so does every
-/// deferred mapping (destroy), else those waiting on those buckets.
+/// deferred mapping (destroy), else those waiting on those buckets (memory of a
+/// capture to its capture's bucket instead, released with it after a synchronize).
 fn hold_unconfirmed(st: &mut State, buckets: &[u32], all: bool) {
     for &b in buckets {
         let completed = st.buckets[b as usize].completed;
@@ -960,11 +971,26 @@ fn hold_unconfirmed(st: &mut State, buckets: &[u32], all: bool) {
             let size = st.mapping(d.slot).size();
             st.counters.event_wait_bytes -= size;
             st.mapping_mut(d.slot).needs_sync = true;
-            st.index_insert(d.slot, HELD);
+            // Memory of a capture stays its capture's (its graph may replay into
+            // it), released with that capture's memory after a device synchronize:
+            // no stream being captured now (else this release point would not
+            // synchronize), so nobody takes it from there.
+            let dest = st.mapping(d.slot).bucket;
+            let to = if !all && is_capture(st, dest) {
+                dest
+            } else {
+                HELD
+            };
+            st.index_insert(d.slot, to);
         } else {
             i += 1;
         }
     }
+}
+
+/// Whether bucket `b` is a capture's.
+fn is_capture(st: &State, b: u32) -> bool {
+    matches!(st.buckets[b as usize].kind, BucketKind::Capture { .. })
 }
 
 /// Keeps idle `slot` from everyone until a device synchronize ([`HELD`]): its

@@ -259,6 +259,9 @@ pub fn hammer(pool: Arc<Pool>, p: Params) -> Report {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 worker(&pool, 0x5EED_0000 + i, p, i < scope_threads, &ranges)
             }));
+            // The pool is given back before the result: the caller may unwrap its
+            // `Arc` as soon as every result has come (the workers are not joined).
+            drop(pool);
             let _ = tx.send((i, r.map_err(|p| panic_message(&*p))));
         });
     }

@@ -71,7 +71,8 @@ impl SimDriver {
         st.injections.push((call, at, code));
     }
 
-    /// Drops every pending injection.
+    /// Drops every pending injection of [`SimDriver::inject_failure`] (the memory
+    /// calls); those of [`SimDriver::inject_stream_failure`] stay.
     pub fn clear_failures(&self) {
         lock(&self.inner).injections.clear();
     }

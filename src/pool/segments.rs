@@ -265,14 +265,16 @@ impl State {
     }
 
     /// Claims room for a handle of at least `size` bytes at the end of heap `key`'s
-    /// newest segment, counting the free block at its end: `step(need)` says how
-    /// much to map for a need of `need` bytes (a multiple of `g`). `None`: no
-    /// segment has room (a new one is needed).
+    /// newest segment, counting the free block at its end (unless `alone`: then the
+    /// new memory alone covers `size`): `step(need)` says how much to map for a need
+    /// of `need` bytes (a multiple of `g`). `None`: no segment has room (a new one is
+    /// needed).
     pub(super) fn claim_growth(
         &mut self,
         key: u32,
         size: u64,
         g: u64,
+        alone: bool,
         step: impl Fn(u64, u64) -> u64,
     ) -> Option<Growth> {
         // The newest segment first (it holds the free block at the growing end),
@@ -284,7 +286,7 @@ impl State {
             .find_map(|sid| {
                 let seg = &self.segs.segs[sid as usize];
                 let end = seg.base() + seg.claimed;
-                let trailing = if seg.tail != NIL && seg.tail_end == end {
+                let trailing = if !alone && seg.tail != NIL && seg.tail_end == end {
                     let t = self.mref(seg.tail);
                     if t.state == MappingState::HeapFree {
                         t.size()
@@ -1123,13 +1125,13 @@ impl Pool {
     /// Grows heap `key` and carves the block from it. Another thread may carve the
     /// new memory first: then it grows again (a few times at most).
     fn grow_and_carve(&self, key: u32, size: u64, bytes: u64) -> Result<DevicePtr, DriverError> {
-        for _ in 0..3 {
-            if let Some(p) = self.grow(key, size, bytes)? {
-                return Ok(p);
-            }
+        if let Some(p) = self.grow(key, size, bytes, false)? {
+            return Ok(p);
         }
-        // Still raced: one more, then report the last outcome as out of memory.
-        self.grow(key, size, bytes)?.ok_or(DriverError::new(
+        // Another thread carved the free block at the end that the growth counted
+        // on: grow by the whole request, which the new memory then covers alone, and
+        // the carve booked with it cannot miss.
+        self.grow(key, size, bytes, true)?.ok_or(DriverError::new(
             DriverCall::Create,
             CuResult::OUT_OF_MEMORY,
         ))
@@ -1151,13 +1153,21 @@ impl Pool {
 
     /// Maps one new whole handle at the end of heap `key`'s segment (a new segment
     /// first when it has no room), books it free, and carves `size` bytes from the
-    /// heap. `Ok(None)`: the memory was mapped but another thread's carve took it
-    /// first. A failed step undoes the earlier ones; what the driver refuses to undo
-    /// is kept pending.
-    fn grow(&self, key: u32, size: u64, bytes: u64) -> Result<Option<DevicePtr>, DriverError> {
+    /// heap. With `alone`, the new memory covers `size` by itself. `Ok(None)`: the
+    /// growth counted on the free block at the segment's end and another thread
+    /// carved it first (never with `alone`: the carve is booked with the growth,
+    /// under one lock). A failed step undoes the earlier ones; what the driver
+    /// refuses to undo is kept pending.
+    fn grow(
+        &self,
+        key: u32,
+        size: u64,
+        bytes: u64,
+        alone: bool,
+    ) -> Result<Option<DevicePtr>, DriverError> {
         let g = self.granularity;
         let step = |need: u64, mapped: u64| self.growth_step(need, mapped);
-        let planned = lock(&self.state).claim_growth(key, size, g, step);
+        let planned = lock(&self.state).claim_growth(key, size, g, alone, step);
         let growth = match planned {
             Some(gr) => gr,
             None => {
@@ -1173,7 +1183,7 @@ impl Pool {
                 let mut st = lock(&self.state);
                 // Another growth may have made room (a segment of this heap, or room
                 // in one) while the reservation was made: use that, give this back.
-                if let Some(gr) = st.claim_growth(key, size, g, step) {
+                if let Some(gr) = st.claim_growth(key, size, g, alone, step) {
                     drop(st);
                     if let Err(e) = self.driver.free_reservation(r) {
                         let mut st = lock(&self.state);

@@ -1125,12 +1125,15 @@ impl Pool {
     /// Grows heap `key` and carves the block from it. Another thread may carve the
     /// new memory first: then it grows again (a few times at most).
     fn grow_and_carve(&self, key: u32, size: u64, bytes: u64) -> Result<DevicePtr, DriverError> {
-        if let Some(p) = self.grow(key, size, bytes, false)? {
-            return Ok(p);
+        for _ in 0..2 {
+            if let Some(p) = self.grow(key, size, bytes, false)? {
+                return Ok(p);
+            }
         }
-        // Another thread carved the free block at the end that the growth counted
-        // on: grow by the whole request, which the new memory then covers alone, and
-        // the carve booked with it cannot miss.
+        // Twice another thread carved (or released) the free block at the end that
+        // the growth counted on: grow by the whole request, which the new memory then
+        // covers alone, and the carve booked with it cannot miss. (Not at once: a
+        // second growth that counts the first one's memory maps less.)
         self.grow(key, size, bytes, true)?.ok_or(DriverError::new(
             DriverCall::Create,
             CuResult::OUT_OF_MEMORY,

@@ -12,9 +12,7 @@ mod common;
 
 use common::{assert_driver_empty, check, no_faults, stream, MIB};
 use flare_package::driver::sim::{CaptureMode, SimStreamCall};
-use flare_package::{
-    CuResult, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver,
-};
+use flare_package::{CuResult, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimDriver};
 use std::sync::Arc;
 
 const G: u64 = 2 * MIB;
@@ -26,17 +24,7 @@ fn seg_pool(threshold: u64) -> (Pool, Arc<SimDriver>) {
 }
 
 fn seg_pool_on(capacity: u64, threshold: u64) -> (Pool, Arc<SimDriver>) {
-    let pool = Pool::new(PoolConfig {
-        reuse_policy: ReusePolicy::Segments,
-        release_threshold_bytes: threshold,
-        ..PoolConfig::simulated(SimConfig {
-            capacity_bytes: capacity,
-            ..SimConfig::default()
-        })
-    })
-    .unwrap();
-    let sim = pool.sim_driver().unwrap();
-    (pool, sim)
+    common::segment_pool(capacity, threshold)
 }
 
 /// Every driver call the simulated driver counted, memory and stream calls.

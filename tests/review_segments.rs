@@ -9,9 +9,7 @@ mod common;
 
 use common::{check, MIB};
 use flare_package::driver::sim::{CaptureMode, SimStreamCall, CU_STREAM_NON_BLOCKING};
-use flare_package::{
-    CuResult, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver, Stream,
-};
+use flare_package::{CuResult, DriverCall, Error, Pool, SimDriver, Stream};
 use std::sync::Arc;
 
 const G: u64 = 2 * MIB;
@@ -19,17 +17,7 @@ const G: u64 = 2 * MIB;
 /// A segment-mode pool on a simulated device of `capacity` bytes, release threshold
 /// `threshold`.
 fn seg_pool(capacity: u64, threshold: u64) -> (Pool, Arc<SimDriver>) {
-    let pool = Pool::new(PoolConfig {
-        reuse_policy: ReusePolicy::Segments,
-        release_threshold_bytes: threshold,
-        ..PoolConfig::simulated(SimConfig {
-            capacity_bytes: capacity,
-            ..SimConfig::default()
-        })
-    })
-    .unwrap();
-    let sim = pool.sim_driver().unwrap();
-    (pool, sim)
+    common::segment_pool(capacity, threshold)
 }
 
 /// `Error::OutOfMemory` says `live`: "Bytes mapped to live allocations when the

@@ -284,3 +284,22 @@ pub fn stream(sim: &flare_package::SimDriver) -> flare_package::Stream {
 pub fn no_faults(sim: &flare_package::SimDriver) {
     assert_eq!(sim.contract_faults(), 0, "faults: {:?}", sim.faults());
 }
+
+/// A segment-mode pool ([`ReusePolicy::Segments`]) on a fresh simulated device of
+/// `capacity` bytes, release threshold `threshold`, and its simulated driver.
+pub fn segment_pool(
+    capacity: u64,
+    threshold: u64,
+) -> (Pool, std::sync::Arc<flare_package::SimDriver>) {
+    let pool = Pool::new(PoolConfig {
+        reuse_policy: ReusePolicy::Segments,
+        release_threshold_bytes: threshold,
+        ..PoolConfig::simulated(SimConfig {
+            capacity_bytes: capacity,
+            ..SimConfig::default()
+        })
+    })
+    .expect("a segment-mode pool on the simulated driver");
+    let sim = pool.sim_driver().expect("simulated");
+    (pool, sim)
+}

@@ -603,3 +603,21 @@ fn a_steady_stream_pair_records_no_fence() {
     assert_eq!(check(&pool).physical_bytes, 0);
     no_faults(&sim);
 }
+
+/// A growth whose `cuMemMap` fails gives its claimed range back: the next growth of
+/// the segment maps right after the handle before it, leaving no hole.
+#[test]
+fn a_failed_growth_gives_its_range_back() {
+    let (pool, sim) = seg_pool(u64::MAX);
+    let a = pool.allocate_raw(2 * MIB).unwrap();
+    sim.inject_failure(DriverCall::Map, 1, CuResult::INVALID_VALUE);
+    assert!(pool.allocate_raw(2 * MIB).is_err());
+    let b = pool.allocate_raw(2 * MIB).unwrap();
+    assert_eq!(b, a + 2 * MIB, "mapped where the failed growth claimed");
+    let s = check(&pool);
+    assert_eq!(
+        (s.segment_handles, s.physical_bytes, s.map_failures),
+        (2, 4 * MIB, 1)
+    );
+    no_faults(&sim);
+}

@@ -346,11 +346,12 @@ impl State {
         sid
     }
 
-    /// Claims the start of new segment `sid` for a handle of `size` bytes.
+    /// Claims the start of new segment `sid` (nothing claimed in it yet) for a
+    /// handle of `size` bytes.
     pub(super) fn claim_start(&mut self, sid: u32, size: u64) -> Claim {
         let seg = &mut self.segs.segs[sid as usize];
-        let ptr = seg.base() + seg.claimed;
-        seg.claimed += size;
+        let ptr = seg.base();
+        seg.claimed = size;
         seg.busy += 1;
         Claim {
             seg: sid,

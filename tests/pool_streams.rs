@@ -19,29 +19,22 @@ use std::sync::Arc;
 const G: u64 = 2 * MIB;
 
 fn pool_with(cross: CrossStreamReuse, threshold: u64) -> (Pool, Arc<SimDriver>) {
-    let pool = Pool::new(PoolConfig {
+    let config = PoolConfig {
         cross_stream_reuse: cross,
         release_threshold_bytes: threshold,
-        ..PoolConfig::simulated(SimConfig::default())
-    })
-    .unwrap();
-    let sim = pool.sim_driver().unwrap();
-    (pool, sim)
+        ..PoolConfig::default()
+    };
+    common::simulated_pool(SimConfig::default().capacity_bytes, config)
 }
 
 /// A pool on a simulated device of `capacity` bytes that caches everything idle
 /// (release threshold `u64::MAX`).
 fn small_device(capacity: u64) -> (Pool, Arc<SimDriver>) {
-    let pool = Pool::new(PoolConfig {
+    let config = PoolConfig {
         release_threshold_bytes: u64::MAX,
-        ..PoolConfig::simulated(SimConfig {
-            capacity_bytes: capacity,
-            ..SimConfig::default()
-        })
-    })
-    .unwrap();
-    let sim = pool.sim_driver().unwrap();
-    (pool, sim)
+        ..PoolConfig::default()
+    };
+    common::simulated_pool(capacity, config)
 }
 
 fn syncs(sim: &SimDriver) -> u64 {

@@ -16,17 +16,12 @@ use std::sync::Arc;
 const G: u64 = 2 * MIB;
 
 fn sim_pool(cross: CrossStreamReuse, threshold: u64, capacity: u64) -> (Pool, Arc<SimDriver>) {
-    let pool = Pool::new(PoolConfig {
+    let config = PoolConfig {
         cross_stream_reuse: cross,
         release_threshold_bytes: threshold,
-        ..PoolConfig::simulated(SimConfig {
-            capacity_bytes: capacity,
-            ..SimConfig::default()
-        })
-    })
-    .unwrap();
-    let sim = pool.sim_driver().unwrap();
-    (pool, sim)
+        ..PoolConfig::default()
+    };
+    common::simulated_pool(capacity, config)
 }
 
 /// A simulated driver whose next call of one kind can be held at a gate, to stop a

@@ -255,48 +255,66 @@ impl Pool {
         max_size: u64,
         on: Option<(Stream, Option<u64>)>,
     ) -> Result<DevicePtr> {
+        self.miss(
+            rounded,
+            rounded,
+            bytes,
+            on,
+            || self.create_mapping(rounded, bytes),
+            |st| self.take_for(st, on, rounded, bytes, max_size),
+        )
+    }
+
+    /// The miss path shared by whole mappings and blocks: `create` makes the memory
+    /// (a new mapping, or a growth of a heap) for a request of `rounded` bytes
+    /// (`bytes` asked). Beyond the whole device: [`Error::RequestTooLarge`] at once,
+    /// no driver call, nothing counted. On out-of-memory: [`Pool::after_oom`] (a
+    /// forced reuse of idle memory of at least `forced_size` bytes, or the error
+    /// inside a scope); outside a scope, a release of what is idle, `retake` under
+    /// the lock, and `create` once more. A failed release (a synchronize refused
+    /// during a capture, say) is already counted and its memory kept; the retry then
+    /// reports the out-of-memory. A stream-ordered allocation (`on`) never
+    /// synchronizes the device (a capture may be open on any stream): it releases
+    /// only memory whose fences completed; the synchronous `allocate` releases
+    /// everything idle, after a device synchronize.
+    fn miss(
+        &self,
+        rounded: u64,
+        forced_size: u64,
+        bytes: u64,
+        on: Option<(Stream, Option<u64>)>,
+        create: impl Fn() -> Result<DevicePtr, DriverError>,
+        retake: impl FnOnce(&mut State) -> Option<DevicePtr>,
+    ) -> Result<DevicePtr> {
         if rounded > self.device_total {
-            // Beyond the whole device: no driver call, nothing released, nothing
-            // counted.
             return Err(Error::RequestTooLarge {
                 requested: rounded,
                 device_total: self.device_total,
             });
         }
-        let err = match self.create_mapping(rounded, bytes) {
-            Ok(ptr) => return Ok(ptr),
-            Err(e) => e,
+        let driver_error = |source| Error::Driver {
+            source,
+            bytes: rounded,
         };
-        if !err.is_out_of_memory() {
-            return Err(Error::Driver {
-                source: err,
-                bytes: rounded,
-            });
-        }
-        if let Some(ptr) = self.after_oom(on, rounded, rounded, bytes, err)? {
+        let err = match create() {
+            Ok(ptr) => return Ok(ptr),
+            Err(e) if e.is_out_of_memory() => e,
+            Err(e) => return Err(driver_error(e)),
+        };
+        if let Some(ptr) = self.after_oom(on, rounded, forced_size, bytes, err)? {
             return Ok(ptr);
         }
-        // Outside a scope: release what is idle, look again, retry once. A failed
-        // release (a synchronize refused during a capture, say) is already counted
-        // and its mappings kept; the retry then reports the out-of-memory.
-        // A stream-ordered allocation never synchronizes the device (a capture may be
-        // open on any stream): it releases only memory whose fences completed. The
-        // synchronous `allocate` keeps its meaning: everything idle, after a device
-        // synchronize.
         let _ = self.release_now(Captures::Keep, on.is_none(), false, false);
-        if let Some(ptr) = self.take_for(&mut lock(&self.state), on, rounded, bytes, max_size) {
+        if let Some(ptr) = retake(&mut lock(&self.state)) {
             return Ok(ptr);
         }
-        match self.create_mapping(rounded, bytes) {
+        match create() {
             Ok(ptr) => Ok(ptr),
             Err(e) if e.is_out_of_memory() => {
                 let st = lock(&self.state);
                 Err(self.oom_error(&st, rounded, Some(e)))
             }
-            Err(e) => Err(Error::Driver {
-                source: e,
-                bytes: rounded,
-            }),
+            Err(e) => Err(driver_error(e)),
         }
     }
 

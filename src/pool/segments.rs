@@ -36,7 +36,7 @@ use super::books::{
 };
 use super::config::{SEGMENT_BLOCK_ROUND_BYTES, SEGMENT_SMALL_MAX_BYTES};
 use super::fit::FreeIndex;
-use super::release::{Batch, Captures};
+use super::release::Batch;
 use super::Pool;
 use crate::driver::{
     CuResult, DevicePtr, DriverCall, DriverError, PhysicalHandle, Reservation, Stream,
@@ -1084,43 +1084,14 @@ impl Pool {
         on: Option<(Stream, Option<u64>)>,
     ) -> Result<DevicePtr> {
         let rounded = round_up(size, self.granularity).unwrap_or(u64::MAX);
-        if rounded > self.device_total {
-            return Err(Error::RequestTooLarge {
-                requested: rounded,
-                device_total: self.device_total,
-            });
-        }
-        let err = match self.grow_and_carve(key, size, bytes) {
-            Ok(p) => return Ok(p),
-            Err(e) if e.is_out_of_memory() => e,
-            Err(e) => {
-                return Err(Error::Driver {
-                    source: e,
-                    bytes: rounded,
-                })
-            }
-        };
-        if let Some(p) = self.after_oom(on, rounded, size, bytes, err)? {
-            return Ok(p);
-        }
-        let _ = self.release_now(Captures::Keep, on.is_none(), false, false);
-        {
-            let mut st = lock(&self.state);
-            if let Some(p) = st.carve(key, size, bytes, true) {
-                return Ok(p);
-            }
-        }
-        match self.grow_and_carve(key, size, bytes) {
-            Ok(p) => Ok(p),
-            Err(e) if e.is_out_of_memory() => {
-                let st = lock(&self.state);
-                Err(self.oom_error(&st, rounded, Some(e)))
-            }
-            Err(e) => Err(Error::Driver {
-                source: e,
-                bytes: rounded,
-            }),
-        }
+        self.miss(
+            rounded,
+            size,
+            bytes,
+            on,
+            || self.grow_and_carve(key, size, bytes),
+            |st| st.carve(key, size, bytes, true),
+        )
     }
 
     /// Grows heap `key` and carves the block from it. Another thread may carve the

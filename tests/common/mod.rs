@@ -291,15 +291,30 @@ pub fn segment_pool(
     capacity: u64,
     threshold: u64,
 ) -> (Pool, std::sync::Arc<flare_package::SimDriver>) {
+    simulated_pool(
+        capacity,
+        PoolConfig {
+            reuse_policy: ReusePolicy::Segments,
+            release_threshold_bytes: threshold,
+            ..PoolConfig::default()
+        },
+    )
+}
+
+/// A pool with `config` (its backend replaced) on a fresh simulated device of
+/// `capacity` bytes, and its simulated driver.
+pub fn simulated_pool(
+    capacity: u64,
+    config: PoolConfig,
+) -> (Pool, std::sync::Arc<flare_package::SimDriver>) {
     let pool = Pool::new(PoolConfig {
-        reuse_policy: ReusePolicy::Segments,
-        release_threshold_bytes: threshold,
-        ..PoolConfig::simulated(SimConfig {
+        backend: Backend::Simulated(SimConfig {
             capacity_bytes: capacity,
             ..SimConfig::default()
-        })
+        }),
+        ..config
     })
-    .expect("a segment-mode pool on the simulated driver");
+    .expect("a pool on the simulated driver");
     let sim = pool.sim_driver().expect("simulated");
     (pool, sim)
 }

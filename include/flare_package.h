@@ -593,6 +593,29 @@ typedef struct FlareSnapshot {
      * `physical_bytes` and `segment_mapped_bytes`).
      */
     uint64_t segment_lent_bytes;
+    /**
+     * Idle allocations held in thread caches (issue 13), remote lists
+     * included: reused by their thread with no lock; drained to the books by
+     * scopes, trim, out-of-memory, destroy, a miss of their own thread, and a
+     * cache over its bounds. Counted in `idle_count` (whole mappings) or as
+     * free blocks.
+     */
+    uint64_t thread_cache_count;
+    /**
+     * Bytes of those: part of `idle_bytes` (whole mappings) and
+     * `block_free_bytes` (blocks).
+     */
+    uint64_t thread_cache_bytes;
+    /**
+     * Allocations served from a thread cache (no lock, no driver call); also
+     * counted in `reuse_hits`.
+     */
+    uint64_t thread_cache_hits;
+    /**
+     * Frees of memory that another thread's cache handed out, passed back to
+     * that thread through its lock-free remote list.
+     */
+    uint64_t remote_frees;
 } FlareSnapshot;
 
 /**

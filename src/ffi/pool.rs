@@ -152,6 +152,8 @@ pub(super) unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolC
             c.segment_whole_threshold_bytes,
             DEFAULT_SEGMENT_WHOLE_THRESHOLD_BYTES,
         ),
+        // The C fields for the thread caches come with the C ABI's part of issue 13.
+        ..PoolConfig::default()
     })
 }
 

@@ -248,7 +248,7 @@ versioned_struct! {
 const _: () = assert!(size_of::<FlareStatus>() == 4 && size_of::<FlareBackend>() == 4);
 const _: () = assert!(size_of::<FlareReusePolicy>() == 4 && size_of::<FlareDriverCall>() == 4);
 const _: () = assert!(size_of::<FlareCrossStreamReuse>() == 4);
-const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 45 * 8);
+const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 49 * 8);
 const _: () = assert!(size_of::<FlarePoolConfig>() == 80);
 const _: () = assert!(size_of::<FlareDestroyReport>() == 8 + 4 * 8);
 

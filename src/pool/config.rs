@@ -256,6 +256,18 @@ pub struct PoolConfig {
     /// a whole mapping of its own (reused best-fit) instead of a block of a segment.
     /// Default [`DEFAULT_SEGMENT_WHOLE_THRESHOLD_BYTES`] (every request in segments).
     pub segment_whole_threshold_bytes: u64,
+    /// Entries each thread's cache may hold (issue 13): idle allocations freed with
+    /// the synchronous `free` and reused by the same thread's `allocate` with no
+    /// lock and no shared write. 0 turns thread caches off. Default
+    /// [`DEFAULT_THREAD_CACHE_ENTRIES`]. Caches hold memory only while nothing would
+    /// be released anyway (a retention scope is open, or `release_threshold_bytes`
+    /// is `u64::MAX`), and never under [`ReusePolicy::None`].
+    pub thread_cache_entries: u32,
+    /// Bytes each thread's cache may hold (default [`DEFAULT_THREAD_CACHE_BYTES`]):
+    /// memory in one thread's cache is not reused by another thread until it is
+    /// drained (a miss of the owner, a scope's end, trim, an out-of-memory), so the
+    /// pool may hold up to this much more per thread than without caches.
+    pub thread_cache_bytes: u64,
 }
 
 impl Default for PoolConfig {
@@ -269,9 +281,19 @@ impl Default for PoolConfig {
             best_fit_max_waste_percent: DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
             cross_stream_reuse: CrossStreamReuse::WhenComplete,
             segment_whole_threshold_bytes: DEFAULT_SEGMENT_WHOLE_THRESHOLD_BYTES,
+            thread_cache_entries: DEFAULT_THREAD_CACHE_ENTRIES,
+            thread_cache_bytes: DEFAULT_THREAD_CACHE_BYTES,
         }
     }
 }
+
+/// Default [`PoolConfig::thread_cache_entries`]: 32 idle allocations per thread, as
+/// many sizes as a compiled forward's transients cycle through on one thread.
+pub const DEFAULT_THREAD_CACHE_ENTRIES: u32 = 32;
+
+/// Default [`PoolConfig::thread_cache_bytes`]: 64 MiB per thread (16 threads hold at
+/// most 1 GiB that other threads cannot reuse until a drain).
+pub const DEFAULT_THREAD_CACHE_BYTES: u64 = 64 << 20;
 
 impl PoolConfig {
     /// A default configuration on the simulated driver with `sim`.

@@ -27,7 +27,8 @@ pub(crate) use config::cross_stream_modes;
 pub(crate) use config::reuse_policies;
 pub use config::{
     Backend, CrossStreamReuse, PoolConfig, ReusePolicy, DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
-    DEFAULT_SEGMENT_WHOLE_THRESHOLD_BYTES, SEGMENT_BLOCK_ROUND_BYTES, SEGMENT_SMALL_MAX_BYTES,
+    DEFAULT_SEGMENT_WHOLE_THRESHOLD_BYTES, DEFAULT_THREAD_CACHE_BYTES,
+    DEFAULT_THREAD_CACHE_ENTRIES, SEGMENT_BLOCK_ROUND_BYTES, SEGMENT_SMALL_MAX_BYTES,
 };
 pub use guards::{Allocation, RetentionScope};
 pub(crate) use snapshot::snapshot_counters;

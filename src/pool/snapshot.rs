@@ -134,6 +134,21 @@ macro_rules! snapshot_counters {
             /// Bytes of the lent handles (each mapped twice, counted once in
             /// `physical_bytes` and `segment_mapped_bytes`).
             segment_lent_bytes,
+            /// Idle allocations held in thread caches (issue 13), remote lists
+            /// included: reused by their thread with no lock; drained to the books by
+            /// scopes, trim, out-of-memory, destroy, a miss of their own thread, and a
+            /// cache over its bounds. Counted in `idle_count` (whole mappings) or as
+            /// free blocks.
+            thread_cache_count,
+            /// Bytes of those: part of `idle_bytes` (whole mappings) and
+            /// `block_free_bytes` (blocks).
+            thread_cache_bytes,
+            /// Allocations served from a thread cache (no lock, no driver call); also
+            /// counted in `reuse_hits`.
+            thread_cache_hits,
+            /// Frees of memory that another thread's cache handed out, passed back to
+            /// that thread through its lock-free remote list.
+            remote_frees,
         }
     };
 }
@@ -245,6 +260,18 @@ impl Snapshot {
         }
         if self.live_requested_bytes > self.live_mapped_bytes + self.block_live_bytes {
             return Err("live requested bytes above live mapped and live block bytes".into());
+        }
+        if self.thread_cache_hits > self.reuse_hits {
+            return Err("more thread-cache hits than reuse hits".into());
+        }
+        if (self.thread_cache_count == 0) != (self.thread_cache_bytes == 0) {
+            return Err("thread-cache count and thread-cache bytes disagree".into());
+        }
+        if self.thread_cache_bytes > self.idle_bytes + self.block_free_bytes {
+            return Err(format!(
+                "thread-cache bytes {} above idle bytes {} + free block bytes {}",
+                self.thread_cache_bytes, self.idle_bytes, self.block_free_bytes
+            ));
         }
         if self.reuse_exact_hits > self.reuse_hits {
             return Err("more exact reuse hits than reuse hits".into());

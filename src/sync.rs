@@ -5,7 +5,10 @@
 //! comparing the two in the benchmarks.
 //!
 //! Only what loom runs goes through here; nothing in the pool core or the simulated
-//! driver uses `std::sync::OnceLock` or `thread_local!` directly.
+//! driver uses `thread_local!` or an atomic directly. The one exception is the
+//! pointer table's `std::sync::OnceLock` nodes (`pool/table.rs`), the same in both
+//! builds: a node is only ever initialised under the pool's lock, and read with one
+//! acquire load.
 
 #[cfg(flare_loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
@@ -44,3 +47,19 @@ pub(crate) fn wait<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<
         guard
     }
 }
+
+/// Atomics: loom's under `--cfg flare_loom` (its models explore every ordering of the
+/// thread caches' lock-free steps), std's otherwise.
+pub(crate) mod atomic {
+    #[cfg(flare_loom)]
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    #[cfg(not(flare_loom))]
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+}
+
+/// `thread_local!`: loom's under `--cfg flare_loom` (loom's threads all run on one OS
+/// thread, so std's thread-locals would be shared between them), std's otherwise.
+#[cfg(flare_loom)]
+pub(crate) use loom::thread_local;
+#[cfg(not(flare_loom))]
+pub(crate) use std::thread_local;

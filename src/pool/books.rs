@@ -115,6 +115,10 @@ pub(super) enum MappingState {
     /// A handle mapped in its segment (segment mode): its bytes are blocks, live or
     /// free.
     InSegment,
+    /// Held by the thread caches (`cache.rs`): idle in a cache, or live through
+    /// one. Counted as idle (a free block) in the books' counters; what the caches
+    /// did with it is in their deltas.
+    Cached,
 }
 
 /// What a slot of the books holds.
@@ -318,6 +322,11 @@ pub(super) struct State {
     /// The highest such number whose synchronize completed: memory merged into a
     /// heap while fewer had started is covered by it.
     pub(super) synced: u64,
+    /// The thread caches' counter changes made by threads that have no cache (see
+    /// `cache.rs`).
+    pub(super) tier_deltas: super::cache::Deltas,
+    /// Slots in the `Cached` state.
+    pub(super) tier_slots: usize,
 }
 
 impl State {
@@ -352,6 +361,8 @@ impl State {
             segs: Segments::default(),
             sync_ticket: 0,
             synced: 0,
+            tier_deltas: super::cache::Deltas::default(),
+            tier_slots: 0,
         }
     }
 

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 mod books;
+mod cache;
 mod config;
 mod create;
 mod fit;
@@ -22,6 +23,7 @@ mod release;
 mod segments;
 mod snapshot;
 mod streams;
+mod table;
 
 pub(crate) use config::cross_stream_modes;
 pub(crate) use config::reuse_policies;
@@ -37,7 +39,7 @@ pub use snapshot::Snapshot;
 use crate::driver::sim::SimDriver;
 use crate::driver::{DevicePtr, Driver, DriverError, Stream};
 use crate::error::{Error, Result};
-use crate::sync::{lock, wait, Condvar, Mutex};
+use crate::sync::{lock, wait, Condvar, Mutex, MutexGuard};
 use books::{MappingState, State, ANY, SYNC_FREED};
 use release::{Batch, Captures};
 use std::sync::Arc;
@@ -67,6 +69,8 @@ pub struct Pool {
     /// released, so it fails at once.
     device_total: u64,
     state: Mutex<State>,
+    /// The thread caches in front of the books (`cache.rs`).
+    caches: cache::Caches,
     /// Signalled when `State::releases_running` falls to 0 (the scope barrier).
     releases_done: Condvar,
 }
@@ -117,7 +121,15 @@ impl Pool {
         let device_total = driver.mem_info().map_or(u64::MAX, |m| m.total);
         let segment_reserve =
             segments::round_up(device_total.min(1 << 40), granularity).unwrap_or(1 << 40);
+        let caches = cache::Caches::new(
+            config.thread_cache_entries > 0 && config.reuse_policy != ReusePolicy::None,
+            config.thread_cache_entries,
+            config.thread_cache_bytes,
+        );
+        // With no threshold, nothing is released outside a scope either.
+        caches.set_open(config.release_threshold_bytes == u64::MAX);
         Ok(Pool {
+            caches,
             segments: config.reuse_policy.is_segments(),
             whole_threshold: config.segment_whole_threshold_bytes,
             segment_reserve,
@@ -173,8 +185,17 @@ impl Pool {
     /// Allocates `bytes` of device memory; returns a guard that frees it on drop.
     /// See [`Pool::allocate_raw`] for the rules and errors.
     pub fn allocate(&self, bytes: u64) -> Result<Allocation<'_>> {
-        let ptr = self.allocate_raw(bytes)?;
-        Ok(self.guard(ptr, bytes, None))
+        let (ptr, key) = self.allocate_sync(bytes)?;
+        Ok(match key {
+            Some(id) => Allocation {
+                pool: self,
+                ptr,
+                bytes,
+                id,
+                stream: None,
+            },
+            None => self.guard(ptr, bytes, None),
+        })
     }
 
     /// Allocates `bytes` of device memory and returns its device address, aligned to
@@ -200,17 +221,73 @@ impl Pool {
     /// after releasing idle mappings and retrying once; inside one, with nothing
     /// retained released); [`Error::Driver`] for any other failed driver call.
     pub fn allocate_raw(&self, bytes: u64) -> Result<DevicePtr> {
-        if let Some(size) = self.block_size(bytes)? {
-            return self.allocate_block_sync(size, bytes);
+        self.allocate_sync(bytes).map(|(ptr, _)| ptr)
+    }
+
+    /// [`Pool::allocate_raw`]; with the guard's key when a thread cache served it.
+    fn allocate_sync(&self, bytes: u64) -> Result<(DevicePtr, Option<u64>)> {
+        let block = self.block_size(bytes)?;
+        let want = match block {
+            Some(size) => cache::Want {
+                block: true,
+                rounded: size,
+                max: size,
+                requested: bytes,
+            },
+            None => {
+                let (rounded, max_size) = self.sizes(bytes)?;
+                cache::Want {
+                    block: false,
+                    rounded,
+                    max: if self.policy == ReusePolicy::Exact {
+                        rounded
+                    } else {
+                        max_size
+                    },
+                    requested: bytes,
+                }
+            }
+        };
+        if self.caches.may_hold() {
+            if let Some((ptr, key)) = self.caches.pop(&want, &self.state) {
+                return Ok((ptr, Some(key)));
+            }
         }
+        let ptr = match block {
+            Some(size) => self.allocate_block_sync(size, bytes)?,
+            None => self.allocate_whole_sync(bytes)?,
+        };
+        Ok((ptr, None))
+    }
+
+    /// A whole mapping for the synchronous `allocate`: the books, this thread's
+    /// cache given back to them, memory freed on streams, a new mapping.
+    fn allocate_whole_sync(&self, bytes: u64) -> Result<DevicePtr> {
         let (rounded, max_size) = self.sizes(bytes)?;
         if let Some(ptr) = self.take_for(&mut lock(&self.state), None, rounded, bytes, max_size) {
+            return Ok(ptr);
+        }
+        if let Some(ptr) = self.from_caches(|st| self.take_for(st, None, rounded, bytes, max_size))
+        {
             return Ok(ptr);
         }
         if let Some(p) = self.take_cross_stream(None, None, rounded, bytes, max_size) {
             return Ok(p);
         }
         self.allocate_miss(bytes, rounded, max_size, None)
+    }
+
+    /// Before a miss of the synchronous `allocate`: the calling thread's cache (and
+    /// those of exited threads) back to the books, then `retake` under the lock, so
+    /// that a cache never makes the pool create memory it holds idle.
+    fn from_caches(
+        &self,
+        retake: impl FnMut(&mut State) -> Option<DevicePtr>,
+    ) -> Option<DevicePtr> {
+        if !self.caches.enabled {
+            return None;
+        }
+        self.caches.drain_own(&self.state, retake)
     }
 
     /// The rounded size of a request of `bytes`, and the largest mapping the policy
@@ -380,14 +457,41 @@ impl Pool {
         self.free_inner(ptr, None)
     }
 
-    /// Frees `ptr` if it is live, and, with `id`, only if it is that allocation.
+    /// Frees `ptr` if it is live, and, with `id`, only if it is that allocation:
+    /// through the thread caches when they handed it out or may hold it, else in
+    /// the books.
     fn free_inner(&self, ptr: DevicePtr, id: Option<u64>) -> Result<()> {
+        if self.caches.enabled {
+            if let Some(freed) = self.caches.free_live(ptr, id, &self.state) {
+                return self.after_cache_free(freed);
+            }
+            if self.caches.may_hold() {
+                if let Some(freed) = self.caches.free_into(ptr, id, &self.state) {
+                    return self.after_cache_free(freed?);
+                }
+            }
+        }
+        let mut st = lock(&self.state);
+        // Streams from `record_stream` do not matter here: the release synchronizes
+        // every device.
+        let (slot, _recorded) = st.free_live(ptr, id)?;
+        self.after_free(st, slot)
+    }
+
+    fn after_cache_free(&self, freed: cache::Freed<'_>) -> Result<()> {
+        match freed {
+            cache::Freed::Done => Ok(()),
+            cache::Freed::Books(st, slot) => self.after_free(st, slot),
+        }
+    }
+
+    /// The rest of a synchronous free in the books: idle `slot` (not yet indexed)
+    /// is indexed, kept or released by the threshold.
+    fn after_free(&self, st: MutexGuard<'_, State>, slot: u32) -> Result<()> {
         let mut batch = Batch::default();
         {
-            let mut st = lock(&self.state);
-            // Streams from `record_stream` do not matter here: the release
-            // synchronizes every device.
-            let (slot, _recorded) = st.free_live(ptr, id)?;
+            // Dropped at the end of this block, before the release's driver calls.
+            let mut st = st;
             let (block, seg) = {
                 let m = st.mref(slot);
                 (m.is_block(), m.seg)
@@ -454,8 +558,20 @@ impl Pool {
         }
     }
 
+    /// A stream call on `ptr` finds it in the books: when a thread cache handed it
+    /// out, the caches are settled first (rare: memory from the synchronous
+    /// `allocate` freed or recorded on a stream).
+    fn settle_if_cached(&self, ptr: DevicePtr) {
+        if self.caches.key_of(ptr).is_some() {
+            self.caches.settle(&self.state);
+        }
+    }
+
     /// The allocation id of live `ptr` (0 if not live).
     fn alloc_id_of(&self, ptr: DevicePtr) -> u64 {
+        if let Some(key) = self.caches.key_of(ptr) {
+            return key;
+        }
         let st = lock(&self.state);
         st.live
             .get(&ptr)
@@ -491,6 +607,7 @@ impl Pool {
         st.counters.scope_open = true;
         st.scope_epoch += 1;
         let epoch = st.scope_epoch;
+        self.caches.set_open(true);
         // Barrier: no release starts from now on (every release point checks
         // `scope_open` under the lock); wait for those already running.
         while st.releases_running > 0 {
@@ -545,6 +662,8 @@ impl Pool {
                 ));
             }
             st.counters.scope_open = false;
+            // The caches close here; the release below settles them first.
+            self.caches.set_open(self.release_threshold == u64::MAX);
             if aborted {
                 st.counters.scopes_aborted += 1;
             } else {
@@ -576,6 +695,9 @@ impl Pool {
 
     /// A consistent copy of the counters, taken under the lock.
     pub fn snapshot(&self) -> Snapshot {
+        if self.caches.enabled {
+            return self.caches.snapshot(&self.state);
+        }
         lock(&self.state).counters
     }
 
@@ -624,6 +746,7 @@ impl Drop for Pool {
     fn drop(&mut self) {
         let _ = self.release_everything();
         self.drop_stream_resources();
+        self.caches.retire();
     }
 }
 

@@ -396,7 +396,10 @@ impl Pool {
 
     pub(super) fn release_everything(&mut self) -> Result<()> {
         let mut last = Ok(());
+        // The thread caches close for good; what they hold goes back to the books.
+        self.caches.set_open(false);
         for _attempt in 0..2 {
+            self.caches.settle(&self.state);
             {
                 let mut st = lock(&self.state);
                 st.counters.scope_open = false;

@@ -1037,6 +1037,13 @@ impl Pool {
                 return Ok(p);
             }
         }
+        let retake = |st: &mut State| {
+            st.carve(key, size, bytes, true)
+                .or_else(|| self.take_for(st, None, size, bytes, self.max_fit(size)))
+        };
+        if let Some(p) = self.from_caches(retake) {
+            return Ok(p);
+        }
         self.block_miss(key, size, bytes, None)
     }
 

@@ -299,6 +299,7 @@ impl Pool {
         stream: Stream,
         id: Option<u64>,
     ) -> Result<()> {
+        self.settle_if_cached(ptr);
         let capture = self.driver.stream_capture(stream);
         let mut batch = Batch::default();
         {
@@ -359,6 +360,7 @@ impl Pool {
     /// Errors: [`Error::UnknownPointer`] for a pointer that is not a live allocation
     /// of this pool.
     pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
+        self.settle_if_cached(ptr);
         let mut st = lock(&self.state);
         let slot = *st.live.get(&ptr).ok_or(Error::UnknownPointer { ptr })?;
         let list = st.recorded.entry(slot).or_default();
@@ -668,6 +670,8 @@ impl Pool {
         destroying: bool,
         registered: bool,
     ) -> Result<()> {
+        // Every release point first empties the thread caches into the books.
+        self.caches.settle(&self.state);
         let mut first: Option<Error> = None;
         let mut capturing = false;
         // Buckets whose fence could not be recorded or waited on.

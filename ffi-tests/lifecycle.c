@@ -4,11 +4,19 @@
 #include <pthread.h>
 
 /* The layouts on a 64-bit target, at compile time (lifecycle.cpp has the same). */
-_Static_assert(sizeof(FlarePoolConfig) == 80, "FlarePoolConfig layout");
+_Static_assert(sizeof(FlarePoolConfig) == 96, "FlarePoolConfig layout");
 _Static_assert(offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72,
                "FlarePoolConfig layout");
-_Static_assert(sizeof(FlareSnapshot) == 368, "FlareSnapshot layout");
+_Static_assert(offsetof(FlarePoolConfig, thread_cache_entries) == 80, "FlarePoolConfig layout");
+_Static_assert(offsetof(FlarePoolConfig, thread_cache_bytes) == 88, "FlarePoolConfig layout");
+_Static_assert(sizeof(FlareSnapshot) == 400, "FlareSnapshot layout");
 _Static_assert(offsetof(FlareSnapshot, segment_count) == 304, "FlareSnapshot layout");
+_Static_assert(offsetof(FlareSnapshot, segment_lent_bytes) == 360, "FlareSnapshot layout");
+_Static_assert(offsetof(FlareSnapshot, thread_cache_count) == 368, "FlareSnapshot layout");
+_Static_assert(offsetof(FlareSnapshot, thread_cache_bytes) == 376, "FlareSnapshot layout");
+_Static_assert(offsetof(FlareSnapshot, thread_cache_hits) == 384, "FlareSnapshot layout");
+_Static_assert(offsetof(FlareSnapshot, remote_frees) == 392, "FlareSnapshot layout");
+_Static_assert(FLARE_THREAD_CACHE_OFF == UINT32_MAX, "FLARE_THREAD_CACHE_OFF");
 _Static_assert(FLARE_REUSE_SEGMENTS == 3, "FlareReusePolicy numbers");
 
 static void run_parallel(void *(*fn)(void *), void *args[], int n) {

@@ -9,13 +9,20 @@
 #include <vector>
 
 static_assert(std::is_standard_layout<FlareSnapshot>::value, "FlareSnapshot is plain C");
-static_assert(sizeof(FlarePoolConfig) == 80, "FlarePoolConfig layout");
+static_assert(sizeof(FlarePoolConfig) == 96, "FlarePoolConfig layout");
 static_assert(offsetof(FlarePoolConfig, cross_stream_reuse) == 64, "FlarePoolConfig layout");
 static_assert(offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72,
               "FlarePoolConfig layout");
+static_assert(offsetof(FlarePoolConfig, thread_cache_entries) == 80, "FlarePoolConfig layout");
+static_assert(offsetof(FlarePoolConfig, thread_cache_bytes) == 88, "FlarePoolConfig layout");
+static_assert(FLARE_THREAD_CACHE_OFF == UINT32_MAX, "FLARE_THREAD_CACHE_OFF");
 static_assert(sizeof(FlareStream) == sizeof(void *), "FlareStream is a CUstream");
-static_assert(sizeof(FlareSnapshot) == 368, "FlareSnapshot layout");
+static_assert(sizeof(FlareSnapshot) == 400, "FlareSnapshot layout");
 static_assert(offsetof(FlareSnapshot, segment_lent_bytes) == 360, "FlareSnapshot layout");
+static_assert(offsetof(FlareSnapshot, thread_cache_count) == 368, "FlareSnapshot layout");
+static_assert(offsetof(FlareSnapshot, thread_cache_bytes) == 376, "FlareSnapshot layout");
+static_assert(offsetof(FlareSnapshot, thread_cache_hits) == 384, "FlareSnapshot layout");
+static_assert(offsetof(FlareSnapshot, remote_frees) == 392, "FlareSnapshot layout");
 static_assert(offsetof(FlareSnapshot, reuse_forced_hits) == 240, "FlareSnapshot layout");
 static_assert(offsetof(FlareSnapshot, segment_count) == 304, "FlareSnapshot layout");
 static_assert(offsetof(FlareSnapshot, block_free_bytes) == 344, "FlareSnapshot layout");

@@ -100,7 +100,9 @@ static int snap_released(const FlareSnapshot *s) {
 
 /* The snapshot's invariants (FlareSnapshot's doc): every physical handle counted once
  * (whole mappings live, idle or pending, and handles mapped in segments), a
- * segment's mapped bytes are its live and free blocks. */
+ * segment's mapped bytes are its live and free blocks; what thread caches hold is
+ * idle memory (idle whole mappings or free blocks), and a thread-cache hit is a reuse
+ * hit. */
 static int snap_consistent(const FlareSnapshot *s) {
     return s->physical_bytes ==
                s->live_mapped_bytes + s->idle_bytes + s->pending_bytes + s->segment_mapped_bytes &&
@@ -108,7 +110,10 @@ static int snap_consistent(const FlareSnapshot *s) {
            s->block_live_count <= s->live_count &&
            (s->segment_handles_lent == 0) == (s->segment_lent_bytes == 0) &&
            s->allocations == s->frees + s->live_count &&
-           s->physical_bytes <= s->peak_physical_bytes;
+           s->physical_bytes <= s->peak_physical_bytes &&
+           s->thread_cache_hits <= s->reuse_hits &&
+           (s->thread_cache_count == 0) == (s->thread_cache_bytes == 0) &&
+           s->thread_cache_bytes <= s->idle_bytes + s->block_free_bytes;
 }
 
 static FlarePool *new_pool(FlareReusePolicy policy, uint64_t capacity, uint64_t threshold) {
@@ -143,15 +148,25 @@ static void test_status_names(void) {
     CHECK(FLARE_STATUS_REQUEST_TOO_LARGE == 9 && FLARE_STATUS_INTERNAL == 8 &&
           FLARE_CALL_SYNCHRONIZE == 7 && FLARE_REUSE_SEGMENTS == 3 &&
           FLARE_REUSE_NONE == 2 && FLARE_BACKEND_SIMULATED == 1);
-    /* The layouts on a 64-bit target, by hand (lifecycle.cpp asserts them at compile
-     * time): the configuration's u64 segment_whole_threshold_bytes at 72, after 4
-     * bytes of padding behind cross_stream_reuse (64..68); the snapshot's eight segment
-     * counters after stream_call_failures (296..304), up to 368. */
-    CHECK(sizeof(FlarePoolConfig) == 80 &&
-          offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72);
-    CHECK(sizeof(FlareSnapshot) == 368 && offsetof(FlareSnapshot, segment_count) == 304 &&
+    /* The layouts on a 64-bit target, by hand (lifecycle.c and lifecycle.cpp assert
+     * them at compile time): the configuration's u64 segment_whole_threshold_bytes at
+     * 72, after 4 bytes of padding behind cross_stream_reuse (64..68), then the u32
+     * thread_cache_entries at 80 and, after 4 bytes of padding (84..88), the u64
+     * thread_cache_bytes at 88, up to 96; the snapshot's eight segment counters after
+     * stream_call_failures (296..304), up to 368, then the four thread-cache counters,
+     * up to 400. */
+    CHECK(sizeof(FlarePoolConfig) == 96 &&
+          offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72 &&
+          offsetof(FlarePoolConfig, thread_cache_entries) == 80 &&
+          offsetof(FlarePoolConfig, thread_cache_bytes) == 88);
+    CHECK(sizeof(FlareSnapshot) == 400 && offsetof(FlareSnapshot, segment_count) == 304 &&
           offsetof(FlareSnapshot, block_free_bytes) == 344 &&
-          offsetof(FlareSnapshot, segment_lent_bytes) == 360);
+          offsetof(FlareSnapshot, segment_lent_bytes) == 360 &&
+          offsetof(FlareSnapshot, thread_cache_count) == 368 &&
+          offsetof(FlareSnapshot, thread_cache_bytes) == 376 &&
+          offsetof(FlareSnapshot, thread_cache_hits) == 384 &&
+          offsetof(FlareSnapshot, remote_frees) == 392);
+    CHECK(FLARE_THREAD_CACHE_OFF == UINT32_MAX);
     CHECK(FLARE_PACKAGE_VERSION_MAJOR == 0 && FLARE_PACKAGE_VERSION_MINOR == 1 &&
           FLARE_PACKAGE_VERSION_PATCH == 0);
 }
@@ -175,7 +190,8 @@ static void test_config(void) {
           cfg.sim_capacity_bytes == 0 && cfg.sim_granularity_bytes == 0 &&
           cfg.sim_device_count == 0 && cfg.best_fit_max_waste_percent == 30 &&
           cfg.cross_stream_reuse == FLARE_CROSS_STREAM_WHEN_COMPLETE &&
-          cfg.segment_whole_threshold_bytes == 0);
+          cfg.segment_whole_threshold_bytes == 0 && cfg.thread_cache_entries == 32 &&
+          cfg.thread_cache_bytes == 64 * MiB);
     /* Enum-valued fields are fixed-width integers, whatever the compiler makes of an
      * enum. */
     CHECK(sizeof cfg.backend == 4 && sizeof cfg.reuse_policy == 4 &&
@@ -297,9 +313,11 @@ static void test_config(void) {
         CHECK(untouched && u.c.struct_size == sizeof(FlarePoolConfig));
         CHECK(u.c.best_fit_max_waste_percent == 30 && u.c.sim_device_count == 0 &&
               u.c.cross_stream_reuse == FLARE_CROSS_STREAM_WHEN_COMPLETE &&
-              u.c.segment_whole_threshold_bytes == 0);
+              u.c.segment_whole_threshold_bytes == 0 && u.c.thread_cache_entries == 32 &&
+              u.c.thread_cache_bytes == 64 * MiB);
         /* The padding after peer_device_count is zeroed, not left as garbage, and so
-         * is the padding between cross_stream_reuse and segment_whole_threshold_bytes. */
+         * is the padding between cross_stream_reuse and segment_whole_threshold_bytes,
+         * and between thread_cache_entries and thread_cache_bytes. */
         for (k = offsetof(FlarePoolConfig, peer_device_count) + 4;
              k < offsetof(FlarePoolConfig, sim_capacity_bytes); k++) {
             zero &= u.bytes[k] == 0;
@@ -310,7 +328,31 @@ static void test_config(void) {
              k < offsetof(FlarePoolConfig, segment_whole_threshold_bytes); k++) {
             zero &= u.bytes[k] == 0;
         }
+        CHECK(offsetof(FlarePoolConfig, thread_cache_bytes) ==
+              offsetof(FlarePoolConfig, thread_cache_entries) + 8);
+        for (k = offsetof(FlarePoolConfig, thread_cache_entries) + 4;
+             k < offsetof(FlarePoolConfig, thread_cache_bytes); k++) {
+            zero &= u.bytes[k] == 0;
+        }
         CHECK(zero);
+        /* A caller compiled before the thread-cache fields (sizeof 80): up to
+         * segment_whole_threshold_bytes, not one byte more. */
+        memset(&u, 0xcd, sizeof u);
+        flare_pool_config_init(&u.c, offsetof(FlarePoolConfig, thread_cache_entries));
+        untouched = 1;
+        for (k = offsetof(FlarePoolConfig, thread_cache_entries); k < sizeof u; k++) {
+            untouched &= u.bytes[k] == 0xcd;
+        }
+        CHECK(untouched && u.c.struct_size == 80 && u.c.segment_whole_threshold_bytes == 0);
+        /* Covering thread_cache_entries, not thread_cache_bytes: the padding after it
+         * and thread_cache_bytes are left alone. */
+        memset(&u, 0xcd, sizeof u);
+        flare_pool_config_init(&u.c, offsetof(FlarePoolConfig, thread_cache_bytes));
+        untouched = 1;
+        for (k = offsetof(FlarePoolConfig, thread_cache_entries) + 4; k < sizeof u; k++) {
+            untouched &= u.bytes[k] == 0xcd;
+        }
+        CHECK(untouched && u.c.struct_size == 88 && u.c.thread_cache_entries == 32);
         /* A caller compiled before segment_whole_threshold_bytes (sizeof 72): up to
          * cross_stream_reuse; its padding and the new field's bytes are left alone. */
         memset(&u, 0xcd, sizeof u);
@@ -511,7 +553,9 @@ static void test_forced_reuse(void) {
               offsetof(FlareSnapshot, reuse_forced_hits) + 8 &&
           offsetof(FlareSnapshot, segment_count) ==
               offsetof(FlareSnapshot, stream_call_failures) + 8 &&
-          sizeof(FlareSnapshot) == offsetof(FlareSnapshot, segment_lent_bytes) + 8);
+          offsetof(FlareSnapshot, thread_cache_count) ==
+              offsetof(FlareSnapshot, segment_lent_bytes) + 8 &&
+          sizeof(FlareSnapshot) == offsetof(FlareSnapshot, remote_frees) + 8);
     memset(&old, 0xab, sizeof old);
     old.struct_size = (uint32_t)offsetof(FlareSnapshot, reuse_forced_hits);
     OK(flare_pool_snapshot(pool, &old));
@@ -1100,6 +1144,8 @@ static void test_threads(FlareReusePolicy policy, int in_scope, uint64_t thresho
 #include "stream_tests.h"
 /* Segment mode (issue 12): its own file, with the helpers above and stream_tests.h's. */
 #include "segment_tests.h"
+/* Thread caches (issue 13): its own file, with the helpers above and segment_tests.h's. */
+#include "thread_cache_tests.h"
 
 static int run_all_tests(const char *language) {
     fprintf(stderr, "flare-package %d.%d.%d C ABI tests (%s)\n", FLARE_PACKAGE_VERSION_MAJOR,
@@ -1137,6 +1183,7 @@ static int run_all_tests(const char *language) {
     test_segments_whole_threshold();
     test_segments_streams();
     test_segments_invariant();
+    test_thread_cache_config();
     printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
 }

@@ -20,6 +20,14 @@
 #define FLARE_PACKAGE_VERSION_PATCH 0
 
 /**
+ * The value of `FlarePoolConfig::thread_cache_entries` that turns thread caches off
+ * (issue 13): every free and every allocation goes to the pool's shared books, as
+ * before thread caches existed. `UINT32_MAX`, because 0 in that field means the
+ * default (32 entries), as in the configuration's other fields.
+ */
+#define FLARE_THREAD_CACHE_OFF UINT32_MAX
+
+/**
  * The outcome of a call. The numbers are stable. On a status other than
  * `FLARE_STATUS_SUCCESS`, `flare_last_error_message` gives the detail.
  */
@@ -303,6 +311,37 @@ typedef struct FlarePoolConfig {
      * it at its default.
      */
     uint64_t segment_whole_threshold_bytes;
+    /**
+     * Entries (idle allocations) each thread's cache may hold (issue 13): memory
+     * freed with `flare_package_free` goes to the freeing thread's cache while it
+     * has room, and that thread's later `flare_package_allocate` calls take it
+     * back with no lock and no shared write (the snapshot's `thread_cache_hits`).
+     * Caches hold memory only while nothing would be released anyway (a
+     * retention scope is open, or `release_threshold_bytes` is `UINT64_MAX`),
+     * never under `FLARE_REUSE_NONE`; scopes, trim, an out-of-memory and destroy
+     * drain them. `flare_pool_config_init` writes the default, 32 (as many sizes
+     * as a compiled forward's transients cycle through on one thread); 0 is also
+     * taken as that default, so thread caches are turned off with
+     * `FLARE_THREAD_CACHE_OFF` (`UINT32_MAX`) instead. Added in 0.1.0 after
+     * `segment_whole_threshold_bytes` (`sizeof` grew from 80 to 96): an older
+     * caller's `struct_size` of 80 leaves it at its default.
+     */
+    uint32_t thread_cache_entries;
+    /**
+     * Bytes each thread's cache may hold: memory in one thread's cache serves no
+     * other thread until it is drained (a miss of its own thread, a scope's end,
+     * trim, an out-of-memory), so a pool may hold up to this many bytes more per
+     * thread than without caches. `flare_pool_config_init` writes the default,
+     * 64 MiB (16 threads then hold at most 1 GiB that other threads cannot reuse
+     * until a drain); 0 is also taken as that default. Not used when
+     * `thread_cache_entries` is `FLARE_THREAD_CACHE_OFF`. At offset 88, after 4
+     * bytes of padding behind `thread_cache_entries` (a `uint64_t` is 8-aligned;
+     * `flare_pool_config_init` zeroes them). Added in 0.1.0 with
+     * `thread_cache_entries`: an older caller's `struct_size` of 80 leaves it at
+     * its default, and one from 84 to 95 reads `thread_cache_entries` but not
+     * this field.
+     */
+    uint64_t thread_cache_bytes;
 } FlarePoolConfig;
 
 /**
@@ -374,7 +413,8 @@ typedef struct FlareDestroyReport {
  * stream counters (`events_outstanding` to `stream_call_failures`) after it
  * (`sizeof` 304), the segment counters (`segment_count` to `segment_lent_bytes`)
  * after those (`sizeof` grew from 304 to 368: a caller's `struct_size` of 304
- * leaves them unwritten).
+ * leaves them unwritten), the thread-cache counters (`thread_cache_count` to
+ * `remote_frees`, issue 13) after those (`sizeof` grew from 368 to 400).
  */
 typedef struct FlareSnapshot {
     /**
@@ -640,7 +680,7 @@ extern "C" {
  * simulated capacity, granularity and device count 0 (their defaults: 140 GiB,
  * 2 MiB, 1 device), best-fit waste bound 30%, `FLARE_CROSS_STREAM_WHEN_COMPLETE`,
  * segment whole-mapping threshold 0 (its default: no request takes a whole mapping
- * in `FLARE_REUSE_SEGMENTS`).
+ * in `FLARE_REUSE_SEGMENTS`), thread caches of 32 entries and 64 MiB per thread.
  *
  * Writes at most `config_size` bytes: only the fields lying wholly inside the first
  * `config_size` bytes (and inside this library's struct) are written, so an older

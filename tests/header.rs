@@ -218,21 +218,28 @@ fn header_declares_the_whole_contract() {
         "uint32_t backend;",
         "uint32_t reuse_policy;",
         "uint32_t best_fit_max_waste_percent;",
-        "uint64_t segment_whole_threshold_bytes; } FlarePoolConfig;",
+        "uint64_t thread_cache_bytes; } FlarePoolConfig;",
+        // Thread caches (issue 13): the value of thread_cache_entries that turns them
+        // off (0 is the default), in the header's own spelling of UINT32_MAX.
+        "#define FLARE_THREAD_CACHE_OFF UINT32_MAX",
     ] {
         assert!(flat.contains(decl), "the generated header lacks `{decl}`");
     }
-    // Segment mode (issue 12), in the code with the comments left out: the policy's
-    // number, the configuration's field (at the end of the struct, after
-    // cross_stream_reuse), the snapshot's eight counters in their order, at its end.
+    // Segment mode (issue 12), then thread caches (issue 13), in the code with the
+    // comments left out: the policy's number; the configuration's fields in their
+    // order (segment_whole_threshold_bytes after cross_stream_reuse, the two thread
+    // cache fields after it, at the end of the struct); the snapshot's eight segment
+    // counters in their order, then the four thread-cache counters, at its end.
     let code = normalized(&without_comments(&header));
     for decl in [
         "FLARE_REUSE_NONE = 2, FLARE_REUSE_SEGMENTS = 3, } FlareReusePolicy;",
-        "uint32_t cross_stream_reuse; uint64_t segment_whole_threshold_bytes; } FlarePoolConfig;",
+        "uint32_t cross_stream_reuse; uint64_t segment_whole_threshold_bytes; \
+         uint32_t thread_cache_entries; uint64_t thread_cache_bytes; } FlarePoolConfig;",
         "uint64_t stream_call_failures; uint64_t segment_count; uint64_t segment_handles; \
          uint64_t segment_mapped_bytes; uint64_t block_live_count; uint64_t block_live_bytes; \
          uint64_t block_free_bytes; uint64_t segment_handles_lent; uint64_t segment_lent_bytes; \
-         } FlareSnapshot;",
+         uint64_t thread_cache_count; uint64_t thread_cache_bytes; uint64_t thread_cache_hits; \
+         uint64_t remote_frees; } FlareSnapshot;",
     ] {
         assert!(code.contains(decl), "the generated header lacks `{decl}`");
     }

@@ -66,6 +66,7 @@ pub use stream::{
 pub use types::{
     FlareBackend, FlareCrossStreamReuse, FlareDestroyReport, FlareDriverCall, FlarePoolConfig,
     FlareReusePolicy, FlareSnapshot, FlareStatus, FlareStream, RawDriverCall, RawStatus,
+    FLARE_THREAD_CACHE_OFF,
 };
 
 /// The Rust source of the C types that macros generate, in the header's order, for

@@ -13,12 +13,13 @@ use super::boundary::{
 };
 use super::types::{
     out_prefix, struct_prefix, write_prefix, FlareBackend, FlareCrossStreamReuse,
-    FlareDestroyReport, FlarePoolConfig, FlareReusePolicy, FlareStatus,
+    FlareDestroyReport, FlarePoolConfig, FlareReusePolicy, FlareStatus, FLARE_THREAD_CACHE_OFF,
 };
 use crate::driver::sim::SimConfig;
 use crate::pool::{
     Backend, CrossStreamReuse, Pool, PoolConfig, ReusePolicy, DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
-    DEFAULT_SEGMENT_WHOLE_THRESHOLD_BYTES,
+    DEFAULT_SEGMENT_WHOLE_THRESHOLD_BYTES, DEFAULT_THREAD_CACHE_BYTES,
+    DEFAULT_THREAD_CACHE_ENTRIES,
 };
 use crate::{fmt_bytes, Error};
 
@@ -74,6 +75,18 @@ fn or_default<T: PartialEq + Default>(n: T, default: T) -> T {
         default
     } else {
         n
+    }
+}
+
+/// The Rust `thread_cache_entries` of the C field's value `raw`: 0 is the default
+/// ([`DEFAULT_THREAD_CACHE_ENTRIES`]), as in every field of the configuration, so the
+/// C ABI turns thread caches off with [`FLARE_THREAD_CACHE_OFF`] (the Rust API's 0);
+/// any other value is the number of entries.
+fn thread_cache_entries(raw: u32) -> u32 {
+    match raw {
+        0 => DEFAULT_THREAD_CACHE_ENTRIES,
+        FLARE_THREAD_CACHE_OFF => 0,
+        n => n,
     }
 }
 
@@ -152,8 +165,8 @@ pub(super) unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolC
             c.segment_whole_threshold_bytes,
             DEFAULT_SEGMENT_WHOLE_THRESHOLD_BYTES,
         ),
-        // The C fields for the thread caches come with the C ABI's part of issue 13.
-        ..PoolConfig::default()
+        thread_cache_entries: thread_cache_entries(c.thread_cache_entries),
+        thread_cache_bytes: or_default(c.thread_cache_bytes, DEFAULT_THREAD_CACHE_BYTES),
     })
 }
 
@@ -165,7 +178,7 @@ pub(super) unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolC
 /// simulated capacity, granularity and device count 0 (their defaults: 140 GiB,
 /// 2 MiB, 1 device), best-fit waste bound 30%, `FLARE_CROSS_STREAM_WHEN_COMPLETE`,
 /// segment whole-mapping threshold 0 (its default: no request takes a whole mapping
-/// in `FLARE_REUSE_SEGMENTS`).
+/// in `FLARE_REUSE_SEGMENTS`), thread caches of 32 entries and 64 MiB per thread.
 ///
 /// Writes at most `config_size` bytes: only the fields lying wholly inside the first
 /// `config_size` bytes (and inside this library's struct) are written, so an older
@@ -212,6 +225,8 @@ pub unsafe extern "C" fn flare_pool_config_init(config: *mut FlarePoolConfig, co
             best_fit_max_waste_percent,
             cross_stream_reuse,
             segment_whole_threshold_bytes,
+            thread_cache_entries,
+            thread_cache_bytes,
             struct_size: _,
         } = FlarePoolConfig::default_for_layout();
         d.struct_size = size as u32; // at most size_of::<FlarePoolConfig>()
@@ -227,6 +242,8 @@ pub unsafe extern "C" fn flare_pool_config_init(config: *mut FlarePoolConfig, co
         d.best_fit_max_waste_percent = best_fit_max_waste_percent;
         d.cross_stream_reuse = cross_stream_reuse;
         d.segment_whole_threshold_bytes = segment_whole_threshold_bytes;
+        d.thread_cache_entries = thread_cache_entries;
+        d.thread_cache_bytes = thread_cache_bytes;
         // SAFETY: the caller guarantees `config_size >= prefix` writable bytes at
         // `config`; `defaults` has `size_of::<FlarePoolConfig>() >= prefix` initialised
         // bytes (zeroed, then whole fields written) and is a separate local.

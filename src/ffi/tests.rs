@@ -162,7 +162,8 @@ fn config_init_writes_at_most_config_size_bytes() {
     // peer_devices 24..32, peer_device_count 32..36, padding 36..40,
     // sim_capacity_bytes 40..48, sim_granularity_bytes 48..56, sim_device_count
     // 56..60, best_fit_max_waste_percent 60..64, cross_stream_reuse 64..68, padding
-    // 68..72 (a u64 is 8-aligned), segment_whole_threshold_bytes 72..80; no tail
+    // 68..72 (a u64 is 8-aligned), segment_whole_threshold_bytes 72..80,
+    // thread_cache_entries 80..84, padding 84..88, thread_cache_bytes 88..96; no tail
     // padding.
     for size in [0, 1, 3] {
         assert!(init_into(size).0.iter().all(|&b| b == 0xcd), "size {size}");
@@ -205,12 +206,33 @@ fn config_init_writes_at_most_config_size_bytes() {
         assert_eq!(u32_at(&b, 60), 30, "size {size}");
         assert!(b.0[68..].iter().all(|&x| x == 0xcd), "size {size}");
     }
-    // This header's struct, and a newer caller's larger one: 80 bytes written (the
-    // padding before segment_whole_threshold_bytes zeroed), struct_size says 80,
-    // the rest untouched.
-    for size in [80, 100, 128] {
+    // A caller compiled before the thread-cache fields (sizeof 80): its 80 bytes (the
+    // padding before segment_whole_threshold_bytes zeroed), the new fields' bytes
+    // not written.
+    for size in [80, 83] {
         let b = init_into(size);
-        assert_eq!(u32_at(&b, 0), 80, "size {size}");
+        assert_eq!(u32_at(&b, 0), size as u32, "size {size}");
+        assert_eq!(u32_at(&b, 68), 0, "padding, size {size}");
+        assert_eq!((u32_at(&b, 72), u32_at(&b, 76)), (0, 0), "size {size}");
+        assert!(b.0[80..].iter().all(|&x| x == 0xcd), "size {size}");
+    }
+    // Up to thread_cache_entries (32, the default): the padding after it lies past
+    // the last whole field and is left alone, thread_cache_bytes is not written.
+    for size in [84, 88, 95] {
+        let b = init_into(size);
+        assert_eq!(
+            (u32_at(&b, 0), u32_at(&b, 80)),
+            (size as u32, 32),
+            "size {size}"
+        );
+        assert!(b.0[84..].iter().all(|&x| x == 0xcd), "size {size}");
+    }
+    // This header's struct, and a newer caller's larger one: 96 bytes written (the
+    // padding before segment_whole_threshold_bytes and before thread_cache_bytes
+    // zeroed), struct_size says 96, the rest untouched.
+    for size in [96, 100, 128] {
+        let b = init_into(size);
+        assert_eq!(u32_at(&b, 0), 96, "size {size}");
         assert_eq!(u32_at(&b, 12), 0, "best fit");
         assert_eq!(u32_at(&b, 60), 30, "the default waste bound");
         assert_eq!(u32_at(&b, 64), 0, "FLARE_CROSS_STREAM_WHEN_COMPLETE");
@@ -220,7 +242,17 @@ fn config_init_writes_at_most_config_size_bytes() {
             (0, 0),
             "segment_whole_threshold_bytes 0 (the default), size {size}"
         );
-        assert!(b.0[80..].iter().all(|&x| x == 0xcd), "size {size}");
+        assert_eq!(u32_at(&b, 80), 32, "thread_cache_entries, size {size}");
+        assert_eq!(u32_at(&b, 84), 0, "padding, size {size}");
+        // Read as a whole u64 (native byte order, as C writes it).
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&b.0[88..96]);
+        assert_eq!(
+            u64::from_ne_bytes(bytes),
+            64 * MIB,
+            "thread_cache_bytes, size {size}"
+        );
+        assert!(b.0[96..].iter().all(|&x| x == 0xcd), "size {size}");
     }
     // NULL is a no-op.
     // SAFETY: NULL is allowed.
@@ -228,7 +260,7 @@ fn config_init_writes_at_most_config_size_bytes() {
     // What an older caller initialised creates a pool with the defaults.
     let b = init_into(40);
     let mut older = FlarePoolConfig::default_for_layout();
-    // SAFETY: `b` has 128 bytes, `older` is a whole FlarePoolConfig (80 bytes);
+    // SAFETY: `b` has 128 bytes, `older` is a whole FlarePoolConfig (96 bytes);
     // every byte pattern is a valid FlarePoolConfig.
     unsafe {
         ptr::copy_nonoverlapping(
@@ -1105,6 +1137,70 @@ fn config_segment_whole_threshold_is_read_and_versioned() {
             "struct_size {size}"
         );
     }
+}
+
+/// Issue 13's C fields: `thread_cache_entries` (0: the default, 32;
+/// `FLARE_THREAD_CACHE_OFF`: off, the Rust API's 0) and `thread_cache_bytes` (0: the
+/// default, 64 MiB), read only when `struct_size` covers them.
+#[test]
+fn config_thread_cache_fields_are_read_and_versioned() {
+    let c = config();
+    assert_eq!(
+        (c.thread_cache_entries, c.thread_cache_bytes),
+        (32, 64 * MIB),
+        "config_init writes the defaults"
+    );
+    assert_eq!(FLARE_THREAD_CACHE_OFF, u32::MAX);
+    let caches = |entries: u32, bytes: u64, struct_size: u32| {
+        read(&FlarePoolConfig {
+            struct_size,
+            thread_cache_entries: entries,
+            thread_cache_bytes: bytes,
+            ..c
+        })
+        .map(|c| (c.thread_cache_entries, c.thread_cache_bytes))
+    };
+    // 0 is the default in both; OFF turns the caches off (0 entries in Rust).
+    assert_eq!(caches(0, 0, 96), Ok((32, 64 * MIB)));
+    assert_eq!(caches(FLARE_THREAD_CACHE_OFF, 0, 96), Ok((0, 64 * MIB)));
+    // Any other value is taken as it is: entries, bytes.
+    assert_eq!(caches(1, 1, 96), Ok((1, 1)));
+    assert_eq!(caches(7, 3 * MIB, 96), Ok((7, 3 * MIB)));
+    assert_eq!(
+        caches(u32::MAX - 1, u64::MAX, 96),
+        Ok((u32::MAX - 1, u64::MAX))
+    );
+    // A caller compiled before the fields (sizeof 80): neither is read, whatever the
+    // bytes where they would be hold.
+    for size in [80, 83] {
+        assert_eq!(
+            caches(FLARE_THREAD_CACHE_OFF, MIB, size),
+            Ok((32, 64 * MIB)),
+            "struct_size {size}"
+        );
+    }
+    // Covering thread_cache_entries, not thread_cache_bytes (which ends at 96).
+    for size in [84, 88, 95] {
+        assert_eq!(
+            caches(FLARE_THREAD_CACHE_OFF, MIB, size),
+            Ok((0, 64 * MIB)),
+            "struct_size {size}"
+        );
+    }
+    // The rest of the configuration is read as before.
+    let other = read(&FlarePoolConfig {
+        thread_cache_entries: FLARE_THREAD_CACHE_OFF,
+        segment_whole_threshold_bytes: MIB,
+        ..c
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (
+            other.segment_whole_threshold_bytes,
+            other.best_fit_max_waste_percent
+        ),
+        (MIB, 30)
+    );
 }
 
 // ---- the semantics (they need the stream-ordered engine of issue 11)

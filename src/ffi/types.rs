@@ -16,7 +16,7 @@ use super::generate::{c_enum, c_snapshot, versioned_struct};
 use crate::driver::{driver_calls, DriverCall};
 use crate::pool::{
     cross_stream_modes, reuse_policies, snapshot_counters, CrossStreamReuse, ReusePolicy, Snapshot,
-    DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
+    DEFAULT_BEST_FIT_MAX_WASTE_PERCENT, DEFAULT_THREAD_CACHE_BYTES, DEFAULT_THREAD_CACHE_ENTRIES,
 };
 use crate::Error;
 
@@ -179,8 +179,41 @@ versioned_struct! {
         /// (`sizeof` grew from 72 to 80): an older caller's `struct_size` of 72 leaves
         /// it at its default.
         pub segment_whole_threshold_bytes: u64,
+        /// Entries (idle allocations) each thread's cache may hold (issue 13): memory
+        /// freed with `flare_package_free` goes to the freeing thread's cache while it
+        /// has room, and that thread's later `flare_package_allocate` calls take it
+        /// back with no lock and no shared write (the snapshot's `thread_cache_hits`).
+        /// Caches hold memory only while nothing would be released anyway (a
+        /// retention scope is open, or `release_threshold_bytes` is `UINT64_MAX`),
+        /// never under `FLARE_REUSE_NONE`; scopes, trim, an out-of-memory and destroy
+        /// drain them. `flare_pool_config_init` writes the default, 32 (as many sizes
+        /// as a compiled forward's transients cycle through on one thread); 0 is also
+        /// taken as that default, so thread caches are turned off with
+        /// `FLARE_THREAD_CACHE_OFF` (`UINT32_MAX`) instead. Added in 0.1.0 after
+        /// `segment_whole_threshold_bytes` (`sizeof` grew from 80 to 96): an older
+        /// caller's `struct_size` of 80 leaves it at its default.
+        pub thread_cache_entries: u32,
+        /// Bytes each thread's cache may hold: memory in one thread's cache serves no
+        /// other thread until it is drained (a miss of its own thread, a scope's end,
+        /// trim, an out-of-memory), so a pool may hold up to this many bytes more per
+        /// thread than without caches. `flare_pool_config_init` writes the default,
+        /// 64 MiB (16 threads then hold at most 1 GiB that other threads cannot reuse
+        /// until a drain); 0 is also taken as that default. Not used when
+        /// `thread_cache_entries` is `FLARE_THREAD_CACHE_OFF`. At offset 88, after 4
+        /// bytes of padding behind `thread_cache_entries` (a `uint64_t` is 8-aligned;
+        /// `flare_pool_config_init` zeroes them). Added in 0.1.0 with
+        /// `thread_cache_entries`: an older caller's `struct_size` of 80 leaves it at
+        /// its default, and one from 84 to 95 reads `thread_cache_entries` but not
+        /// this field.
+        pub thread_cache_bytes: u64,
     }
 }
+
+/// The value of `FlarePoolConfig::thread_cache_entries` that turns thread caches off
+/// (issue 13): every free and every allocation goes to the pool's shared books, as
+/// before thread caches existed. `UINT32_MAX`, because 0 in that field means the
+/// default (32 entries), as in the configuration's other fields.
+pub const FLARE_THREAD_CACHE_OFF: u32 = u32::MAX;
 
 snapshot_counters!(c_snapshot! {
     /// A consistent copy of a pool's counters (taken under the pool's lock).
@@ -208,7 +241,8 @@ snapshot_counters!(c_snapshot! {
     /// stream counters (`events_outstanding` to `stream_call_failures`) after it
     /// (`sizeof` 304), the segment counters (`segment_count` to `segment_lent_bytes`)
     /// after those (`sizeof` grew from 304 to 368: a caller's `struct_size` of 304
-    /// leaves them unwritten).
+    /// leaves them unwritten), the thread-cache counters (`thread_cache_count` to
+    /// `remote_frees`, issue 13) after those (`sizeof` grew from 368 to 400).
     pub struct FlareSnapshot;
 });
 
@@ -244,12 +278,12 @@ versioned_struct! {
     }
 }
 
-// The layouts the C tests assert too (`sizeof` 80, 368 and 40 on 64-bit targets).
+// The layouts the C tests assert too (`sizeof` 96, 400 and 40 on 64-bit targets).
 const _: () = assert!(size_of::<FlareStatus>() == 4 && size_of::<FlareBackend>() == 4);
 const _: () = assert!(size_of::<FlareReusePolicy>() == 4 && size_of::<FlareDriverCall>() == 4);
 const _: () = assert!(size_of::<FlareCrossStreamReuse>() == 4);
 const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 49 * 8);
-const _: () = assert!(size_of::<FlarePoolConfig>() == 80);
+const _: () = assert!(size_of::<FlarePoolConfig>() == 96);
 const _: () = assert!(size_of::<FlareDestroyReport>() == 8 + 4 * 8);
 
 /// The largest `struct_size` accepted from a caller.
@@ -273,6 +307,8 @@ impl FlarePoolConfig {
             best_fit_max_waste_percent: DEFAULT_BEST_FIT_MAX_WASTE_PERCENT,
             cross_stream_reuse: FlareCrossStreamReuse::FLARE_CROSS_STREAM_WHEN_COMPLETE as u32,
             segment_whole_threshold_bytes: 0,
+            thread_cache_entries: DEFAULT_THREAD_CACHE_ENTRIES,
+            thread_cache_bytes: DEFAULT_THREAD_CACHE_BYTES,
         }
     }
 }
@@ -397,29 +433,48 @@ mod tests {
                 (352, Some(352)),
                 // Ending inside segment_lent_bytes (360..368).
                 (367, Some(360)),
-                // This header's 368 bytes, and a newer caller's larger struct: all.
+                // A caller compiled before the thread-cache counters (368 bytes, up to
+                // segment_lent_bytes): not one of them.
                 (368, Some(368)),
-                (4096, Some(368)),
+                (375, Some(368)),
+                // Ending inside thread_cache_hits (384..392): the fields before it.
+                (391, Some(384)),
+                (392, Some(392)),
+                // This header's 400 bytes, and a newer caller's larger struct: all.
+                (400, Some(400)),
+                (4096, Some(400)),
             ],
         );
         // best_fit_max_waste_percent (4 bytes at 60) filled what was the tail
         // padding; cross_stream_reuse (4 bytes at 64) grew the struct to 72, with 4
         // bytes of tail padding; segment_whole_threshold_bytes (a u64, 8-aligned:
         // at 72, after those 4 bytes, now interior padding) grew it to 80, no tail
-        // padding.
+        // padding; thread_cache_entries (4 bytes at 80) and thread_cache_bytes (a
+        // u64: at 88, after 4 bytes of interior padding) grew it to 96.
         assert_eq!(offset_of!(FlarePoolConfig, best_fit_max_waste_percent), 60);
         assert_eq!(offset_of!(FlarePoolConfig, cross_stream_reuse), 64);
         assert_eq!(
             offset_of!(FlarePoolConfig, segment_whole_threshold_bytes),
             72
         );
-        assert_eq!(FlarePoolConfig::FIELD_ENDS.last().copied(), Some(80));
-        assert_eq!(size_of::<FlarePoolConfig>(), 80);
+        assert_eq!(offset_of!(FlarePoolConfig, thread_cache_entries), 80);
+        assert_eq!(offset_of!(FlarePoolConfig, thread_cache_bytes), 88);
+        assert_eq!(FlarePoolConfig::FIELD_ENDS.last().copied(), Some(96));
+        assert_eq!(size_of::<FlarePoolConfig>(), 96);
         check_prefixes::<FlarePoolConfig>(
             &FlarePoolConfig::FIELD_ENDS,
             &[
+                (96, Some(96)),
+                (4096, Some(96)),
+                // A caller compiled before the thread-cache fields (sizeof 80): up to
+                // segment_whole_threshold_bytes, neither of them.
                 (80, Some(80)),
-                (4096, Some(80)),
+                (83, Some(80)),
+                // Covering thread_cache_entries but not thread_cache_bytes: the padding
+                // at 84..88 is no field, so up to 95 the prefix ends at 84.
+                (84, Some(84)),
+                (88, Some(84)),
+                (95, Some(84)),
                 // A caller compiled before segment_whole_threshold_bytes (sizeof 72):
                 // up to cross_stream_reuse; the padding after it is no field.
                 (72, Some(68)),
@@ -464,7 +519,12 @@ mod tests {
         assert_eq!(offset_of!(FlareSnapshot, block_free_bytes), 344);
         assert_eq!(offset_of!(FlareSnapshot, segment_handles_lent), 352);
         assert_eq!(offset_of!(FlareSnapshot, segment_lent_bytes), 360);
-        assert_eq!(size_of::<FlareSnapshot>(), 368);
+        // The four thread-cache counters (issue 13), after those: 368 to 400.
+        assert_eq!(offset_of!(FlareSnapshot, thread_cache_count), 368);
+        assert_eq!(offset_of!(FlareSnapshot, thread_cache_bytes), 376);
+        assert_eq!(offset_of!(FlareSnapshot, thread_cache_hits), 384);
+        assert_eq!(offset_of!(FlareSnapshot, remote_frees), 392);
+        assert_eq!(size_of::<FlareSnapshot>(), 400);
     }
 
     #[test]
@@ -488,10 +548,14 @@ mod tests {
             block_free_bytes: 43,
             segment_handles_lent: 47,
             segment_lent_bytes: 53,
+            thread_cache_count: 59,
+            thread_cache_bytes: 61,
+            thread_cache_hits: 67,
+            remote_frees: 71,
             ..Snapshot::default()
         };
         let c = FlareSnapshot::from_snapshot(&s);
-        assert_eq!((c.struct_size, c.scope_open), (368, 1));
+        assert_eq!((c.struct_size, c.scope_open), (400, 1));
         assert_eq!(
             (c.granularity_bytes, c.live_count, c.live_requested_bytes),
             (2 << 20, 3, 5)
@@ -510,6 +574,15 @@ mod tests {
             (37, 41, 43)
         );
         assert_eq!((c.segment_handles_lent, c.segment_lent_bytes), (47, 53));
+        assert_eq!(
+            (
+                c.thread_cache_count,
+                c.thread_cache_bytes,
+                c.thread_cache_hits
+            ),
+            (59, 61, 67)
+        );
+        assert_eq!(c.remote_frees, 71);
         assert_eq!((c.frees, c.sync_failures, c.create_failures), (0, 0, 0));
         assert_eq!((c.stream_call_failures, c.capture_held_bytes), (0, 0));
     }

@@ -7,7 +7,9 @@
 //!   `cuMemFreeAsync`. The pool is created for the benchmark, so no device setting
 //!   (the device's default pool included) is changed. Its stream also serves
 //!   `cuMemAllocAsync` ([`CurrentContext::default_pool_alloc`]: the device's current
-//!   pool, used as it is) and flare-package's own stream-ordered calls.
+//!   pool, used as it is) and flare-package's own stream-ordered calls. More streams
+//!   on the same pool ([`StreamOrderedPool::new_stream`], [`PoolStream`]) give each
+//!   thread of a multi-threaded measurement a stream of its own.
 //! - [`InflightKernels`]: the `sum_repeat` test kernel, to keep a stream busy (a long
 //!   kernel, then short ones reading the buffers about to be freed) while frees of
 //!   memory in flight are timed.
@@ -217,6 +219,35 @@ impl CurrentContext<'_> {
     pub fn pool_free(&self, pool: &StreamOrderedPool, ptr: DevicePtr) -> Result<(), TransferError> {
         pool.free_raw(ptr)
     }
+
+    /// `cuMemAllocFromPoolAsync(bytes, pool, stream)` from `stream`'s pool, on
+    /// `stream` (a stream of its own, [`StreamOrderedPool::new_stream`]).
+    ///
+    /// # Errors
+    ///
+    /// `cuMemAllocFromPoolAsync` with its code (`CUDA_ERROR_OUT_OF_MEMORY`).
+    pub fn stream_alloc(
+        &self,
+        stream: &PoolStream<'_>,
+        bytes: u64,
+    ) -> Result<DevicePtr, TransferError> {
+        stream.pool.alloc_on(stream.stream, bytes)
+    }
+
+    /// `cuMemFreeAsync(ptr, stream)` on `stream` (memory from
+    /// [`CurrentContext::stream_alloc`] or any of the pool's allocations: the driver
+    /// returns it to the pool it came from).
+    ///
+    /// # Errors
+    ///
+    /// `cuMemFreeAsync` with its code.
+    pub fn stream_free(
+        &self,
+        stream: &PoolStream<'_>,
+        ptr: DevicePtr,
+    ) -> Result<(), TransferError> {
+        free_on(stream.stream, ptr)
+    }
 }
 
 /// `cuMemAlloc_v2(bytes)` with `driver`'s context pushed around the call.
@@ -247,6 +278,18 @@ pub struct StreamOrderedPool {
     pool: sys::CUmemoryPool,
     stream: sys::CUstream,
 }
+
+// SAFETY: `pool` and `stream` are driver handles, created in `new` and destroyed only
+// in `Drop`, and `driver` is `Send + Sync`. The CUDA driver API is thread-safe: a
+// memory pool and a stream may be used from any thread with the context current, and
+// every method here either pushes the context itself (`CudaDriver::transfer`) or is
+// called through a `CurrentContext` made current on the calling thread. No method
+// mutates the struct after `new`.
+unsafe impl Send for StreamOrderedPool {}
+// SAFETY: as for `Send`: every method takes `&self` and only passes the handles to
+// the driver, which allows concurrent calls on one pool from several threads (each
+// allocation and free is ordered on the stream it names).
+unsafe impl Sync for StreamOrderedPool {}
 
 impl std::fmt::Debug for StreamOrderedPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -346,21 +389,46 @@ impl StreamOrderedPool {
     }
 
     fn alloc_raw(&self, bytes: u64) -> Result<DevicePtr, TransferError> {
+        self.alloc_on(self.stream, bytes)
+    }
+
+    /// `cuMemAllocFromPoolAsync` on `stream`: this pool's own stream, or one of a
+    /// [`PoolStream`] of this pool (which borrows the pool, so it lives no longer).
+    fn alloc_on(&self, stream: sys::CUstream, bytes: u64) -> Result<DevicePtr, TransferError> {
         let n = to_usize("cuMemAllocFromPoolAsync", bytes)?;
         let mut dptr: sys::CUdeviceptr = 0;
-        // SAFETY: `dptr` is a valid out-pointer; `self.pool` and `self.stream` were
-        // created in `new` and are destroyed only in `Drop`.
-        let c = code(unsafe { sys::cuMemAllocFromPoolAsync(&mut dptr, n, self.pool, self.stream) });
+        // SAFETY: `dptr` is a valid out-pointer; `self.pool` was created in `new` and
+        // is destroyed only in `Drop`; `stream` is this pool's stream (also destroyed
+        // only in `Drop`) or a live `PoolStream`'s, which borrows this pool.
+        let c = code(unsafe { sys::cuMemAllocFromPoolAsync(&mut dptr, n, self.pool, stream) });
         check("cuMemAllocFromPoolAsync", c)?;
         Ok(dptr)
     }
 
     fn free_raw(&self, ptr: DevicePtr) -> Result<(), TransferError> {
-        // SAFETY: the driver validates the pointer; `self.stream` lives until `Drop`.
-        check(
-            "cuMemFreeAsync",
-            code(unsafe { sys::cuMemFreeAsync(ptr, self.stream) }),
-        )
+        free_on(self.stream, ptr)
+    }
+
+    /// Creates another non-blocking stream for allocations from this pool
+    /// (`cuStreamCreate`): one per thread of a multi-threaded measurement, each
+    /// thread allocating and freeing on its own stream
+    /// ([`CurrentContext::stream_alloc`], [`CurrentContext::stream_free`]).
+    ///
+    /// # Errors
+    ///
+    /// `cuStreamCreate` with its code, or the context push / pop.
+    pub fn new_stream(&self) -> Result<PoolStream<'_>, TransferError> {
+        let mut stream: sys::CUstream = ptr::null_mut();
+        self.driver.transfer("cuStreamCreate", || {
+            // SAFETY: `stream` is a valid out-pointer; the context is current.
+            code(unsafe {
+                sys::cuStreamCreate(
+                    &mut stream,
+                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                )
+            })
+        })?;
+        Ok(PoolStream { pool: self, stream })
     }
 
     /// `cuMemAllocFromPoolAsync(bytes)` on this pool's stream, the context pushed
@@ -486,6 +554,62 @@ impl Drop for StreamOrderedPool {
             // SAFETY: `pool` was created in `new` (a `StreamOrderedPool` exists only
             // after that succeeded) and is destroyed only here.
             code(unsafe { sys::cuMemPoolDestroy(pool) })
+        });
+    }
+}
+
+/// `cuMemFreeAsync(ptr, stream)`.
+fn free_on(stream: sys::CUstream, ptr: DevicePtr) -> Result<(), TransferError> {
+    // SAFETY: the driver validates the pointer; every caller passes a stream that
+    // lives at least as long as the call (a `StreamOrderedPool`'s or a `PoolStream`'s,
+    // each destroyed only in its `Drop`).
+    check(
+        "cuMemFreeAsync",
+        code(unsafe { sys::cuMemFreeAsync(ptr, stream) }),
+    )
+}
+
+/// A non-blocking stream of its own for allocations from a [`StreamOrderedPool`]
+/// ([`StreamOrderedPool::new_stream`]). Not `Send`: a thread creates its own and
+/// drops it. Dropping it synchronizes the stream (every queued free completes) and
+/// destroys it.
+#[derive(Debug)]
+pub struct PoolStream<'a> {
+    pool: &'a StreamOrderedPool,
+    stream: sys::CUstream,
+}
+
+impl PoolStream<'_> {
+    /// The stream, live until this is dropped.
+    pub fn stream(&self) -> Stream {
+        Stream(self.stream as usize as u64)
+    }
+
+    /// Waits for every allocation and free queued on the stream (`cuStreamSynchronize`).
+    ///
+    /// # Errors
+    ///
+    /// `cuStreamSynchronize` with its code.
+    pub fn synchronize(&self) -> Result<(), TransferError> {
+        let stream = self.stream;
+        self.pool.driver.transfer("cuStreamSynchronize", || {
+            // SAFETY: `stream` was created in `new_stream` and lives until `Drop`.
+            code(unsafe { sys::cuStreamSynchronize(stream) })
+        })
+    }
+}
+
+impl Drop for PoolStream<'_> {
+    fn drop(&mut self) {
+        let stream = self.stream;
+        // A failure is ignored, as in `StreamOrderedPool`'s drop.
+        let _ = self.pool.driver.transfer("cuStreamDestroy_v2", || {
+            // SAFETY: `stream` was created in `new_stream` and is destroyed only here;
+            // the synchronize lets every queued free complete first.
+            unsafe {
+                let _ = sys::cuStreamSynchronize(stream);
+                code(sys::cuStreamDestroy_v2(stream))
+            }
         });
     }
 }

@@ -352,3 +352,238 @@ fn a_simulated_quick_run_reports_segment_mode() {
         assert_eq!(handles["met"], created <= 100, "{handles}");
     }
 }
+
+/// Runs a quick dry run on the simulated driver with the shipped traces and `extra`
+/// arguments; checks it succeeded and returns stdout and the JSON report.
+fn simulated_quick_run(name: &str, extra: &[&str]) -> (String, serde_json::Value) {
+    let cwd = scratch_dir(name);
+    let json = cwd.join("report.json");
+    let traces = shipped_traces();
+    let mut args = vec![
+        "--backend",
+        "sim",
+        "--quick",
+        "--traces",
+        &traces,
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let o = bench(&args, Some(&cwd));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{args:?}: {err}");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let r = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (out, r)
+}
+
+const THREADS: [u64; 5] = [1, 2, 4, 8, 16];
+/// The shared-sizes section's queue: entries per thread.
+const SHARED_QUEUE: u64 = 16;
+
+/// A thread row's common figures: the thread counts in order, some pairs, at least
+/// the quick run's 100 ms measured, pairs per second = pairs / seconds.
+fn check_thread_rows(rows: &[serde_json::Value]) {
+    let threads: Vec<u64> = rows
+        .iter()
+        .map(|x| x["threads"].as_u64().unwrap())
+        .collect();
+    assert_eq!(threads, THREADS);
+    for x in rows {
+        let pairs = x["pairs"].as_u64().unwrap();
+        let seconds = x["seconds"].as_f64().unwrap();
+        assert!(pairs > 0, "{x}");
+        // The clock runs from the start to the last thread's stop, which comes after
+        // the 100 ms sleep of a quick run.
+        assert!(seconds >= 0.1, "{x}");
+        let pps = x["pairs_per_second"].as_f64().unwrap();
+        assert!((pps - pairs as f64 / seconds).abs() <= 1e-6 * pps, "{x}");
+    }
+}
+
+/// A quick dry run on the simulated driver reports issue 13's thread sections:
+/// - own sizes at 1, 2, 4, 8 and 16 threads: whole batches of 256 pairs per thread;
+///   no miss (each size pre-warmed, and no thread asks for another's size); no
+///   remote free (each thread frees only what it allocated); at most one
+///   thread-cache hit per pair (a hit is an allocation, and every allocation while
+///   measuring is a counted pair);
+/// - shared sizes, cross-thread frees: one thread frees its own (no remote free),
+///   more free another's; at most one hit per allocation, and the allocations made
+///   while measuring are the frees counted plus what the queues gained (at most a
+///   full queue per thread); at most one remote free per free, and the frees after
+///   the first snapshot are those counted plus what the queues held at the end;
+/// - the stream-ordered pool's section not measured (null), the ratios with our side
+///   only: the own-sizes figures, section 1's 2 MiB pair per pair and batched (its
+///   batches: a tenth of 20 of 1,000 pairs, at least 10);
+/// - the new targets: the throughput floors measured from the rows and met when at
+///   or above them, the pair ratios unmeasured.
+#[test]
+fn a_simulated_quick_run_reports_the_thread_sections() {
+    let (out, r) = simulated_quick_run("sim-threads", &[]);
+    for header in [
+        "threads (own sizes)",
+        "threads (shared sizes)",
+        "stream-ordered pool, one stream per thread: not measured (--backend Sim)",
+        "ratios (issue 13)",
+    ] {
+        assert!(out.contains(header), "no {header:?} in the output:\n{out}");
+    }
+    let defaults = flare_package::PoolConfig::default();
+    assert_eq!(r["thread_cache_entries"], defaults.thread_cache_entries);
+    assert_eq!(r["thread_cache_bytes"], defaults.thread_cache_bytes);
+
+    let own = r["threads"].as_array().expect("threads");
+    check_thread_rows(own);
+    for x in own {
+        let (n, pairs) = (x["threads"].as_u64().unwrap(), x["pairs"].as_u64().unwrap());
+        assert_eq!(pairs % 256, 0, "{x}");
+        assert!(pairs >= 256 * n, "every thread ran a batch at least: {x}");
+        assert_eq!(x["misses"], 0, "{x}");
+        assert_eq!(x["remote_frees"], 0, "{x}");
+        assert!(x["thread_cache_hits"].as_u64().unwrap() <= pairs, "{x}");
+    }
+
+    let shared = r["threads_shared"].as_array().expect("threads_shared");
+    check_thread_rows(shared);
+    for x in shared {
+        let (n, pairs) = (x["threads"].as_u64().unwrap(), x["pairs"].as_u64().unwrap());
+        assert_eq!(x["cross_thread"], n > 1, "{x}");
+        assert!(x["misses"].is_u64(), "{x}");
+        let hits = x["thread_cache_hits"].as_u64().unwrap();
+        assert!(hits <= pairs + n * SHARED_QUEUE, "{x}");
+        // The frees after the first snapshot: the counted ones, then, once every
+        // thread has left its loop (between two steps: no pointer in hand), what
+        // is left in the queues.
+        let remote = x["remote_frees"].as_u64().unwrap();
+        assert!(remote <= pairs + n * SHARED_QUEUE, "{x}");
+        if n == 1 {
+            assert_eq!(remote, 0, "one thread frees only its own: {x}");
+        }
+    }
+    assert!(
+        r["threads_stream_ordered"].is_null(),
+        "{}",
+        r["threads_stream_ordered"]
+    );
+
+    let mib = 1u64 << 20;
+    let pair = &r["reuse_pair"][0];
+    assert_eq!(pair["size_bytes"], 2 * mib);
+    for p in r["reuse_pair"].as_array().unwrap() {
+        assert_eq!(p["flare_batched"]["iterations"], 10_000, "{p}");
+        assert!(
+            p["flare_batched"]["median_ns"].as_f64().unwrap() > 0.0,
+            "{p}"
+        );
+        for alt in ["stream_ordered_batched", "ratio_batched_vs_stream_ordered"] {
+            assert!(p[alt].is_null(), "{alt} on the simulated driver: {p}");
+        }
+    }
+    let t = &r["thread_ratios"];
+    assert_eq!(t["reuse_pair_bytes"], 2 * mib, "{t}");
+    assert_eq!(t["reuse_pair_median_ns"], pair["flare"]["median_ns"], "{t}");
+    assert_eq!(
+        t["reuse_pair_batched_ns"], pair["flare_batched"]["median_ns"],
+        "{t}"
+    );
+    for alt in [
+        "stream_ordered_pair_median_ns",
+        "ratio_reuse_pair_vs_stream_ordered",
+        "stream_ordered_pair_batched_ns",
+        "ratio_reuse_pair_batched_vs_stream_ordered",
+    ] {
+        assert!(t[alt].is_null(), "{alt} on the simulated driver: {t}");
+    }
+    let per = t["own_sizes_vs_stream_ordered"].as_array().unwrap();
+    assert_eq!(per.len(), own.len(), "{t}");
+    for (x, row) in per.iter().zip(own) {
+        assert_eq!(x["threads"], row["threads"], "{t}");
+        assert_eq!(x["flare_pairs_per_second"], row["pairs_per_second"], "{t}");
+        assert!(x["stream_ordered_pairs_per_second"].is_null(), "{t}");
+        assert!(x["ratio"].is_null(), "{t}");
+    }
+
+    let targets = r["targets"].as_array().expect("targets");
+    let find = |what: &str| {
+        targets
+            .iter()
+            .find(|t| t["what"] == what)
+            .unwrap_or_else(|| panic!("no target {what:?}: {targets:?}"))
+    };
+    let row = |rows: &serde_json::Value, n: u64| {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["threads"] == n)
+            .unwrap()["pairs_per_second"]
+            .as_f64()
+            .unwrap()
+    };
+    for (what, limit, measured) in [
+        (
+            "own sizes, 1 thread(s): reuse pairs per second (all threads) >= 10 M",
+            10e6,
+            row(&r["threads"], 1),
+        ),
+        (
+            "own sizes, 8 thread(s): reuse pairs per second (all threads) >= 60 M",
+            60e6,
+            row(&r["threads"], 8),
+        ),
+        (
+            "own sizes, 16 thread(s): reuse pairs per second (all threads) >= 100 M",
+            100e6,
+            row(&r["threads"], 16),
+        ),
+        (
+            "shared sizes, cross-thread frees, 16 threads: pairs per second (all threads) >= 20 M",
+            20e6,
+            row(&r["threads_shared"], 16),
+        ),
+    ] {
+        let t = find(what);
+        assert_eq!(t["limit"], limit, "{t}");
+        assert_eq!(t["at_least"], true, "{t}");
+        assert_eq!(t["measured"], measured, "{t}");
+        assert_eq!(t["met"], measured >= limit, "{t}");
+    }
+    for what in [
+        "one thread's reuse pair 2.0 MiB / stream-ordered warm pair (median) <= 0.05",
+        "one thread's reuse pair 2.0 MiB / stream-ordered warm pair (batched) <= 0.05",
+    ] {
+        let t = find(what);
+        assert_eq!(t["limit"], 0.05, "{t}");
+        assert_eq!(t["at_least"], false, "{t}");
+        assert!(t["measured"].is_null() && t["met"].is_null(), "{t}");
+    }
+}
+
+/// `--thread-cache-entries 0 --thread-cache-bytes 0` turns every pool's thread
+/// caches off: reported as such, and no thread section sees a thread-cache hit or a
+/// remote free. Without caches every idle mapping is open to every thread, so the
+/// pre-warms leave no miss in either section: each own size is pre-warmed, and the
+/// shared sizes are pre-warmed with as many of each as can be live at once (per
+/// thread, a queue of 16 holds at most 4 of one size of the four, plus one between
+/// an allocation and its push, one between a pop and its free).
+#[test]
+fn thread_caches_off_on_the_command_line() {
+    let (out, r) = simulated_quick_run(
+        "sim-no-caches",
+        &["--thread-cache-entries", "0", "--thread-cache-bytes", "0"],
+    );
+    assert!(
+        out.contains("thread caches: 0 entries, 0 B per thread (off)"),
+        "{out}"
+    );
+    assert_eq!(r["thread_cache_entries"], 0);
+    assert_eq!(r["thread_cache_bytes"], 0);
+    for section in ["threads", "threads_shared"] {
+        let rows = r[section].as_array().expect(section);
+        check_thread_rows(rows);
+        for x in rows {
+            for counter in ["misses", "thread_cache_hits", "remote_frees"] {
+                assert_eq!(x[counter], 0, "{section} {counter}: {x}");
+            }
+        }
+    }
+}

@@ -9,7 +9,9 @@
 //!    against `cuMemAlloc_v2` + `cuMemFree_v2`, at 2 MiB, 64 MiB and 1 GiB. Each pair
 //!    is timed on its own with `Instant`; the alternatives run with the context
 //!    already current (as on an engine's host thread); the async pool's pair is the
-//!    host time of the two calls.
+//!    host time of the two calls. Ours and the stream-ordered pool's are also timed
+//!    in batches of [`BATCH_PAIRS`] pairs (the mean pair of each batch: the timer's
+//!    overhead spread over the batch), as in section 7.
 //! 2. Fresh mapping (a miss outside a scope, created and released) against the raw
 //!    driver sequence it wraps (create, reserve, map, set access, synchronize, unmap,
 //!    release, free the reservation) on the same driver; the two alternate, pair by
@@ -32,8 +34,35 @@
 //!    pool: `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`) and their ratio, the trace's lower
 //!    bound (peak live bytes rounded to the granularity) and each peak over it, and
 //!    the physical handles each of our replays created.
-//! 6. Reuse throughput with 1, 2, 4, 8 and 16 threads on one pool (each thread its own
-//!    size, inside a scope), pairs per second.
+//! 6. Reuse throughput with 1, 2, 4, 8 and 16 threads (issue 13), pairs per second
+//!    of all threads together, three ways, each thread count measured for
+//!    [`Bench::run_for`] after a warm-up:
+//!    - own sizes: one pool, inside a scope, thread `i` allocating and freeing
+//!      `(i + 1) * 2 MiB`; pre-warmed by a helper thread (each size allocated, all
+//!      held, then freed, so that none is served from another size's mapping), and
+//!      each thread's warm-up is one pair (its size into its own thread cache when
+//!      the pool has them); per row the mappings created (misses), the thread-cache
+//!      hits and the remote frees while measuring (snapshot deltas);
+//!    - shared sizes, cross-thread frees: one pool, inside a scope; thread `t`
+//!      allocates 2, 4, 6, 8 MiB in turn ([`SHARED_SIZES`]) and hands each pointer
+//!      to thread `(t + 1) % n` through a bounded lock-free queue
+//!      ([`SHARED_QUEUE`] entries), and frees what thread `t - 1` handed it: every
+//!      free is made by another thread than the allocation. With one thread its
+//!      queue leads back to itself: it frees its own allocations, through the
+//!      queue (the queue's cost, no cross-thread free; `cross_thread: false`). A
+//!      pair is a free done while measuring. Pre-warmed, so that the steady state is
+//!      reuse: a helper thread allocates and frees as many of each size as can be
+//!      live at once ([`SHARED_LIVE_PER_SIZE`] per thread), then the threads run the
+//!      workload unmeasured for a warm-up time; the row reports the mappings created
+//!      while measuring (misses), thread-cache hits and remote frees;
+//!    - the stream-ordered pool, one stream per thread: the own-sizes loop with
+//!      `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` on one CUDA memory pool (release
+//!      threshold `u64::MAX`, warm), each thread on a stream of its own (CUDA only).
+//!
+//!    Then the ratios of issue 13: own-sizes pairs per second over the
+//!    stream-ordered pool's, per thread count, and one thread's reuse pair at 2 MiB
+//!    over the stream-ordered pool's warm pair, both from section 1 (per-pair
+//!    medians, the timer included, and batch medians).
 //! 7. Segment pair (issue 12): an allocate + free pair in segment mode at sizes
 //!    typical of tensors (4 KiB, 64 KiB, 1 MiB) and larger ones (2 MiB, 64 MiB, 1 GiB),
 //!    each served from a free block lying between two live blocks of its heap (no
@@ -50,11 +79,15 @@
 //! Prints tables and writes every figure, with the ratios ours / alternative, to
 //! `--json PATH`. `--backend sim` runs flare-package's side only, on the simulated
 //! driver (a dry run for machines without a GPU; the stream sections then queue
-//! simulated work, `SimDriver::launch`, instead of kernels). Exit status: 0 on success, 1 when a
+//! simulated work, `SimDriver::launch`, instead of kernels; the stream-ordered pool's
+//! thread section is not measured). `--thread-cache-entries` and
+//! `--thread-cache-bytes` set every pool's thread caches (issue 13; default: the
+//! pool's defaults, 0 entries turns them off). Exit status: 0 on success, 1 when a
 //! measurement failed, 2 when CUDA is not available or the arguments are wrong
 //! (`--traces` not a readable directory with `*.trace` files, checked first).
 
 use std::error::Error;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -63,9 +96,10 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use comfy_table::Table;
+use crossbeam_queue::ArrayQueue;
 use serde::Serialize;
 
-use flare_package::driver::cuda::CudaDriver;
+use flare_package::driver::cuda::{CudaDriver, TransferError};
 use flare_package::driver::{CuResult, MemInfo, Stream};
 use flare_package::trace::{self, Event, Trace};
 use flare_package::{
@@ -87,6 +121,20 @@ const SEGMENT_PAIR_SIZES: [u64; 6] = [4 * KIB, 64 * KIB, MIB, 2 * MIB, 64 * MIB,
 /// Pairs per batch timed together (section 7).
 const BATCH_PAIRS: usize = 1_000;
 const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
+/// The sizes every thread of the shared-sizes section cycles through (section 6):
+/// all multiples of the 2 MiB granularity, none within the best-fit waste bound (30%)
+/// of another, so each is served from idle mappings of its own size.
+const SHARED_SIZES: [u64; 4] = [2 * MIB, 4 * MIB, 6 * MIB, 8 * MIB];
+/// Entries of each thread's outgoing queue in the shared-sizes section.
+const SHARED_QUEUE: usize = 16;
+/// The most allocations of one size of [`SHARED_SIZES`] that one thread's
+/// allocations can have live at once in the shared-sizes section: its queue holds
+/// [`SHARED_QUEUE`] consecutive allocations of the cycle (at most
+/// `ceil(SHARED_QUEUE / 4)` of one size), plus one between its allocation and the
+/// push, and one between the next thread's pop and its free.
+const SHARED_LIVE_PER_SIZE: usize = SHARED_QUEUE.div_ceil(SHARED_SIZES.len()) + 2;
+/// Pairs between two looks at the stop flag in the thread sections.
+const THREAD_BATCH: u64 = 256;
 /// Buffers freed in flight per round, and their size (section 4).
 const INFLIGHT_BUFFERS: usize = 1_000;
 const INFLIGHT_BYTES: u64 = 2 * MIB;
@@ -97,6 +145,11 @@ const TOUCH_EVERY: usize = 8;
 const INFLIGHT_KERNEL: Duration = Duration::from_millis(200);
 /// `CUDA_ERROR_NOT_READY`: what a stream query answers while work is queued.
 const NOT_READY: CuResult = CuResult(600);
+
+/// Own-sizes thread `i`'s size (section 6): `(i + 1) * 2 MiB`.
+fn own_size(i: usize) -> u64 {
+    (i as u64 + 1) * 2 * MIB
+}
 
 /// A live block's size in segment mode around the measured block: the smallest
 /// block (512 bytes) in the small class, just over 1 MiB in the large class, so that
@@ -139,6 +192,17 @@ struct Args {
     /// simulated driver (no alternative is measured).
     #[arg(long, value_enum, default_value_t = BackendArg::Cuda)]
     backend: BackendArg,
+
+    /// Entries of each thread's cache in every pool measured
+    /// (`PoolConfig::thread_cache_entries`; 0 turns the caches off). Default: the
+    /// pool's default.
+    #[arg(long, value_name = "N")]
+    thread_cache_entries: Option<u32>,
+
+    /// Bytes each thread's cache may hold in every pool measured
+    /// (`PoolConfig::thread_cache_bytes`). Default: the pool's default.
+    #[arg(long, value_name = "BYTES")]
+    thread_cache_bytes: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -225,9 +289,15 @@ struct ReusePair {
     flare: Stats,
     stream_ordered: Option<Stats>,
     cu_mem_alloc: Option<Stats>,
+    /// Ours and the stream-ordered pool's, timed in batches of `BATCH_PAIRS` pairs:
+    /// statistics of each batch's mean pair.
+    flare_batched: Stats,
+    stream_ordered_batched: Option<Stats>,
     /// ours / stream-ordered pool, medians.
     ratio_median_vs_stream_ordered: Option<f64>,
     ratio_p99_vs_stream_ordered: Option<f64>,
+    /// ours / stream-ordered pool, batch medians.
+    ratio_batched_vs_stream_ordered: Option<f64>,
     /// ours / cuMemAlloc + cuMemFree, medians.
     ratio_median_vs_cu_mem_alloc: Option<f64>,
     ratio_p99_vs_cu_mem_alloc: Option<f64>,
@@ -374,6 +444,7 @@ struct SegmentPair {
     ratio_batched_stream_vs_stream_ordered: Option<f64>,
 }
 
+/// A row of section 6's own-sizes part: each thread its own size.
 #[derive(Debug, Serialize)]
 struct Threads {
     threads: usize,
@@ -382,6 +453,67 @@ struct Threads {
     pairs_per_second: f64,
     /// Mappings created while measuring (0: every pair was a reuse hit).
     misses: u64,
+    /// Snapshot deltas while measuring: allocations served from a thread cache, and
+    /// frees passed back to another thread's cache through its remote list.
+    thread_cache_hits: u64,
+    remote_frees: u64,
+}
+
+/// A row of section 6's shared-sizes part: every free by another thread than the
+/// allocation (`cross_thread`; with one thread, by the same thread through its
+/// queue). `pairs`: the frees done while measuring.
+#[derive(Debug, Serialize)]
+struct SharedThreads {
+    threads: usize,
+    cross_thread: bool,
+    pairs: u64,
+    seconds: f64,
+    pairs_per_second: f64,
+    /// Mappings created while measuring (after the pre-warm and the warm-up).
+    misses: u64,
+    /// Snapshot deltas while measuring, as in [`Threads`].
+    thread_cache_hits: u64,
+    remote_frees: u64,
+}
+
+/// A row of section 6's stream-ordered part: one CUDA memory pool, one stream per
+/// thread, each thread its own size.
+#[derive(Debug, Serialize)]
+struct StreamOrderedThreads {
+    threads: usize,
+    pairs: u64,
+    seconds: f64,
+    pairs_per_second: f64,
+}
+
+/// Own-sizes pairs per second, ours and the stream-ordered pool's, at one thread
+/// count.
+#[derive(Debug, Serialize)]
+struct ThreadRatio {
+    threads: usize,
+    flare_pairs_per_second: f64,
+    stream_ordered_pairs_per_second: Option<f64>,
+    /// ours / the stream-ordered pool's pairs per second.
+    ratio: Option<f64>,
+}
+
+/// Issue 13's ratios, from figures of this run.
+#[derive(Debug, Default, Serialize)]
+struct ThreadRatios {
+    /// Section 6, own sizes against the stream-ordered pool, per thread count.
+    own_sizes_vs_stream_ordered: Vec<ThreadRatio>,
+    /// One thread's reuse pair: section 1 at this size (2 MiB).
+    reuse_pair_bytes: u64,
+    /// Section 1's per-pair medians (the timer's overhead included in both) and
+    /// their ratio ours / stream-ordered warm pair.
+    reuse_pair_median_ns: Option<f64>,
+    stream_ordered_pair_median_ns: Option<f64>,
+    ratio_reuse_pair_vs_stream_ordered: Option<f64>,
+    /// Section 1's batch medians (the timer's overhead spread over a batch) and
+    /// their ratio.
+    reuse_pair_batched_ns: Option<f64>,
+    stream_ordered_pair_batched_ns: Option<f64>,
+    ratio_reuse_pair_batched_vs_stream_ordered: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -390,6 +522,9 @@ struct Target {
     limit: f64,
     measured: Option<f64>,
     met: Option<bool>,
+    /// Whether the target is a floor (`measured >= limit`, a throughput) rather
+    /// than a ceiling (`measured <= limit`).
+    at_least: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -406,7 +541,18 @@ struct Report {
     stream_pair: Vec<StreamPair>,
     inflight_frees: InflightFrees,
     replay: Vec<Replay>,
+    /// Every pool's thread-cache bounds (`PoolConfig`): entries (0: off) and bytes.
+    thread_cache_entries: u32,
+    thread_cache_bytes: u64,
+    /// Section 6: own sizes.
     threads: Vec<Threads>,
+    /// Section 6: shared sizes, cross-thread frees.
+    threads_shared: Vec<SharedThreads>,
+    /// Section 6: the stream-ordered pool, one stream per thread (null on the
+    /// simulated backend).
+    threads_stream_ordered: Option<Vec<StreamOrderedThreads>>,
+    /// Section 6: issue 13's ratios.
+    thread_ratios: ThreadRatios,
     segment_pair: Vec<SegmentPair>,
     targets: Vec<Target>,
     total_seconds: f64,
@@ -422,10 +568,23 @@ struct Bench {
 
 impl Bench {
     fn config(&self) -> PoolConfig {
-        match self.args.backend {
+        let mut config = match self.args.backend {
             BackendArg::Cuda => PoolConfig::cuda(self.args.device),
             BackendArg::Sim => PoolConfig::simulated(SimConfig::default()),
+        };
+        if let Some(entries) = self.args.thread_cache_entries {
+            config.thread_cache_entries = entries;
         }
+        if let Some(bytes) = self.args.thread_cache_bytes {
+            config.thread_cache_bytes = bytes;
+        }
+        config
+    }
+
+    /// How long each thread count of section 6 is measured: 0.5 s, 0.1 s with
+    /// `--quick`.
+    fn run_for(&self) -> Duration {
+        Duration::from_millis(if self.args.quick { 100 } else { 500 })
     }
 
     fn scaled(&self, n: usize) -> usize {
@@ -451,28 +610,37 @@ impl Bench {
         for size in SIZES {
             let n = self.scaled(20_000);
             let n_plain = self.scaled(if size >= GIB { 1_000 } else { 5_000 });
-            eprintln!("reuse pair {}: {n} pairs", fmt_bytes(size));
+            let batches = self.scaled(20);
+            eprintln!(
+                "reuse pair {}: {n} pairs, {batches} x {BATCH_PAIRS} batched",
+                fmt_bytes(size)
+            );
             let p = pool.allocate_raw(size)?;
             pool.free_raw(p)?;
             let created = pool.snapshot().mappings_created;
-            let flare = time_each(n, 1_000, || {
+            let pair = || {
                 let p = pool.allocate_raw(size)?;
                 pool.free_raw(p)?;
                 Ok(())
-            })?;
+            };
+            let flare = time_each(n, 1_000, pair)?;
+            let flare_batched = time_batched(batches, BATCH_PAIRS, 0, pair)?;
             if pool.snapshot().mappings_created != created {
                 return Err("a reuse pair missed the pool".into());
             }
-            let (mut stream_ordered, mut cu_mem_alloc) = (None, None);
+            let (mut stream_ordered, mut stream_ordered_batched, mut cu_mem_alloc) =
+                (None, None, None);
             if let Some(driver) = &self.cuda {
                 let sop = StreamOrderedPool::new(self.args.device)?;
                 {
                     let cur = sop.make_current()?;
-                    stream_ordered = Some(time_each(n, 1_000, || {
+                    let pair = || {
                         let p = cur.pool_alloc(&sop, size)?;
                         cur.pool_free(&sop, p)?;
                         Ok(())
-                    })?);
+                    };
+                    stream_ordered = Some(time_each(n, 1_000, pair)?);
+                    stream_ordered_batched = Some(time_batched(batches, BATCH_PAIRS, 0, pair)?);
                     sop.synchronize()?;
                 }
                 drop(sop);
@@ -499,8 +667,13 @@ impl Bench {
                 ratio_p99_vs_stream_ordered: vs(&stream_ordered, true),
                 ratio_median_vs_cu_mem_alloc: vs(&cu_mem_alloc, false),
                 ratio_p99_vs_cu_mem_alloc: vs(&cu_mem_alloc, true),
+                ratio_batched_vs_stream_ordered: stream_ordered_batched
+                    .as_ref()
+                    .and_then(|a| ratio(flare_batched.median_ns, a.median_ns)),
                 stream_ordered,
                 cu_mem_alloc,
+                flare_batched,
+                stream_ordered_batched,
             });
         }
         scope.finish()?;
@@ -651,68 +824,361 @@ impl Bench {
         })
     }
 
+    /// Section 6, own sizes: thread `i` allocates and frees [`own_size`]`(i)` on one
+    /// pool inside a scope, after one warm-up pair of its own.
     fn threads(&self) -> BoxResult<Vec<Threads>> {
         let pool = Pool::new(self.config())?;
         let scope = pool.retention_scope()?;
-        let run_for = Duration::from_millis(if self.args.quick { 100 } else { 500 });
         let mut out = Vec::new();
         for n in THREADS {
-            eprintln!("reuse throughput, {n} thread(s)");
-            let size_of = |i: usize| (i as u64 + 1) * 2 * MIB;
-            for i in 0..n {
-                let p = pool.allocate_raw(size_of(i))?;
-                pool.free_raw(p)?;
-            }
-            let created = pool.snapshot().mappings_created;
-            let stop = AtomicBool::new(false);
-            let barrier = Barrier::new(n + 1);
-            let (pairs, seconds) = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..n)
-                    .map(|i| {
-                        let (pool, stop, barrier) = (&pool, &stop, &barrier);
-                        s.spawn(move || -> Result<u64, String> {
-                            let size = size_of(i);
-                            barrier.wait();
-                            let mut pairs = 0u64;
-                            while !stop.load(Ordering::Relaxed) {
-                                for _ in 0..256 {
-                                    let p = pool.allocate_raw(size).map_err(|e| e.to_string())?;
-                                    pool.free_raw(p).map_err(|e| e.to_string())?;
-                                }
-                                pairs += 256;
-                            }
-                            Ok(pairs)
-                        })
-                    })
-                    .collect();
-                barrier.wait();
-                let t = Instant::now();
-                std::thread::sleep(run_for);
-                stop.store(true, Ordering::Relaxed);
-                let mut total = 0u64;
-                let mut failed = None;
-                for h in handles {
-                    match h.join() {
-                        Ok(Ok(p)) => total += p,
-                        Ok(Err(e)) => failed = Some(e),
-                        Err(_) => failed = Some("a benchmark thread panicked".to_string()),
+            eprintln!("reuse throughput, own sizes, {n} thread(s)");
+            let sizes: Vec<u64> = (0..n).map(own_size).collect();
+            prewarm(&pool, &sizes)?;
+            let mut before = None;
+            let (pairs, seconds) = measure_threads(
+                n,
+                Duration::ZERO,
+                self.run_for(),
+                || before = Some(pool.snapshot()),
+                |i, lane| {
+                    let size = own_size(i);
+                    let pair = || -> Result<(), String> {
+                        let p = pool.allocate_raw(size).map_err(|e| e.to_string())?;
+                        pool.free_raw(p).map_err(|e| e.to_string())
+                    };
+                    // Warm-up: the pre-warmed mapping of this thread's size (into this
+                    // thread's cache, when the pool has them).
+                    pair()?;
+                    lane.start();
+                    let mut pairs = 0u64;
+                    while lane.running() {
+                        for _ in 0..THREAD_BATCH {
+                            pair()?;
+                        }
+                        pairs += THREAD_BATCH;
                     }
-                }
-                match failed {
-                    Some(e) => Err(e),
-                    None => Ok((total, t.elapsed().as_secs_f64())),
-                }
-            })?;
+                    Ok(pairs)
+                },
+            )?;
+            let before = before.ok_or("no snapshot before measuring")?;
+            let after = pool.snapshot();
             out.push(Threads {
                 threads: n,
                 pairs,
                 seconds,
                 pairs_per_second: pairs as f64 / seconds,
-                misses: pool.snapshot().mappings_created - created,
+                misses: after
+                    .mappings_created
+                    .saturating_sub(before.mappings_created),
+                thread_cache_hits: after
+                    .thread_cache_hits
+                    .saturating_sub(before.thread_cache_hits),
+                remote_frees: after.remote_frees.saturating_sub(before.remote_frees),
             });
         }
         scope.finish()?;
         Ok(out)
+    }
+
+    /// Section 6, shared sizes: thread `t` allocates [`SHARED_SIZES`] in turn and
+    /// hands each pointer to thread `(t + 1) % n`, which frees it (see the module
+    /// documentation).
+    fn threads_shared(&self) -> BoxResult<Vec<SharedThreads>> {
+        let pool = Pool::new(self.config())?;
+        let scope = pool.retention_scope()?;
+        let warm = Duration::from_millis(if self.args.quick { 20 } else { 100 });
+        let mut out = Vec::new();
+        for n in THREADS {
+            eprintln!("reuse throughput, shared sizes, cross-thread frees, {n} thread(s)");
+            let sizes: Vec<u64> = SHARED_SIZES
+                .iter()
+                .flat_map(|&size| std::iter::repeat_n(size, n * SHARED_LIVE_PER_SIZE))
+                .collect();
+            prewarm(&pool, &sizes)?;
+            // `queues[t]`: what thread t frees, pushed by thread t - 1.
+            let queues: Vec<ArrayQueue<DevicePtr>> =
+                (0..n).map(|_| ArrayQueue::new(SHARED_QUEUE)).collect();
+            let mut before = None;
+            let measured = measure_threads(
+                n,
+                warm,
+                self.run_for(),
+                || before = Some(pool.snapshot()),
+                |t, lane| {
+                    let (inbox, outbox) = (&queues[t], &queues[(t + 1) % n]);
+                    let mut next = t;
+                    // Frees one pointer from the inbox if there is one, and allocates
+                    // one for the outbox if it has room: the frees done (0 or 1).
+                    let mut step = || -> Result<u64, String> {
+                        let mut freed = 0;
+                        if let Some(p) = inbox.pop() {
+                            pool.free_raw(p).map_err(|e| e.to_string())?;
+                            freed = 1;
+                        }
+                        if !outbox.is_full() {
+                            let size = SHARED_SIZES[next % SHARED_SIZES.len()];
+                            next += 1;
+                            let p = pool.allocate_raw(size).map_err(|e| e.to_string())?;
+                            // Only this thread pushes to its outbox, and it had room.
+                            if let Err(p) = outbox.push(p) {
+                                pool.free_raw(p).map_err(|e| e.to_string())?;
+                                return Err("a shared-sizes queue was full".to_string());
+                            }
+                        } else if freed == 0 {
+                            // Nothing to do until the next thread frees: let it run
+                            // (threads may outnumber cores).
+                            std::thread::yield_now();
+                        }
+                        Ok(freed)
+                    };
+                    while lane.warming() {
+                        step()?;
+                    }
+                    lane.start();
+                    let mut pairs = 0u64;
+                    while lane.running() {
+                        for _ in 0..THREAD_BATCH {
+                            pairs += step()?;
+                        }
+                    }
+                    lane.stop();
+                    // Every thread is out of its loop: nothing more is pushed. Free
+                    // what the previous thread left (not counted).
+                    while let Some(p) = inbox.pop() {
+                        pool.free_raw(p).map_err(|e| e.to_string())?;
+                    }
+                    Ok(pairs)
+                },
+            );
+            // What a failed thread left in the queues.
+            for q in &queues {
+                while let Some(p) = q.pop() {
+                    let _ = pool.free_raw(p);
+                }
+            }
+            let (pairs, seconds) = measured?;
+            let before = before.ok_or("no snapshot before measuring")?;
+            let after = pool.snapshot();
+            out.push(SharedThreads {
+                threads: n,
+                cross_thread: n > 1,
+                pairs,
+                seconds,
+                pairs_per_second: pairs as f64 / seconds,
+                misses: after
+                    .mappings_created
+                    .saturating_sub(before.mappings_created),
+                thread_cache_hits: after
+                    .thread_cache_hits
+                    .saturating_sub(before.thread_cache_hits),
+                remote_frees: after.remote_frees.saturating_sub(before.remote_frees),
+            });
+        }
+        scope.finish()?;
+        Ok(out)
+    }
+
+    /// Section 6, the stream-ordered pool: the own-sizes loop with
+    /// `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` on one CUDA memory pool, each
+    /// thread on a stream of its own. `None` on the simulated backend.
+    fn threads_stream_ordered(&self) -> BoxResult<Option<Vec<StreamOrderedThreads>>> {
+        if self.cuda.is_none() {
+            return Ok(None);
+        }
+        let sop = StreamOrderedPool::new(self.args.device)?;
+        let mut out = Vec::new();
+        for n in THREADS {
+            eprintln!("reuse throughput, stream-ordered pool, {n} thread(s), a stream each");
+            let (pairs, seconds) = measure_threads(
+                n,
+                Duration::ZERO,
+                self.run_for(),
+                || {},
+                |i, lane| {
+                    let err = |e: TransferError| e.to_string();
+                    let cur = sop.make_current().map_err(err)?;
+                    let stream = sop.new_stream().map_err(err)?;
+                    let size = own_size(i);
+                    let pair = || -> Result<(), String> {
+                        let p = cur.stream_alloc(&stream, size).map_err(err)?;
+                        cur.stream_free(&stream, p).map_err(err)
+                    };
+                    // Warm-up: the pool holds this thread's size (release threshold
+                    // u64::MAX keeps it).
+                    pair()?;
+                    lane.start();
+                    let mut pairs = 0u64;
+                    while lane.running() {
+                        for _ in 0..THREAD_BATCH {
+                            pair()?;
+                        }
+                        pairs += THREAD_BATCH;
+                    }
+                    lane.stop();
+                    stream.synchronize().map_err(err)?;
+                    Ok(pairs)
+                },
+            )?;
+            out.push(StreamOrderedThreads {
+                threads: n,
+                pairs,
+                seconds,
+                pairs_per_second: pairs as f64 / seconds,
+            });
+        }
+        drop(sop);
+        Ok(Some(out))
+    }
+}
+
+/// Section 6's pre-warm: on a helper thread (joined, so that whatever it cached
+/// goes back to the pool when it exits), allocates every size of `sizes` (in
+/// order, each held until all are allocated, so none is served from another's
+/// mapping), then frees them all: inside the scope, they stay idle for the
+/// measuring threads.
+fn prewarm(pool: &Pool, sizes: &[u64]) -> BoxResult<()> {
+    let joined = std::thread::scope(|s| {
+        s.spawn(|| -> Result<(), String> {
+            let mut held = Vec::with_capacity(sizes.len());
+            let mut result = Ok(());
+            for &size in sizes {
+                match pool.allocate_raw(size) {
+                    Ok(p) => held.push(p),
+                    Err(e) => {
+                        result = Err(format!("pre-warm, {}: {e}", fmt_bytes(size)));
+                        break;
+                    }
+                }
+            }
+            for p in held {
+                if let Err(e) = pool.free_raw(p) {
+                    result = result.and(Err(format!("pre-warm, free: {e}")));
+                }
+            }
+            result
+        })
+        .join()
+    });
+    match joined {
+        Ok(r) => Ok(r?),
+        Err(_) => Err("the pre-warm thread panicked".into()),
+    }
+}
+
+/// The phases of one thread count of section 6, shared by the `n` measuring threads
+/// and the main thread through a barrier of `n + 1`: warm-up (until `warm_over`);
+/// start (every thread warmed up: the main thread takes its first snapshot between
+/// two waits, then starts the clock); measuring (until `stop`); stopped (every
+/// thread out of its measured loop: the clock stops); left (every thread done with
+/// its clean-up, so that none exits while another may still free memory it
+/// allocated).
+struct Gate {
+    barrier: Barrier,
+    warm_over: AtomicBool,
+    stop: AtomicBool,
+}
+
+/// The barrier waits of a [`Gate`], in order, that a measuring thread makes.
+const STARTED: u8 = 2;
+const STOPPED: u8 = 3;
+const LEFT: u8 = 4;
+
+/// One measuring thread's side of a [`Gate`]: the waits it made so far.
+struct Lane<'a> {
+    gate: &'a Gate,
+    waits: u8,
+}
+
+impl Lane<'_> {
+    /// Whether the warm-up goes on.
+    fn warming(&self) -> bool {
+        !self.gate.warm_over.load(Ordering::Relaxed)
+    }
+
+    /// Whether the measurement goes on.
+    fn running(&self) -> bool {
+        !self.gate.stop.load(Ordering::Relaxed)
+    }
+
+    /// Warmed up: waits for every thread and the main thread's snapshot.
+    fn start(&mut self) {
+        self.wait_until(STARTED);
+    }
+
+    /// Out of the measured loop: waits for every thread (the clock stops).
+    fn stop(&mut self) {
+        self.wait_until(STOPPED);
+    }
+
+    fn wait_until(&mut self, waits: u8) {
+        while self.waits < waits {
+            self.gate.barrier.wait();
+            self.waits += 1;
+        }
+    }
+}
+
+/// Runs `work(i, lane)` on `n` threads (`i` from 0), each warming up, then calling
+/// `lane.start()`, counting pairs while `lane.running()`, then `lane.stop()`
+/// (optional when it has no clean-up) and returning its pairs; the warm-up ends
+/// after `warm`, the measurement `run_for` after every thread started. `at_start`
+/// runs on this thread while every measuring thread waits at the start. Returns the
+/// pairs of all threads and the seconds from the start to the last thread's stop. A
+/// thread whose `work` fails, panics or skips a phase still makes every wait, so the
+/// others finish; the first error is returned after all are joined.
+fn measure_threads<W>(
+    n: usize,
+    warm: Duration,
+    run_for: Duration,
+    at_start: impl FnOnce(),
+    work: W,
+) -> BoxResult<(u64, f64)>
+where
+    W: Fn(usize, &mut Lane<'_>) -> Result<u64, String> + Sync,
+{
+    let gate = Gate {
+        barrier: Barrier::new(n + 1),
+        warm_over: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+    };
+    let (pairs, seconds, failed) = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let (gate, work) = (&gate, &work);
+                s.spawn(move || {
+                    let mut lane = Lane { gate, waits: 0 };
+                    // A panic (a bug) must not leave the others waiting for it.
+                    let r = std::panic::catch_unwind(AssertUnwindSafe(|| work(i, &mut lane)))
+                        .unwrap_or_else(|_| Err("a benchmark thread panicked".to_string()));
+                    lane.wait_until(LEFT);
+                    r
+                })
+            })
+            .collect();
+        std::thread::sleep(warm);
+        gate.warm_over.store(true, Ordering::Relaxed);
+        gate.barrier.wait();
+        at_start();
+        gate.barrier.wait();
+        let t = Instant::now();
+        std::thread::sleep(run_for);
+        gate.stop.store(true, Ordering::Relaxed);
+        gate.barrier.wait();
+        let seconds = t.elapsed().as_secs_f64();
+        gate.barrier.wait();
+        let (mut pairs, mut failed) = (0u64, None);
+        for h in handles {
+            match h.join() {
+                Ok(Ok(p)) => pairs += p,
+                Ok(Err(e)) => failed = failed.or(Some(e)),
+                Err(_) => failed = failed.or(Some("a benchmark thread panicked".to_string())),
+            }
+        }
+        (pairs, seconds, failed)
+    });
+    match failed {
+        Some(e) => Err(e.into()),
+        None => Ok((pairs, seconds)),
     }
 }
 
@@ -1223,6 +1689,14 @@ fn targets(r: &Report) -> Vec<Target> {
         what,
         limit,
         measured,
+        at_least: false,
+    };
+    let at_least = |what: String, limit: f64, measured: Option<f64>| Target {
+        met: measured.map(|m| m >= limit),
+        what,
+        limit,
+        measured,
+        at_least: true,
     };
     for p in &r.reuse_pair {
         out.push(check(
@@ -1293,7 +1767,82 @@ fn targets(r: &Report) -> Vec<Target> {
             Some(x.flare_segments.mappings_created as f64),
         ));
     }
+    // Issue 13 (thread caches): throughput of all threads together, and one thread's
+    // pair against the stream-ordered pool's.
+    for (n, limit) in [(1, 10e6), (8, 60e6), (16, 100e6)] {
+        out.push(at_least(
+            format!(
+                "own sizes, {n} thread(s): reuse pairs per second (all threads) >= {} M",
+                limit / 1e6
+            ),
+            limit,
+            r.threads
+                .iter()
+                .find(|x| x.threads == n)
+                .map(|x| x.pairs_per_second),
+        ));
+    }
+    out.push(at_least(
+        "shared sizes, cross-thread frees, 16 threads: pairs per second (all threads) >= 20 M"
+            .to_string(),
+        20e6,
+        r.threads_shared
+            .iter()
+            .find(|x| x.threads == 16)
+            .map(|x| x.pairs_per_second),
+    ));
+    let t = &r.thread_ratios;
+    let size = fmt_bytes(t.reuse_pair_bytes);
+    out.push(check(
+        format!("one thread's reuse pair {size} / stream-ordered warm pair (median) <= 0.05"),
+        0.05,
+        t.ratio_reuse_pair_vs_stream_ordered,
+    ));
+    out.push(check(
+        format!("one thread's reuse pair {size} / stream-ordered warm pair (batched) <= 0.05"),
+        0.05,
+        t.ratio_reuse_pair_batched_vs_stream_ordered,
+    ));
     out
+}
+
+/// Issue 13's ratios from this run's figures: section 6's own sizes against the
+/// stream-ordered pool per thread count, and section 1's pair at [`own_size`]`(0)`
+/// (2 MiB, the one-thread row's size) against the stream-ordered pool's warm pair.
+fn thread_ratios(r: &Report) -> ThreadRatios {
+    let sop = r.threads_stream_ordered.as_deref();
+    let own_sizes_vs_stream_ordered = r
+        .threads
+        .iter()
+        .map(|x| {
+            let so = sop
+                .and_then(|v| v.iter().find(|s| s.threads == x.threads))
+                .map(|s| s.pairs_per_second);
+            ThreadRatio {
+                threads: x.threads,
+                flare_pairs_per_second: x.pairs_per_second,
+                stream_ordered_pairs_per_second: so,
+                ratio: so.and_then(|b| ratio(x.pairs_per_second, b)),
+            }
+        })
+        .collect();
+    let bytes = own_size(0);
+    let pair = r.reuse_pair.iter().find(|p| p.size_bytes == bytes);
+    let median = pair.map(|p| p.flare.median_ns);
+    let so_median = pair.and_then(|p| p.stream_ordered.map(|s| s.median_ns));
+    let batched = pair.map(|p| p.flare_batched.median_ns);
+    let so_batched = pair.and_then(|p| p.stream_ordered_batched.map(|s| s.median_ns));
+    let vs = |a: Option<f64>, b: Option<f64>| a.zip(b).and_then(|(a, b)| ratio(a, b));
+    ThreadRatios {
+        own_sizes_vs_stream_ordered,
+        reuse_pair_bytes: bytes,
+        ratio_reuse_pair_vs_stream_ordered: vs(median, so_median),
+        ratio_reuse_pair_batched_vs_stream_ordered: vs(batched, so_batched),
+        reuse_pair_median_ns: median,
+        stream_ordered_pair_median_ns: so_median,
+        reuse_pair_batched_ns: batched,
+        stream_ordered_pair_batched_ns: so_batched,
+    }
 }
 
 fn us(ns: f64) -> String {
@@ -1323,6 +1872,8 @@ fn print(r: &Report) {
         "cuMemAlloc p99",
         "ours/stream (median)",
         "ours/cuMemAlloc (median)",
+        "batched: flare / stream-ordered",
+        "ours/stream (batched)",
     ]);
     for p in &r.reuse_pair {
         t.add_row(vec![
@@ -1335,6 +1886,12 @@ fn print(r: &Report) {
             opt(p.cu_mem_alloc, |s| us(s.p99_ns)),
             opt(p.ratio_median_vs_stream_ordered, |x| format!("{x:.3}")),
             opt(p.ratio_median_vs_cu_mem_alloc, |x| format!("{x:.5}")),
+            format!(
+                "{} / {}",
+                us(p.flare_batched.median_ns),
+                opt(p.stream_ordered_batched, |s| us(s.median_ns))
+            ),
+            opt(p.ratio_batched_vs_stream_ordered, |x| format!("{x:.3}")),
         ]);
     }
     println!("{t}\n");
@@ -1489,17 +2046,7 @@ fn print(r: &Report) {
     }
     println!("{t}\n");
 
-    let mut t = Table::new();
-    t.set_header(vec!["threads", "pairs", "pairs per second", "misses"]);
-    for x in &r.threads {
-        t.add_row(vec![
-            x.threads.to_string(),
-            x.pairs.to_string(),
-            format!("{:.3e}", x.pairs_per_second),
-            x.misses.to_string(),
-        ]);
-    }
-    println!("{t}\n");
+    print_threads(r);
 
     let mut t = Table::new();
     t.set_header(vec![
@@ -1545,15 +2092,124 @@ fn print(r: &Report) {
     for x in &r.targets {
         t.add_row(vec![
             x.what.clone(),
-            opt(x.measured, |m| format!("{m:.3}")),
+            opt(x.measured, |m| {
+                if m.abs() >= 1e5 {
+                    format!("{m:.3e}")
+                } else {
+                    format!("{m:.3}")
+                }
+            }),
             opt(x.met, |m| if m { "yes" } else { "NO" }.to_string()),
         ]);
     }
     println!("{t}");
 }
 
+/// Section 6's tables and issue 13's ratios.
+fn print_threads(r: &Report) {
+    println!(
+        "thread caches: {} entries, {} per thread{}",
+        r.thread_cache_entries,
+        fmt_bytes(r.thread_cache_bytes),
+        if r.thread_cache_entries == 0 {
+            " (off)"
+        } else {
+            ""
+        }
+    );
+    let counters = ["misses", "thread-cache hits", "remote frees"];
+    let mut t = Table::new();
+    let mut header = vec!["threads (own sizes)", "pairs", "pairs per second"];
+    header.extend(counters);
+    t.set_header(header);
+    for x in &r.threads {
+        t.add_row(vec![
+            x.threads.to_string(),
+            x.pairs.to_string(),
+            format!("{:.3e}", x.pairs_per_second),
+            x.misses.to_string(),
+            x.thread_cache_hits.to_string(),
+            x.remote_frees.to_string(),
+        ]);
+    }
+    println!("{t}\n");
+
+    println!(
+        "shared sizes, cross-thread frees: thread t allocates {} in turn and hands each \
+         to thread t + 1 (a queue of {SHARED_QUEUE}), which frees it; one thread frees \
+         its own, through its queue",
+        SHARED_SIZES.map(fmt_bytes).join(", ")
+    );
+    let mut t = Table::new();
+    let mut header = vec!["threads (shared sizes)", "pairs", "pairs per second"];
+    header.extend(counters);
+    t.set_header(header);
+    for x in &r.threads_shared {
+        t.add_row(vec![
+            format!(
+                "{}{}",
+                x.threads,
+                if x.cross_thread { "" } else { " (same thread)" }
+            ),
+            x.pairs.to_string(),
+            format!("{:.3e}", x.pairs_per_second),
+            x.misses.to_string(),
+            x.thread_cache_hits.to_string(),
+            x.remote_frees.to_string(),
+        ]);
+    }
+    println!("{t}\n");
+
+    match &r.threads_stream_ordered {
+        None => println!(
+            "stream-ordered pool, one stream per thread: not measured (--backend {:?})\n",
+            r.backend
+        ),
+        Some(rows) => {
+            let mut t = Table::new();
+            t.set_header(vec![
+                "threads (stream-ordered pool, a stream each)",
+                "pairs",
+                "pairs per second",
+            ]);
+            for x in rows {
+                t.add_row(vec![
+                    x.threads.to_string(),
+                    x.pairs.to_string(),
+                    format!("{:.3e}", x.pairs_per_second),
+                ]);
+            }
+            println!("{t}\n");
+        }
+    }
+
+    let tr = &r.thread_ratios;
+    let per_threads: Vec<String> = tr
+        .own_sizes_vs_stream_ordered
+        .iter()
+        .map(|x| format!("{}: {}", x.threads, opt(x.ratio, |v| format!("{v:.2}"))))
+        .collect();
+    let ns = |v: Option<f64>| opt(v, |v| format!("{v:.1} ns"));
+    println!(
+        "ratios (issue 13): own sizes, flare / stream-ordered pairs per second by threads: \
+         {}; one thread's reuse pair {} / stream-ordered warm pair: median {} ({} / {}), \
+         batched {} ({} / {})\n",
+        per_threads.join(", "),
+        fmt_bytes(tr.reuse_pair_bytes),
+        opt(tr.ratio_reuse_pair_vs_stream_ordered, |v| format!("{v:.3}")),
+        ns(tr.reuse_pair_median_ns),
+        ns(tr.stream_ordered_pair_median_ns),
+        opt(tr.ratio_reuse_pair_batched_vs_stream_ordered, |v| {
+            format!("{v:.3}")
+        }),
+        ns(tr.reuse_pair_batched_ns),
+        ns(tr.stream_ordered_pair_batched_ns),
+    );
+}
+
 fn run(bench: &Bench) -> BoxResult<Report> {
     let started = Instant::now();
+    let config = bench.config();
     let mut report = Report {
         backend: bench.args.backend,
         device: bench.args.device,
@@ -1565,11 +2221,17 @@ fn run(bench: &Bench) -> BoxResult<Report> {
         stream_pair: bench.stream_pairs()?,
         inflight_frees: bench.inflight_frees()?,
         replay: bench.replays()?,
+        thread_cache_entries: config.thread_cache_entries,
+        thread_cache_bytes: config.thread_cache_bytes,
         threads: bench.threads()?,
+        threads_shared: bench.threads_shared()?,
+        threads_stream_ordered: bench.threads_stream_ordered()?,
+        thread_ratios: ThreadRatios::default(),
         segment_pair: bench.segment_pairs()?,
         targets: Vec::new(),
         total_seconds: 0.0,
     };
+    report.thread_ratios = thread_ratios(&report);
     report.targets = targets(&report);
     report.total_seconds = started.elapsed().as_secs_f64();
     Ok(report)

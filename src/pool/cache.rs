@@ -28,8 +28,9 @@
 //! held, leaves nothing in a cache: a free that saw the flag open pushed before the
 //! settle took its cache's mutex, and one after it sees the flag closed.
 //!
-//! Lock order: caches in index order, then the books. A thread holds at most its
-//! own cache's mutex when it takes the books'.
+//! Lock order: the registry, caches in index order, then the books. A thread holds
+//! at most its own cache's mutex when it takes the books'; the registry is taken
+//! only to register a cache (a thread's first call) and by snapshots and settles.
 
 use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
@@ -37,7 +38,7 @@ use std::sync::{Arc, OnceLock};
 use super::books::{MappingState, State, SYNC_FREED};
 use super::segments::home_of;
 use super::table::{self, Entry, Table, IDLE, LIVE};
-use super::Snapshot;
+use super::{Snapshot, SEGMENT_SMALL_MAX_BYTES};
 use crate::driver::DevicePtr;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{lock, thread_local, Mutex, MutexGuard};
@@ -259,6 +260,9 @@ pub(super) struct Caches {
     slots: Box<[OnceLock<Arc<ThreadCache>>]>,
     /// Registry slots ever filled (a high-water mark).
     used: AtomicUsize,
+    /// Held while a cache is registered or adopted, and by [`Caches::lock_all`]: a
+    /// snapshot or a settle sees every cache that can hold anything.
+    registry: Mutex<()>,
     pub(super) table: Table,
 }
 
@@ -272,6 +276,7 @@ impl Caches {
             id: NEXT_POOL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             slots: (0..MAX_CACHES).map(|_| OnceLock::new()).collect(),
             used: AtomicUsize::new(0),
+            registry: Mutex::new(()),
             table: Table::default(),
         }
     }
@@ -334,6 +339,7 @@ impl Caches {
     /// left goes back to the books first: the new thread may need other sizes), or
     /// a new one.
     fn register(&self, state: &Mutex<State>) -> Option<Arc<ThreadCache>> {
+        let _registry = lock(&self.registry);
         for c in self.slots.iter().filter_map(OnceLock::get) {
             if c.orphan.load(Ordering::Relaxed)
                 && c.orphan
@@ -360,8 +366,6 @@ impl Caches {
                 dead: AtomicBool::new(false),
             });
             if s.set(Arc::clone(&c)).is_ok() {
-                // SeqCst with the flag's store and load: a settle that misses this
-                // cache is seen to have closed the flag by its first use.
                 self.used.fetch_max(i + 1, Ordering::SeqCst);
                 return Some(c);
             }
@@ -527,7 +531,9 @@ impl Caches {
             let m = st.mref(slot);
             let (size, block) = (m.size(), m.is_block());
             let eligible = recorded.is_none()
-                && (!block || home_of(st.segs.segs[m.seg as usize].key) == SYNC_FREED)
+                && (!block
+                    || (size <= SEGMENT_SMALL_MAX_BYTES
+                        && home_of(st.segs.segs[m.seg as usize].key) == SYNC_FREED))
                 && self.is_open()
                 && self.fits(&g, size);
             if !eligible {
@@ -611,6 +617,11 @@ impl Caches {
             p = next;
         }
         for e in std::mem::take(&mut g.entries) {
+            debug_assert_eq!(
+                st.mref(e.slot).state,
+                MappingState::Cached,
+                "drain of {e:?}"
+            );
             g.d.held(e.size, false);
             to_books(st, e.slot);
             st.index_insert(e.slot, SYNC_FREED);
@@ -618,15 +629,22 @@ impl Caches {
         g.bytes = 0;
     }
 
-    /// Locks every cache, in index order.
-    fn lock_all(&self) -> Vec<(&ThreadCache, MutexGuard<'_, Inner>)> {
-        self.all().map(|c| (c, lock(&c.inner))).collect()
+    /// Locks the registry, then every cache, in index order.
+    fn lock_all(
+        &self,
+    ) -> (
+        MutexGuard<'_, ()>,
+        Vec<(&ThreadCache, MutexGuard<'_, Inner>)>,
+    ) {
+        let registry = lock(&self.registry);
+        let caches = self.all().map(|c| (c, lock(&c.inner))).collect();
+        (registry, caches)
     }
 
     /// A snapshot: the books' counters plus every cache's deltas, taken with every
     /// cache's mutex and then the books' held, so it is exact while threads run.
     pub(super) fn snapshot(&self, state: &Mutex<State>) -> Snapshot {
-        let guards = self.lock_all();
+        let (_registry, guards) = self.lock_all();
         let mut st = lock(state);
         let mut c = st.counters;
         st.tier_deltas.add_to(&mut c);
@@ -648,7 +666,7 @@ impl Caches {
         if !self.enabled || self.used.load(Ordering::SeqCst) == 0 {
             return;
         }
-        let mut guards = self.lock_all();
+        let (_registry, mut guards) = self.lock_all();
         let mut st = lock(state);
         for (c, g) in &mut guards {
             self.drain_into(c, g, &mut st);
@@ -669,6 +687,7 @@ impl Caches {
         st.tier_slots -= cached.len();
         for slot in cached {
             let ptr = st.mref(slot).ptr();
+            debug_assert!(!st.live.contains_key(&ptr), "adoption of live {ptr:#x}");
             let (requested, key) = match self.table.get(ptr) {
                 Some(entry) => {
                     let w = entry.word.load(Ordering::Relaxed);
@@ -757,6 +776,11 @@ fn push_remote(o: &ThreadCache, entry: &Entry, ptr: DevicePtr) {
 /// Makes cached `slot` idle in the books (not yet indexed): its release needs a
 /// device synchronize first (freed with the synchronous `free`).
 fn to_books(st: &mut State, slot: u32) {
+    debug_assert_eq!(
+        st.mref(slot).state,
+        MappingState::Cached,
+        "to_books of slot {slot}"
+    );
     st.tier_slots -= 1;
     let m = st.mapping_mut(slot);
     m.state = MappingState::Idle;

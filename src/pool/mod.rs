@@ -267,7 +267,7 @@ impl Pool {
         if let Some(ptr) = self.take_for(&mut lock(&self.state), None, rounded, bytes, max_size) {
             return Ok(ptr);
         }
-        if let Some(ptr) = self.from_caches(|st| self.take_for(st, None, rounded, bytes, max_size))
+        if let Some(ptr) = self.refill_from_caches(|st| self.take_for(st, None, rounded, bytes, max_size))
         {
             return Ok(ptr);
         }
@@ -280,7 +280,7 @@ impl Pool {
     /// Before a miss of the synchronous `allocate`: the calling thread's cache (and
     /// those of exited threads) back to the books, then `retake` under the lock, so
     /// that a cache never makes the pool create memory it holds idle.
-    fn from_caches(
+    fn refill_from_caches(
         &self,
         retake: impl FnMut(&mut State) -> Option<DevicePtr>,
     ) -> Option<DevicePtr> {
@@ -412,6 +412,8 @@ impl Pool {
         bytes: u64,
         err: DriverError,
     ) -> Result<Option<DevicePtr>> {
+        // What other threads' caches hold idle may serve.
+        self.caches.settle(&self.state);
         let mut st = lock(&self.state);
         if self.policy != ReusePolicy::None {
             let forced = match on {

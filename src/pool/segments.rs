@@ -1041,7 +1041,7 @@ impl Pool {
             st.carve(key, size, bytes, true)
                 .or_else(|| self.take_for(st, None, size, bytes, self.max_fit(size)))
         };
-        if let Some(p) = self.from_caches(retake) {
+        if let Some(p) = self.refill_from_caches(retake) {
             return Ok(p);
         }
         self.block_miss(key, size, bytes, None)

@@ -37,7 +37,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::books::{MappingState, State, SYNC_FREED};
 use super::segments::home_of;
-use super::table::{self, Entry, Table, IDLE, LIVE};
+use super::table::{self, Entry, Table, Tlb, IDLE, LIVE};
 use super::{Snapshot, SEGMENT_SMALL_MAX_BYTES};
 use crate::driver::DevicePtr;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -169,18 +169,21 @@ pub(super) struct Want {
     pub(super) block: bool,
     /// The rounded size, bytes: the smallest entry that serves.
     pub(super) rounded: u64,
-    /// The largest entry the policy takes, bytes.
-    pub(super) max: u64,
+    /// The policy's waste bound, percent of `rounded` (`None`: exactly `rounded`);
+    /// the largest entry taken is computed only when a larger one is met.
+    pub(super) waste_percent: Option<u64>,
     /// Bytes asked.
     pub(super) requested: u64,
 }
 
 /// A cache's contents, under its mutex.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Inner {
     entries: Vec<Held>,
     bytes: u64,
     d: Deltas,
+    /// The leaf of the table this thread used last.
+    tlb: Tlb,
 }
 
 impl Inner {
@@ -188,12 +191,17 @@ impl Inner {
     /// freed), else the smallest within the policy's bound.
     fn find(&self, w: &Want) -> Option<usize> {
         let mut best: Option<(usize, u64)> = None;
+        let mut max = None;
         for (i, e) in self.entries.iter().enumerate().rev() {
-            if e.block != w.block || e.size < w.rounded || e.size > w.max {
+            if e.block != w.block || e.size < w.rounded {
                 continue;
             }
             if e.size == w.rounded {
                 return Some(i);
+            }
+            let pct = w.waste_percent?;
+            if e.size > *max.get_or_insert_with(|| super::max_fit(w.rounded, pct)) {
+                continue;
             }
             if best.is_none_or(|(_, s)| e.size < s) {
                 best = Some((i, e.size));
@@ -313,22 +321,19 @@ impl Caches {
     fn with_local<R>(&self, state: &Mutex<State>, f: impl FnOnce(&ThreadCache) -> R) -> Option<R> {
         LOCAL
             .try_with(|l| {
-                let found = {
-                    let l = l.try_borrow().ok()?;
-                    l.iter()
-                        .find(|(id, _)| *id == self.id)
-                        .map(|(_, c)| Arc::clone(&c.0))
-                };
-                let c = match found {
-                    Some(c) => c,
-                    None => {
-                        let c = self.register(state)?;
-                        let mut l = l.try_borrow_mut().ok()?;
-                        l.retain(|(_, c)| !c.0.dead.load(Ordering::Relaxed));
-                        l.push((self.id, Local(Arc::clone(&c))));
-                        c
+                {
+                    let held = l.try_borrow().ok()?;
+                    // `f` runs with the borrow held (it never touches `LOCAL`): no
+                    // reference count is touched on the hot path.
+                    if let Some((_, c)) = held.iter().find(|(id, _)| *id == self.id) {
+                        return Some(f(&c.0));
                     }
-                };
+                }
+                let c = self.register(state)?;
+                let mut held = l.try_borrow_mut().ok()?;
+                held.retain(|(_, c)| !c.0.dead.load(Ordering::Relaxed));
+                held.push((self.id, Local(Arc::clone(&c))));
+                drop(held);
                 Some(f(&c))
             })
             .ok()
@@ -394,10 +399,21 @@ impl Caches {
                     g.find(w)?
                 }
             };
-            let e = g.entries.swap_remove(i);
-            g.bytes -= e.size;
-            g.d.held(e.size, false);
-            let Some(entry) = self.table.get(e.ptr) else {
+            let e = *g.entries.get(i)?;
+            let inner = &mut *g;
+            let generation = inner.tlb.with(&self.table, e.ptr, |entry| {
+                let word = entry.word.load(Ordering::Relaxed);
+                let generation = table::next_generation(word);
+                entry.requested.store(w.requested, Ordering::Relaxed);
+                entry
+                    .word
+                    .store(table::pack(LIVE, c.id, generation), Ordering::Release);
+                generation
+            });
+            inner.entries.swap_remove(i);
+            inner.bytes -= e.size;
+            inner.d.held(e.size, false);
+            let Some(generation) = generation else {
                 // Every cached address has its entry (made when it joined); keep the
                 // books consistent all the same.
                 let mut st = lock(state);
@@ -405,13 +421,9 @@ impl Caches {
                 st.index_insert(e.slot, SYNC_FREED);
                 return None;
             };
-            let word = entry.word.load(Ordering::Relaxed);
-            let generation = table::next_generation(word);
-            entry.requested.store(w.requested, Ordering::Relaxed);
-            entry
-                .word
-                .store(table::pack(LIVE, c.id, generation), Ordering::Release);
-            g.d.handed_out(e.size, w.requested, e.block, e.size == w.rounded);
+            inner
+                .d
+                .handed_out(e.size, w.requested, e.block, e.size == w.rounded);
             Some((e.ptr, generation | TIER_KEY))
         })
         .flatten()
@@ -461,104 +473,120 @@ impl Caches {
         self.enabled && self.is_open()
     }
 
-    /// Frees `ptr` (with `id`, only if it is that allocation) if the caches handed
-    /// it out: into the caller's cache, its owner's remote list, or (caches closed or
-    /// full) back to the books. `None`: not live through the caches.
-    pub(super) fn free_live<'a>(
-        &self,
-        ptr: DevicePtr,
-        id: Option<u64>,
-        state: &'a Mutex<State>,
-    ) -> Option<Freed<'a>> {
-        let entry = self.table.get(ptr)?;
-        if table::state(entry.word.load(Ordering::Acquire)) != LIVE {
-            return None;
-        }
-        let on_cache = self.with_local(state, |c| {
-            let mut g = lock(&c.inner);
-            let (e, owner) = claim(entry, ptr, id)?;
-            g.d.freed(e.size, entry.requested.load(Ordering::Relaxed), e.block);
-            if self.is_open() {
-                if owner != c.id {
-                    if let Some(o) = self.cache(owner) {
-                        g.d.held(e.size, true);
-                        add(&mut g.d.remote_frees, 1);
-                        push_remote(o, entry, ptr);
-                        return Some(Freed::Done);
-                    }
-                }
-                if self.fits(&g, e.size) {
-                    g.d.held(e.size, true);
-                    g.push(e);
-                    return Some(Freed::Done);
-                }
-            }
-            let mut st = lock(state);
-            to_books(&mut st, e.slot);
-            Some(Freed::Books(st, e.slot))
-        });
-        match on_cache {
-            Some(r) => r,
-            // No cache for this thread: the books hold its deltas.
-            None => {
-                let mut st = lock(state);
-                let (e, _) = claim(entry, ptr, id)?;
-                let requested = entry.requested.load(Ordering::Relaxed);
-                st.tier_deltas.freed(e.size, requested, e.block);
-                to_books(&mut st, e.slot);
-                Some(Freed::Books(st, e.slot))
-            }
-        }
-    }
-
-    /// Frees books-live `ptr` into the calling thread's cache when the caches are
-    /// open, it fits and it may be held there (a whole mapping, or a block of the
-    /// synchronous API's heap, with no stream recorded). `None` when it was not
-    /// taken; `Some(Err)` for a pointer that is not live (nothing changed).
-    pub(super) fn free_into<'a>(
+    /// A synchronous free through the caches. Memory a cache handed out goes to the
+    /// caller's cache, its owner's remote list (another thread's), or (caches closed
+    /// or full) back to the books; memory the books handed out goes to the caller's
+    /// cache when the caches are open, it fits and it may be held there (a whole
+    /// mapping, or a block of at most 1 MiB of the synchronous API's heap, with no
+    /// stream recorded). `None`: the caches did not take it (the books free it);
+    /// `Some(Err)`: not live (nothing changed).
+    pub(super) fn free<'a>(
         &self,
         ptr: DevicePtr,
         id: Option<u64>,
         state: &'a Mutex<State>,
     ) -> Option<crate::Result<Freed<'a>>> {
-        self.with_local(state, |c| {
+        if !self.enabled || (self.used.load(Ordering::Relaxed) == 0 && !self.is_open()) {
+            return None;
+        }
+        let on_cache = self.with_local(state, |c| {
             let mut g = lock(&c.inner);
-            let mut st = lock(state);
-            let (slot, recorded) = match st.free_live(ptr, id) {
-                Ok(r) => r,
-                Err(e) => return Err(e),
+            let open = self.is_open();
+            let inner = &mut *g;
+            let claimed = inner
+                .tlb
+                .with(&self.table, ptr, |entry| {
+                    let (e, owner) = claim(entry, ptr, id)?;
+                    let requested = entry.requested.load(Ordering::Relaxed);
+                    let remote = if open && owner != c.id {
+                        self.cache(owner)
+                    } else {
+                        None
+                    };
+                    if let Some(o) = remote {
+                        push_remote(o, entry, ptr);
+                    }
+                    Some((e, requested, remote.is_some()))
+                })
+                .flatten();
+            let Some((e, requested, pushed)) = claimed else {
+                return if open {
+                    Some(self.free_into(c, inner, ptr, id, state))
+                } else {
+                    None
+                };
             };
-            let m = st.mref(slot);
-            let (size, block) = (m.size(), m.is_block());
-            let eligible = recorded.is_none()
-                && (!block
-                    || (size <= SEGMENT_SMALL_MAX_BYTES
-                        && home_of(st.segs.segs[m.seg as usize].key) == SYNC_FREED))
-                && self.is_open()
-                && self.fits(&g, size);
-            if !eligible {
-                return Ok(Freed::Books(st, slot));
+            inner.d.freed(e.size, requested, e.block);
+            if pushed {
+                inner.d.held(e.size, true);
+                add(&mut inner.d.remote_frees, 1);
+                return Some(Ok(Freed::Done));
             }
-            let Some(entry) = self.table.get_or_make(ptr) else {
-                return Ok(Freed::Books(st, slot));
-            };
-            let word = entry.word.load(Ordering::Relaxed);
-            entry.set_slot(slot, block, size);
-            entry.word.store(
-                table::pack(IDLE, c.id, table::generation(word)),
-                Ordering::Release,
-            );
-            st.mapping_mut(slot).state = MappingState::Cached;
-            st.tier_slots += 1;
-            g.d.held(size, true);
-            g.push(Held {
-                ptr,
-                slot,
-                size,
-                block,
-            });
-            Ok(Freed::Done)
-        })
+            if open && self.fits(inner, e.size) {
+                inner.d.held(e.size, true);
+                inner.push(e);
+                return Some(Ok(Freed::Done));
+            }
+            let mut st = lock(state);
+            to_books(&mut st, e.slot);
+            Some(Ok(Freed::Books(st, e.slot)))
+        });
+        match on_cache {
+            Some(r) => r,
+            // No cache for this thread: the books hold its deltas.
+            None => {
+                let entry = self.table.get(ptr)?;
+                let mut st = lock(state);
+                let (e, _) = claim(entry, ptr, id)?;
+                let requested = entry.requested.load(Ordering::Relaxed);
+                st.tier_deltas.freed(e.size, requested, e.block);
+                to_books(&mut st, e.slot);
+                Some(Ok(Freed::Books(st, e.slot)))
+            }
+        }
+    }
+
+    /// Frees books-live `ptr` into cache `c` (held as `g`; the caches are open) if
+    /// it fits and may be held there, else leaves it idle for the books' tail.
+    fn free_into<'a>(
+        &self,
+        c: &ThreadCache,
+        g: &mut Inner,
+        ptr: DevicePtr,
+        id: Option<u64>,
+        state: &'a Mutex<State>,
+    ) -> crate::Result<Freed<'a>> {
+        let mut st = lock(state);
+        let (slot, recorded) = st.free_live(ptr, id)?;
+        let m = st.mref(slot);
+        let (size, block) = (m.size(), m.is_block());
+        let eligible = recorded.is_none()
+            && (!block
+                || (size <= SEGMENT_SMALL_MAX_BYTES
+                    && home_of(st.segs.segs[m.seg as usize].key) == SYNC_FREED))
+            && self.fits(g, size);
+        if !eligible {
+            return Ok(Freed::Books(st, slot));
+        }
+        let Some(entry) = self.table.get_or_make(ptr) else {
+            return Ok(Freed::Books(st, slot));
+        };
+        let word = entry.word.load(Ordering::Relaxed);
+        entry.set_slot(slot, block, size);
+        entry.word.store(
+            table::pack(IDLE, c.id, table::generation(word)),
+            Ordering::Release,
+        );
+        st.mapping_mut(slot).state = MappingState::Cached;
+        st.tier_slots += 1;
+        g.d.held(size, true);
+        g.push(Held {
+            ptr,
+            slot,
+            size,
+            block,
+        });
+        Ok(Freed::Done)
     }
 
     /// On a miss of the calling thread: its cache (remote list included) goes back
@@ -724,6 +752,7 @@ impl Caches {
         self.set_open(false);
         for c in self.all() {
             c.dead.store(true, Ordering::Relaxed);
+            lock(&c.inner).tlb.clear();
         }
     }
 

@@ -231,22 +231,16 @@ impl Pool {
             Some(size) => cache::Want {
                 block: true,
                 rounded: size,
-                max: size,
+                waste_percent: None,
                 requested: bytes,
             },
-            None => {
-                let (rounded, max_size) = self.sizes(bytes)?;
-                cache::Want {
-                    block: false,
-                    rounded,
-                    max: if self.policy == ReusePolicy::Exact {
-                        rounded
-                    } else {
-                        max_size
-                    },
-                    requested: bytes,
-                }
-            }
+            None => cache::Want {
+                block: false,
+                rounded: self.rounded(bytes)?,
+                waste_percent: (self.policy != ReusePolicy::Exact)
+                    .then_some(self.max_waste_percent),
+                requested: bytes,
+            },
         };
         if self.caches.may_hold() {
             if let Some((ptr, key)) = self.caches.pop(&want, &self.state) {
@@ -267,7 +261,8 @@ impl Pool {
         if let Some(ptr) = self.take_for(&mut lock(&self.state), None, rounded, bytes, max_size) {
             return Ok(ptr);
         }
-        if let Some(ptr) = self.refill_from_caches(|st| self.take_for(st, None, rounded, bytes, max_size))
+        if let Some(ptr) =
+            self.refill_from_caches(|st| self.take_for(st, None, rounded, bytes, max_size))
         {
             return Ok(ptr);
         }
@@ -293,15 +288,20 @@ impl Pool {
     /// The rounded size of a request of `bytes`, and the largest mapping the policy
     /// takes for it.
     fn sizes(&self, bytes: u64) -> Result<(u64, u64)> {
+        let rounded = self.rounded(bytes)?;
+        Ok((rounded, self.max_fit(rounded)))
+    }
+
+    /// The rounded size of a request of `bytes`.
+    fn rounded(&self, bytes: u64) -> Result<u64> {
         if bytes == 0 {
             return Err(Error::InvalidArgument("allocation of 0 bytes".into()));
         }
-        let rounded = self.round(bytes).ok_or_else(|| {
+        self.round(bytes).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "allocation of {bytes} bytes overflows when rounded to the granularity"
             ))
-        })?;
-        Ok((rounded, self.max_fit(rounded)))
+        })
     }
 
     /// Takes an idle mapping for the caller: on `stream` (with its capture), or,
@@ -463,15 +463,8 @@ impl Pool {
     /// through the thread caches when they handed it out or may hold it, else in
     /// the books.
     fn free_inner(&self, ptr: DevicePtr, id: Option<u64>) -> Result<()> {
-        if self.caches.enabled {
-            if let Some(freed) = self.caches.free_live(ptr, id, &self.state) {
-                return self.after_cache_free(freed);
-            }
-            if self.caches.may_hold() {
-                if let Some(freed) = self.caches.free_into(ptr, id, &self.state) {
-                    return self.after_cache_free(freed?);
-                }
-            }
+        if let Some(freed) = self.caches.free(ptr, id, &self.state) {
+            return self.after_cache_free(freed?);
         }
         let mut st = lock(&self.state);
         // Streams from `record_stream` do not matter here: the release synchronizes

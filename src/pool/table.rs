@@ -14,7 +14,7 @@
 //! wins, and the rest of the allocation's record (slot, size, requested bytes, the
 //! remote-list link).
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use crate::driver::DevicePtr;
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -125,11 +125,61 @@ impl<T> Node<T> {
     }
 }
 
-struct Leaf {
+/// A leaf: the entries of `2^LEAF_BITS` consecutive 512-byte units.
+pub(super) struct Leaf {
     entries: Box<[Entry]>,
 }
 
-type L1 = Node<Leaf>;
+impl Leaf {
+    /// The entry of `ptr`, which lies in this leaf.
+    pub(super) fn entry(&self, ptr: DevicePtr) -> Option<&Entry> {
+        self.entries
+            .get(((ptr >> UNIT_SHIFT) & ((1 << LEAF_BITS) - 1)) as usize)
+    }
+}
+
+/// The key of the leaf holding `ptr` (its address above the leaf's span).
+pub(super) fn leaf_key(ptr: DevicePtr) -> u64 {
+    ptr >> (UNIT_SHIFT + LEAF_BITS)
+}
+
+/// The level above the leaves: leaves are shared (`Arc`), so that a thread cache
+/// keeps the one it used last (see [`Tlb`]).
+struct L1 {
+    kids: Box<[OnceLock<Arc<Leaf>>]>,
+}
+
+/// A thread's last leaf: a lookup in the same leaf (the same allocation freed and
+/// allocated again, or its neighbours) is one comparison instead of five loads.
+#[derive(Default)]
+pub(super) struct Tlb {
+    key: u64,
+    leaf: Option<Arc<Leaf>>,
+}
+
+impl Tlb {
+    /// Runs `f` on the entry of `ptr` (if its path exists), through the last leaf
+    /// when `ptr` lies in it.
+    pub(super) fn with<R>(
+        &mut self,
+        table: &Table,
+        ptr: DevicePtr,
+        f: impl FnOnce(&Entry) -> R,
+    ) -> Option<R> {
+        let key = leaf_key(ptr);
+        if self.key != key || self.leaf.is_none() {
+            self.leaf = Some(table.leaf(ptr)?);
+            self.key = key;
+        }
+        self.leaf.as_ref()?.entry(ptr).map(f)
+    }
+
+    /// Lets go of the leaf (the pool is being dropped).
+    pub(super) fn clear(&mut self) {
+        self.leaf = None;
+    }
+}
+
 type L2 = Node<L1>;
 type L3 = Node<L2>;
 
@@ -162,6 +212,15 @@ impl Table {
         n1.kids.get(a)?.get()?.entries.get(l)
     }
 
+    /// The leaf of `ptr`, shared, if its path exists.
+    fn leaf(&self, ptr: DevicePtr) -> Option<Arc<Leaf>> {
+        let [r, c, b, a, _] = digits(ptr);
+        let n3 = self.root.get()?.kids.get(r)?.get()?;
+        let n2 = n3.kids.get(c)?.get()?;
+        let n1 = n2.kids.get(b)?.get()?;
+        n1.kids.get(a)?.get().cloned()
+    }
+
     /// The entry of `ptr`, its path made if missing. Called under the pool's lock
     /// only (so a node is never initialised twice at once).
     pub(super) fn get_or_make(&self, ptr: DevicePtr) -> Option<&Entry> {
@@ -175,12 +234,13 @@ impl Table {
             .kids
             .get(c)?
             .get_or_init(|| Box::new(Node::new(MID_BITS)));
-        let n1 = n2
-            .kids
-            .get(b)?
-            .get_or_init(|| Box::new(Node::new(MID_BITS)));
+        let n1 = n2.kids.get(b)?.get_or_init(|| {
+            Box::new(L1 {
+                kids: (0..1usize << MID_BITS).map(|_| OnceLock::new()).collect(),
+            })
+        });
         let leaf = n1.kids.get(a)?.get_or_init(|| {
-            Box::new(Leaf {
+            Arc::new(Leaf {
                 entries: (0..1usize << LEAF_BITS).map(|_| Entry::new()).collect(),
             })
         });

@@ -143,7 +143,28 @@ impl State {
         requested: u64,
         hit: bool,
     ) -> Option<DevicePtr> {
-        let (slot, found) = self.segs.free.take_fit(key, size)?;
+        self.carve_unless_tail(key, size, requested, hit, false)
+            .ok()?
+    }
+
+    /// [`State::carve`]; with `spare_tail`, a fit that is its segment's free end is
+    /// left there (`Err`): a thread cache may hold blocks that would coalesce into a
+    /// fit below it, and carving the end first would split the heap for good.
+    pub(super) fn carve_unless_tail(
+        &mut self,
+        key: u32,
+        size: u64,
+        requested: u64,
+        hit: bool,
+        spare_tail: bool,
+    ) -> Result<Option<DevicePtr>, ()> {
+        let Some((slot, found)) = self.segs.free.take_fit(key, size) else {
+            return Ok(None);
+        };
+        if spare_tail && self.segs.segs[self.mref(slot).seg as usize].tail == slot {
+            self.segs.free.insert(slot, key, found);
+            return Err(());
+        }
         self.split_front(slot, found, size, key);
         if hit {
             let c = &mut self.counters;
@@ -155,7 +176,7 @@ impl State {
         let m = self.mapping_mut(slot);
         m.state = MappingState::Idle;
         m.bucket = SYNC_FREED;
-        Some(self.make_live(slot, requested))
+        Ok(Some(self.make_live(slot, requested)))
     }
 
     /// Free block `slot` (`found` bytes, out of the index) keeps its first `size`
@@ -1027,14 +1048,21 @@ impl Pool {
     /// A block of `size` bytes for the synchronous `allocate` (`bytes` asked).
     pub(super) fn allocate_block_sync(&self, size: u64, bytes: u64) -> Result<DevicePtr> {
         let key = heap_key(SYNC_FREED, size);
+        // While thread caches hold blocks, the heap's free end is carved only after
+        // this thread's cache went back to the heap (its blocks may coalesce into a
+        // fit below the end).
+        let spare_tail = self.caches.may_hold();
         {
             let mut st = lock(&self.state);
-            if let Some(p) = st.carve(key, size, bytes, true) {
-                return Ok(p);
-            }
-            // Blocks of stream heaps freed with the synchronous `free`.
-            if let Some(p) = self.take_for(&mut st, None, size, bytes, self.max_fit(size)) {
-                return Ok(p);
+            match st.carve_unless_tail(key, size, bytes, true, spare_tail) {
+                Ok(Some(p)) => return Ok(p),
+                Ok(None) => {
+                    // Blocks of stream heaps freed with the synchronous `free`.
+                    if let Some(p) = self.take_for(&mut st, None, size, bytes, self.max_fit(size)) {
+                        return Ok(p);
+                    }
+                }
+                Err(()) => {}
             }
         }
         let retake = |st: &mut State| {
@@ -1043,6 +1071,11 @@ impl Pool {
         };
         if let Some(p) = self.refill_from_caches(retake) {
             return Ok(p);
+        }
+        if spare_tail {
+            if let Some(p) = retake(&mut lock(&self.state)) {
+                return Ok(p);
+            }
         }
         self.block_miss(key, size, bytes, None)
     }

@@ -1,7 +1,7 @@
 /*
  * Thread caches (issue 13) through the C ABI: the configuration's
  * thread_cache_entries (0: the default, 32; FLARE_THREAD_CACHE_OFF: off) and
- * thread_cache_bytes (0: the default, 64 MiB), their versioning by struct_size, and
+ * thread_cache_bytes (0: the default, 1 GiB), their versioning by struct_size, and
  * the snapshot's thread-cache counters.
  *
  * Included by lifecycle_tests.h after segment_tests.h (it uses their helpers: CHECK,
@@ -83,10 +83,10 @@ static void thread_cache_round_trips(const FlarePoolConfig *cfg, int cached,
 static void test_thread_cache_config(void) {
     FlarePoolConfig cfg, c;
     flare_pool_config_init(&cfg, sizeof cfg);
-    CHECK(cfg.thread_cache_entries == 32 && cfg.thread_cache_bytes == 64 * MiB &&
+    CHECK(cfg.thread_cache_entries == 32 && cfg.thread_cache_bytes == 1024 * MiB &&
           sizeof cfg.thread_cache_entries == 4 && sizeof cfg.thread_cache_bytes == 8);
 
-    /* The defaults (32 entries, 64 MiB per thread): cached. Also with both fields 0,
+    /* The defaults (32 entries, 1 GiB per thread): cached. Also with both fields 0,
      * which means the defaults. */
     thread_cache_round_trips(&cfg, 1, "defaults");
     c = cfg;

@@ -10,6 +10,7 @@ use super::*;
 use crate::{Error, ReusePolicy};
 
 const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
 
 fn last_error() -> String {
     let mut buf = [0 as c_char; 1024];
@@ -249,7 +250,7 @@ fn config_init_writes_at_most_config_size_bytes() {
         bytes.copy_from_slice(&b.0[88..96]);
         assert_eq!(
             u64::from_ne_bytes(bytes),
-            64 * MIB,
+            GIB,
             "thread_cache_bytes, size {size}"
         );
         assert!(b.0[96..].iter().all(|&x| x == 0xcd), "size {size}");
@@ -1141,13 +1142,13 @@ fn config_segment_whole_threshold_is_read_and_versioned() {
 
 /// Issue 13's C fields: `thread_cache_entries` (0: the default, 32;
 /// `FLARE_THREAD_CACHE_OFF`: off, the Rust API's 0) and `thread_cache_bytes` (0: the
-/// default, 64 MiB), read only when `struct_size` covers them.
+/// default, 1 GiB), read only when `struct_size` covers them.
 #[test]
 fn config_thread_cache_fields_are_read_and_versioned() {
     let c = config();
     assert_eq!(
         (c.thread_cache_entries, c.thread_cache_bytes),
-        (32, 64 * MIB),
+        (32, GIB),
         "config_init writes the defaults"
     );
     assert_eq!(FLARE_THREAD_CACHE_OFF, u32::MAX);
@@ -1161,8 +1162,8 @@ fn config_thread_cache_fields_are_read_and_versioned() {
         .map(|c| (c.thread_cache_entries, c.thread_cache_bytes))
     };
     // 0 is the default in both; OFF turns the caches off (0 entries in Rust).
-    assert_eq!(caches(0, 0, 96), Ok((32, 64 * MIB)));
-    assert_eq!(caches(FLARE_THREAD_CACHE_OFF, 0, 96), Ok((0, 64 * MIB)));
+    assert_eq!(caches(0, 0, 96), Ok((32, GIB)));
+    assert_eq!(caches(FLARE_THREAD_CACHE_OFF, 0, 96), Ok((0, GIB)));
     // Any other value is taken as it is: entries, bytes.
     assert_eq!(caches(1, 1, 96), Ok((1, 1)));
     assert_eq!(caches(7, 3 * MIB, 96), Ok((7, 3 * MIB)));
@@ -1175,7 +1176,7 @@ fn config_thread_cache_fields_are_read_and_versioned() {
     for size in [80, 83] {
         assert_eq!(
             caches(FLARE_THREAD_CACHE_OFF, MIB, size),
-            Ok((32, 64 * MIB)),
+            Ok((32, GIB)),
             "struct_size {size}"
         );
     }
@@ -1183,7 +1184,7 @@ fn config_thread_cache_fields_are_read_and_versioned() {
     for size in [84, 88, 95] {
         assert_eq!(
             caches(FLARE_THREAD_CACHE_OFF, MIB, size),
-            Ok((0, 64 * MIB)),
+            Ok((0, GIB)),
             "struct_size {size}"
         );
     }

@@ -193,12 +193,11 @@ versioned_struct! {
         /// `segment_whole_threshold_bytes` (`sizeof` grew from 80 to 96): an older
         /// caller's `struct_size` of 80 leaves it at its default.
         pub thread_cache_entries: u32,
-        /// Bytes each thread's cache may hold: memory in one thread's cache serves no
-        /// other thread until it is drained (a miss of its own thread, a scope's end,
-        /// trim, an out-of-memory), so a pool may hold up to this many bytes more per
-        /// thread than without caches. `flare_pool_config_init` writes the default,
-        /// 64 MiB (16 threads then hold at most 1 GiB that other threads cannot reuse
-        /// until a drain); 0 is also taken as that default. Not used when
+        /// Bytes each thread's cache may hold; a free over it goes to the books.
+        /// Memory idle in one thread's cache serves another thread only after a drain
+        /// (a miss of the pool drains every cache before it creates memory; a scope's
+        /// end, trim and an out-of-memory drain them too). `flare_pool_config_init`
+        /// writes the default, 1 GiB; 0 is also taken as that default. Not used when
         /// `thread_cache_entries` is `FLARE_THREAD_CACHE_OFF`. At offset 88, after 4
         /// bytes of padding behind `thread_cache_entries` (a `uint64_t` is 8-aligned;
         /// `flare_pool_config_init` zeroes them). Added in 0.1.0 with

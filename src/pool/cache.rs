@@ -187,6 +187,16 @@ struct Inner {
 }
 
 impl Inner {
+    /// Whether entry `e` serves `w` (its kind, at least the rounded size, within the
+    /// policy's bound).
+    fn fits_want(&self, e: &Held, w: &Want) -> bool {
+        e.block == w.block
+            && e.size >= w.rounded
+            && (e.size == w.rounded
+                || w.waste_percent
+                    .is_some_and(|pct| e.size <= super::max_fit(w.rounded, pct)))
+    }
+
     /// The entry that serves `w`: one of exactly the rounded size (the most recently
     /// freed), else the smallest within the policy's bound.
     fn find(&self, w: &Want) -> Option<usize> {
@@ -389,16 +399,12 @@ impl Caches {
             if !self.is_open() {
                 return None;
             }
-            let i = match g.find(w) {
-                Some(i) => i,
-                None => {
-                    if c.remote.load(Ordering::Relaxed) == 0 {
-                        return None;
-                    }
-                    self.take_remote(c, &mut g, state);
-                    g.find(w)?
-                }
-            };
+            // What other threads freed comes back first (a list left there would
+            // grow while this thread hits its own entries).
+            if c.remote.load(Ordering::Relaxed) != 0 {
+                self.take_remote(c, &mut g, state);
+            }
+            let i = g.find(w)?;
             let e = *g.entries.get(i)?;
             let inner = &mut *g;
             let generation = inner.tlb.with(&self.table, e.ptr, |entry| {
@@ -590,10 +596,11 @@ impl Caches {
     }
 
     /// On a miss of the calling thread: its cache (remote list included) goes back
-    /// to the books, then `retake` runs under the books' lock. Orphaned caches (their
-    /// thread exited) are drained too when that did not serve.
+    /// to the books, then `retake` runs under the books' lock; when that did not
+    /// serve, every cache goes back and `retake` runs again.
     pub(super) fn drain_own<T>(
         &self,
+        w: &Want,
         state: &Mutex<State>,
         mut retake: impl FnMut(&mut State) -> Option<T>,
     ) -> Option<T> {
@@ -611,24 +618,37 @@ impl Caches {
         if own.is_some() {
             return own;
         }
-        if !self.all().any(|c| c.orphan.load(Ordering::Relaxed)) {
-            return None;
-        }
-        let mut guards: Vec<_> = self
-            .all()
-            .filter(|c| c.orphan.load(Ordering::Relaxed))
-            .map(|c| (c, lock(&c.inner)))
-            .collect();
+        // Then what every cache holds that fits (before the pool creates memory,
+        // which costs a driver call anyway); the other entries stay where they are.
+        let (_registry, mut guards) = self.lock_all();
         let mut st = lock(state);
+        let mut moved = false;
         for (c, g) in &mut guards {
-            self.drain_into(c, g, &mut st);
+            self.take_remote_all(c, g);
+            let mut i = 0;
+            while i < g.entries.len() {
+                let e = g.entries[i];
+                if g.fits_want(&e, w) {
+                    g.entries.swap_remove(i);
+                    g.bytes -= e.size;
+                    g.d.held(e.size, false);
+                    to_books(&mut st, e.slot);
+                    st.index_insert(e.slot, SYNC_FREED);
+                    moved = true;
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        if !moved {
+            return None;
         }
         retake(&mut st)
     }
 
-    /// Moves every idle entry of `c` (held as `g`), remote list included, to the
-    /// books' index.
-    fn drain_into(&self, c: &ThreadCache, g: &mut Inner, st: &mut State) {
+    /// Moves the remote list of `c` (held as `g`) into its entries, whatever its
+    /// bounds (they are drained next).
+    fn take_remote_all(&self, c: &ThreadCache, g: &mut Inner) {
         let mut p = c.remote.swap(0, Ordering::Acquire);
         while p != 0 {
             let Some(entry) = self.table.get(p) else {
@@ -644,6 +664,12 @@ impl Caches {
             });
             p = next;
         }
+    }
+
+    /// Moves every idle entry of `c` (held as `g`), remote list included, to the
+    /// books' index.
+    fn drain_into(&self, c: &ThreadCache, g: &mut Inner, st: &mut State) {
+        self.take_remote_all(c, g);
         for e in std::mem::take(&mut g.entries) {
             debug_assert_eq!(
                 st.mref(e.slot).state,

@@ -263,10 +263,10 @@ pub struct PoolConfig {
     /// be released anyway (a retention scope is open, or `release_threshold_bytes`
     /// is `u64::MAX`), and never under [`ReusePolicy::None`].
     pub thread_cache_entries: u32,
-    /// Bytes each thread's cache may hold (default [`DEFAULT_THREAD_CACHE_BYTES`]):
-    /// memory in one thread's cache is not reused by another thread until it is
-    /// drained (a miss of the owner, a scope's end, trim, an out-of-memory), so the
-    /// pool may hold up to this much more per thread than without caches.
+    /// Bytes each thread's cache may hold (default [`DEFAULT_THREAD_CACHE_BYTES`]);
+    /// a free over it goes to the books. Memory idle in one thread's cache is
+    /// reused by another thread only after a drain (a miss of the pool drains every
+    /// cache before it creates memory, and every release point drains them).
     pub thread_cache_bytes: u64,
 }
 
@@ -291,9 +291,11 @@ impl Default for PoolConfig {
 /// many sizes as a compiled forward's transients cycle through on one thread.
 pub const DEFAULT_THREAD_CACHE_ENTRIES: u32 = 32;
 
-/// Default [`PoolConfig::thread_cache_bytes`]: 64 MiB per thread (16 threads hold at
-/// most 1 GiB that other threads cannot reuse until a drain).
-pub const DEFAULT_THREAD_CACHE_BYTES: u64 = 64 << 20;
+/// Default [`PoolConfig::thread_cache_bytes`]: 1 GiB per thread. It bounds what one
+/// thread keeps idle, not what the pool holds: a miss drains every cache before the
+/// pool creates memory. 64 MiB spilled to the books in the cross-thread benchmark
+/// (2 to 8 MiB allocations, 16 in flight per thread: BENCHMARKS.md).
+pub const DEFAULT_THREAD_CACHE_BYTES: u64 = 1 << 30;
 
 impl PoolConfig {
     /// A default configuration on the simulated driver with `sim`.

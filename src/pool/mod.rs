@@ -227,7 +227,23 @@ impl Pool {
     /// [`Pool::allocate_raw`]; with the guard's key when a thread cache served it.
     fn allocate_sync(&self, bytes: u64) -> Result<(DevicePtr, Option<u64>)> {
         let block = self.block_size(bytes)?;
-        let want = match block {
+        let want = self.want(bytes, block)?;
+        if self.caches.may_hold() {
+            if let Some((ptr, key)) = self.caches.pop(&want, &self.state) {
+                return Ok((ptr, Some(key)));
+            }
+        }
+        let ptr = match block {
+            Some(size) => self.allocate_block_sync(size, bytes)?,
+            None => self.allocate_whole_sync(bytes)?,
+        };
+        Ok((ptr, None))
+    }
+
+    /// What a synchronous request of `bytes` asks of a thread cache (`block`: its
+    /// block size in segment mode).
+    fn want(&self, bytes: u64, block: Option<u64>) -> Result<cache::Want> {
+        Ok(match block {
             Some(size) => cache::Want {
                 block: true,
                 rounded: size,
@@ -241,17 +257,7 @@ impl Pool {
                     .then_some(self.max_waste_percent),
                 requested: bytes,
             },
-        };
-        if self.caches.may_hold() {
-            if let Some((ptr, key)) = self.caches.pop(&want, &self.state) {
-                return Ok((ptr, Some(key)));
-            }
-        }
-        let ptr = match block {
-            Some(size) => self.allocate_block_sync(size, bytes)?,
-            None => self.allocate_whole_sync(bytes)?,
-        };
-        Ok((ptr, None))
+        })
     }
 
     /// A whole mapping for the synchronous `allocate`: the books, this thread's
@@ -261,9 +267,9 @@ impl Pool {
         if let Some(ptr) = self.take_for(&mut lock(&self.state), None, rounded, bytes, max_size) {
             return Ok(ptr);
         }
-        if let Some(ptr) =
-            self.refill_from_caches(|st| self.take_for(st, None, rounded, bytes, max_size))
-        {
+        if let Some(ptr) = self.refill_from_caches(&self.want(bytes, None)?, |st| {
+            self.take_for(st, None, rounded, bytes, max_size)
+        }) {
             return Ok(ptr);
         }
         if let Some(p) = self.take_cross_stream(None, None, rounded, bytes, max_size) {
@@ -272,17 +278,19 @@ impl Pool {
         self.allocate_miss(bytes, rounded, max_size, None)
     }
 
-    /// Before a miss of the synchronous `allocate`: the calling thread's cache (and
-    /// those of exited threads) back to the books, then `retake` under the lock, so
-    /// that a cache never makes the pool create memory it holds idle.
+    /// Before a miss of the synchronous `allocate` (a request `want`): the calling
+    /// thread's cache back to the books, then `retake` under the lock; then what
+    /// every other cache holds that fits `want`, and `retake` again. A cache never
+    /// makes the pool create memory of a size that one holds idle.
     fn refill_from_caches(
         &self,
+        want: &cache::Want,
         retake: impl FnMut(&mut State) -> Option<DevicePtr>,
     ) -> Option<DevicePtr> {
         if !self.caches.enabled {
             return None;
         }
-        self.caches.drain_own(&self.state, retake)
+        self.caches.drain_own(want, &self.state, retake)
     }
 
     /// The rounded size of a request of `bytes`, and the largest mapping the policy

@@ -1069,7 +1069,7 @@ impl Pool {
             st.carve(key, size, bytes, true)
                 .or_else(|| self.take_for(st, None, size, bytes, self.max_fit(size)))
         };
-        if let Some(p) = self.refill_from_caches(retake) {
+        if let Some(p) = self.refill_from_caches(&self.want(bytes, Some(size))?, retake) {
             return Ok(p);
         }
         if spare_tail {

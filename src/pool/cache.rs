@@ -112,6 +112,11 @@ impl Deltas {
         add(&mut self.reuse_hits, 1);
         add(&mut self.thread_cache_hits, 1);
         add(&mut self.reuse_exact_hits, u64::from(exact));
+        self.made_live(size, requested, block);
+    }
+
+    /// An idle allocation made live (counted here; the books count it idle).
+    fn made_live(&mut self, size: u64, requested: u64, block: bool) {
         add(&mut self.live_count, 1);
         add(&mut self.live_requested_bytes, requested);
         if block {
@@ -431,6 +436,46 @@ impl Caches {
                 .d
                 .handed_out(e.size, w.requested, e.block, e.size == w.rounded);
             Some((e.ptr, generation | TIER_KEY))
+        })
+        .flatten()
+    }
+
+    /// Makes `ptr`, just handed out by the books to the calling thread, live through
+    /// its cache (when the caches are open and it may be held there): a free by any
+    /// thread then brings it back to this thread's cache (its remote list), so the
+    /// memory a thread allocates stays its own. Returns the guard's key. The books
+    /// count it idle (`Cached`) and this cache's deltas live: the sum is unchanged.
+    pub(super) fn adopt_live(&self, ptr: DevicePtr, state: &Mutex<State>) -> Option<u64> {
+        self.with_local(state, |c| {
+            let mut g = lock(&c.inner);
+            if !self.is_open() {
+                return None;
+            }
+            let mut st = lock(state);
+            let slot = *st.live.get(&ptr)?;
+            let m = st.mref(slot);
+            let (size, requested, block) = (m.size(), m.requested, m.is_block());
+            if block
+                && (size > SEGMENT_SMALL_MAX_BYTES
+                    || home_of(st.segs.segs[m.seg as usize].key) != SYNC_FREED)
+            {
+                return None;
+            }
+            let entry = self.table.get_or_make(ptr)?;
+            st.live.remove(&ptr);
+            st.count_no_longer_live(size, requested, block);
+            let m = st.mapping_mut(slot);
+            m.state = MappingState::Cached;
+            m.requested = 0;
+            st.tier_slots += 1;
+            entry.set_slot(slot, block, size);
+            let generation = table::next_generation(entry.word.load(Ordering::Relaxed));
+            entry.requested.store(requested, Ordering::Relaxed);
+            entry
+                .word
+                .store(table::pack(LIVE, c.id, generation), Ordering::Release);
+            g.d.made_live(size, requested, block);
+            Some(generation | TIER_KEY)
         })
         .flatten()
     }

@@ -237,6 +237,13 @@ impl Pool {
             Some(size) => self.allocate_block_sync(size, bytes)?,
             None => self.allocate_whole_sync(bytes)?,
         };
+        // Served by the books: live through this thread's cache from now on, so
+        // that it comes back here whichever thread frees it.
+        if self.caches.may_hold() {
+            if let Some(key) = self.caches.adopt_live(ptr, &self.state) {
+                return Ok((ptr, Some(key)));
+            }
+        }
         Ok((ptr, None))
     }
 

@@ -175,7 +175,8 @@ impl Pool {
     /// Rounds `bytes` up to the granularity; `None` on overflow.
     fn round(&self, bytes: u64) -> Option<u64> {
         let g = self.granularity;
-        bytes.checked_add(g - 1).map(|b| b / g * g)
+        // A power of two (checked at creation): a mask, not a division.
+        bytes.checked_add(g - 1).map(|b| b & !(g - 1))
     }
 
     fn max_fit(&self, rounded: u64) -> u64 {

@@ -412,7 +412,7 @@ impl Caches {
             let i = g.find(w)?;
             let e = *g.entries.get(i)?;
             let inner = &mut *g;
-            let generation = inner.tlb.with(&self.table, e.ptr, |entry| {
+            let generation = inner.tlb.with(&self.table, e.ptr, true, |entry| {
                 let word = entry.word.load(Ordering::Relaxed);
                 let generation = table::next_generation(word);
                 entry.requested.store(w.requested, Ordering::Relaxed);
@@ -546,7 +546,7 @@ impl Caches {
             let inner = &mut *g;
             let claimed = inner
                 .tlb
-                .with(&self.table, ptr, |entry| {
+                .with(&self.table, ptr, false, |entry| {
                     let (e, owner) = claim(entry, ptr, id)?;
                     let requested = entry.requested.load(Ordering::Relaxed);
                     let remote = if open && owner != c.id {

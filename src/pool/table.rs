@@ -159,15 +159,22 @@ pub(super) struct Tlb {
 
 impl Tlb {
     /// Runs `f` on the entry of `ptr` (if its path exists), through the last leaf
-    /// when `ptr` lies in it.
+    /// when `ptr` lies in it. Otherwise the tree is walked, and with `fill` its leaf
+    /// becomes the last one: a free does not fill (it would touch the leaf's shared
+    /// reference count on every free of memory another thread allocated), an
+    /// allocation does.
     pub(super) fn with<R>(
         &mut self,
         table: &Table,
         ptr: DevicePtr,
+        fill: bool,
         f: impl FnOnce(&Entry) -> R,
     ) -> Option<R> {
         let key = leaf_key(ptr);
         if self.key != key || self.leaf.is_none() {
+            if !fill {
+                return table.get(ptr).map(f);
+            }
             self.leaf = Some(table.leaf(ptr)?);
             self.key = key;
         }

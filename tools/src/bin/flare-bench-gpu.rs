@@ -861,19 +861,15 @@ impl Bench {
                 },
             )?;
             let before = before.ok_or("no snapshot before measuring")?;
-            let after = pool.snapshot();
+            let (misses, thread_cache_hits, remote_frees) = cache_counts(&before, &pool.snapshot());
             out.push(Threads {
                 threads: n,
                 pairs,
                 seconds,
                 pairs_per_second: pairs as f64 / seconds,
-                misses: after
-                    .mappings_created
-                    .saturating_sub(before.mappings_created),
-                thread_cache_hits: after
-                    .thread_cache_hits
-                    .saturating_sub(before.thread_cache_hits),
-                remote_frees: after.remote_frees.saturating_sub(before.remote_frees),
+                misses,
+                thread_cache_hits,
+                remote_frees,
             });
         }
         scope.finish()?;
@@ -958,20 +954,16 @@ impl Bench {
             }
             let (pairs, seconds) = measured?;
             let before = before.ok_or("no snapshot before measuring")?;
-            let after = pool.snapshot();
+            let (misses, thread_cache_hits, remote_frees) = cache_counts(&before, &pool.snapshot());
             out.push(SharedThreads {
                 threads: n,
                 cross_thread: n > 1,
                 pairs,
                 seconds,
                 pairs_per_second: pairs as f64 / seconds,
-                misses: after
-                    .mappings_created
-                    .saturating_sub(before.mappings_created),
-                thread_cache_hits: after
-                    .thread_cache_hits
-                    .saturating_sub(before.thread_cache_hits),
-                remote_frees: after.remote_frees.saturating_sub(before.remote_frees),
+                misses,
+                thread_cache_hits,
+                remote_frees,
             });
         }
         scope.finish()?;
@@ -2325,4 +2317,20 @@ fn main() -> ExitCode {
         report.total_seconds
     );
     ExitCode::SUCCESS
+}
+
+/// Mappings created, thread-cache hits and remote frees between two snapshots.
+fn cache_counts(
+    before: &flare_package::Snapshot,
+    after: &flare_package::Snapshot,
+) -> (u64, u64, u64) {
+    (
+        after
+            .mappings_created
+            .saturating_sub(before.mappings_created),
+        after
+            .thread_cache_hits
+            .saturating_sub(before.thread_cache_hits),
+        after.remote_frees.saturating_sub(before.remote_frees),
+    )
 }

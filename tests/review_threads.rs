@@ -52,9 +52,9 @@ fn invariants(pool: &Pool) -> Snapshot {
 /// An allocation the calling thread's cache hands out: allocate and free `bytes`
 /// once (the free goes to the cache: a scope is open), then allocate again.
 fn cache_handed(pool: &Pool, bytes: u64) -> u64 {
-    let hits = pool.snapshot().thread_cache_hits;
     let p = pool.allocate_raw(bytes).unwrap();
     pool.free_raw(p).unwrap();
+    let hits = pool.snapshot().thread_cache_hits;
     let q = pool.allocate_raw(bytes).unwrap();
     assert_eq!(q, p, "the cache gives the same memory back");
     assert_eq!(pool.snapshot().thread_cache_hits, hits + 1, "served by the cache");
@@ -94,6 +94,355 @@ fn interior_pointers_of_cache_handed_memory_are_unknown() {
         pool.retention_finish().unwrap();
         check(&pool);
         assert_eq!(pool.snapshot().live_count, 0);
+        assert_driver_empty(&pool);
+    }
+}
+
+/// "A second free of the same pointer is an unknown-pointer error that changes
+/// nothing", for memory a cache handed out and memory the books handed out.
+#[test]
+fn double_free_on_one_thread() {
+    for policy in [ReusePolicy::BestFit, ReusePolicy::Segments] {
+        let (pool, _sim) = pool(GIB, policy);
+        pool.retention_begin().unwrap();
+        let bytes = if policy.is_segments() { 64 << 10 } else { 2 * MIB };
+        // Books-handed (the first allocation), freed into the cache.
+        let p = pool.allocate_raw(bytes).unwrap();
+        pool.free_raw(p).unwrap();
+        let s = check(&pool);
+        assert_eq!(s.thread_cache_count, 1);
+        unknown(pool.free_raw(p), p);
+        assert_eq!(check(&pool), s, "the second free changed nothing");
+        // Cache-handed, freed back into the cache.
+        let q = pool.allocate_raw(bytes).unwrap();
+        assert_eq!(q, p);
+        pool.free_raw(q).unwrap();
+        let s = check(&pool);
+        unknown(pool.free_raw(q), q);
+        assert_eq!(check(&pool), s);
+        pool.retention_finish().unwrap();
+        let s = check(&pool);
+        assert_eq!((s.live_count, s.allocations, s.frees), (0, 2, 2));
+        assert_driver_empty(&pool);
+    }
+}
+
+/// Of two frees of one pointer racing on two threads, exactly one succeeds and the
+/// other is an unknown pointer: memory handed out by the first thread's cache, by
+/// the books, and freed by its owner racing another thread (a remote free) or by
+/// two threads that own neither.
+#[test]
+fn double_frees_racing_on_two_threads() {
+    for policy in [ReusePolicy::BestFit, ReusePolicy::Segments] {
+        let (pool, _sim) = pool(GIB, policy);
+        let bytes = if policy.is_segments() { 64 << 10 } else { 2 * MIB };
+        pool.retention_begin().unwrap();
+        let rounds = 300;
+        let slot = Mutex::new(0u64);
+        let go = Barrier::new(3);
+        let done = Barrier::new(3);
+        let oks = Mutex::new(Vec::new());
+        thread::scope(|t| {
+            for who in 0..2 {
+                let (pool, slot, go, done, oks) = (&pool, &slot, &go, &done, &oks);
+                t.spawn(move || {
+                    for round in 0..rounds {
+                        go.wait();
+                        let p = *slot.lock().unwrap();
+                        // Round kinds 0, 1: the main thread owns it and this thread
+                        // (who 0) races a thread that does not (who 1).
+                        let r = pool.free_raw(p);
+                        if let Err(e) = &r {
+                            assert!(
+                                matches!(e, Error::UnknownPointer { ptr } if *ptr == p),
+                                "{e}"
+                            );
+                        }
+                        oks.lock().unwrap().push((round, who, r.is_ok()));
+                        done.wait();
+                    }
+                });
+            }
+            for round in 0..rounds {
+                // Alternately books-handed (the caches emptied by a miss) and
+                // cache-handed memory.
+                let p = if round % 2 == 0 {
+                    cache_handed(&pool, bytes)
+                } else {
+                    pool.allocate_raw(bytes).unwrap()
+                };
+                *slot.lock().unwrap() = p;
+                go.wait();
+                done.wait();
+                let s = invariants(&pool);
+                assert_eq!(s.live_count, 0, "round {round}: freed once");
+            }
+        });
+        let oks = oks.into_inner().unwrap();
+        for round in 0..rounds {
+            let won = oks.iter().filter(|&&(r, _, ok)| r == round && ok).count();
+            assert_eq!(won, 1, "round {round}: one free wins");
+        }
+        let s = check(&pool);
+        assert_eq!(s.allocations, s.frees);
+        // Every allocation after the first few was served by reuse.
+        assert!(s.mappings_created + s.reuse_hits >= s.allocations);
+        pool.retention_finish().unwrap();
+        check(&pool);
+        assert_driver_empty(&pool);
+    }
+}
+
+/// A guard frees only its own allocation (`Allocation::id`): after the pointer was
+/// freed behind it and handed out again (by a cache, or by the books), dropping the
+/// stale guard frees nothing; a guard of cache-handed memory that a scope's end gave
+/// to the books still frees it.
+#[test]
+fn stale_guards_free_nothing() {
+    for policy in [ReusePolicy::BestFit, ReusePolicy::Segments] {
+        let (pool, _sim) = pool(GIB, policy);
+        let bytes = if policy.is_segments() { 4096 } else { 2 * MIB };
+        pool.retention_begin().unwrap();
+        // A guard of cache-handed memory; the pointer freed behind it and handed
+        // out again by the cache.
+        let p = cache_handed(&pool, bytes);
+        pool.free_raw(p).unwrap();
+        let g = pool.allocate(bytes).unwrap();
+        assert_eq!(g.ptr(), p);
+        pool.free_raw(p).unwrap();
+        let q = pool.allocate_raw(bytes).unwrap();
+        assert_eq!(q, p, "the cache hands the same address out again");
+        let s = check(&pool);
+        drop(g);
+        assert_eq!(check(&pool), s, "the stale guard freed nothing");
+        pool.free_raw(q).unwrap();
+
+        // A guard of books-handed memory (the cache drained by a finish), the
+        // address then handed out by a cache.
+        pool.retention_finish().unwrap();
+        pool.retention_begin().unwrap();
+        let g = pool.allocate(bytes).unwrap();
+        let p = g.ptr();
+        pool.free_raw(p).unwrap();
+        let q = pool.allocate_raw(bytes).unwrap();
+        assert_eq!(q, p);
+        assert_eq!(pool.snapshot().thread_cache_hits, 4, "cache_handed, g, q, and q again");
+        let s = check(&pool);
+        drop(g);
+        assert_eq!(check(&pool), s, "the stale books guard freed nothing");
+        pool.free_raw(q).unwrap();
+
+        // A guard of cache-handed memory across a scope's end (now live in the
+        // books) still frees its allocation, once.
+        let g = pool.allocate(bytes).unwrap();
+        assert_eq!(pool.snapshot().thread_cache_hits, 5);
+        pool.retention_finish().unwrap();
+        assert_eq!(check(&pool).live_count, 1);
+        pool.retention_begin().unwrap();
+        // ... and a stale copy of its key (freed, reallocated at the address by
+        // the cache) is refused: free it behind the guard first.
+        let p = g.ptr();
+        pool.free_raw(p).unwrap();
+        let q = pool.allocate_raw(bytes).unwrap();
+        assert_eq!(q, p);
+        let s = check(&pool);
+        drop(g);
+        assert_eq!(check(&pool), s);
+        pool.free_raw(q).unwrap();
+        let g = pool.allocate(bytes).unwrap();
+        pool.retention_finish().unwrap();
+        drop(g);
+        let s = check(&pool);
+        assert_eq!(s.live_count, 0, "the guard freed its allocation");
+        assert_eq!(s.allocations, s.frees);
+        assert_driver_empty(&pool);
+    }
+}
+
+/// Stream calls on memory a cache handed out: `free_async` frees it on the stream
+/// (reused on that stream at once, never by a cache), `record_stream` then a
+/// synchronous free keeps it out of every cache ("memory freed on streams, with a
+/// stream recorded ... never enters a cache"); a second free of either kind is an
+/// unknown pointer.
+#[test]
+fn stream_calls_on_cache_handed_memory() {
+    for policy in [ReusePolicy::BestFit, ReusePolicy::Segments] {
+        let (pool, sim) = pool(GIB, policy);
+        let bytes = if policy.is_segments() { 4096 } else { 2 * MIB };
+        let (s1, s2) = (stream(&sim), stream(&sim));
+        pool.retention_begin().unwrap();
+        let p = cache_handed(&pool, bytes);
+        pool.free_async_raw(p, s1).unwrap();
+        let s = check(&pool);
+        assert_eq!((s.live_count, s.thread_cache_count), (0, 0));
+        unknown(pool.free_raw(p), p);
+        unknown(pool.free_async_raw(p, s1), p);
+        unknown(pool.record_stream(p, s2), p);
+        assert_eq!(check(&pool).frees, s.frees);
+        // Stream order: s1 takes it back at once.
+        let a = pool.allocate_async_raw(bytes, s1).unwrap();
+        assert_eq!(a, p);
+        pool.free_async_raw(a, s1).unwrap();
+        assert_eq!(check(&pool).thread_cache_count, 0, "stream frees skip caches");
+
+        // record_stream on cache-handed memory, then a synchronous free.
+        let q = cache_handed(&pool, 3 * bytes);
+        pool.record_stream(q, s2).unwrap();
+        pool.free_raw(q).unwrap();
+        let s = check(&pool);
+        assert_eq!(s.thread_cache_count, 0, "recorded memory skips caches");
+        assert_eq!(s.live_count, 0);
+        unknown(pool.free_raw(q), q);
+        unknown(pool.record_stream(q, s2), q);
+
+        // A guard of cache-handed memory, recorded on a stream, frees it on drop.
+        let g = pool.allocate(5 * bytes).unwrap();
+        drop(g);
+        let g = pool.allocate(5 * bytes).unwrap();
+        assert!(pool.snapshot().thread_cache_hits >= 3);
+        pool.record_stream(g.ptr(), s2).unwrap();
+        drop(g);
+        let s = check(&pool);
+        assert_eq!(s.live_count, 0);
+        assert_eq!(s.allocations, s.frees);
+        pool.retention_finish().unwrap();
+        check(&pool);
+        assert_driver_empty(&pool);
+    }
+}
+
+/// With `release_threshold_bytes = u64::MAX` the caches hold memory outside any
+/// scope; `trim` ("releases every idle mapping now"), from another thread, releases
+/// what this thread's cache holds, and the caches keep working afterwards.
+#[test]
+fn trim_with_no_threshold_releases_cached_memory() {
+    for policy in [ReusePolicy::BestFit, ReusePolicy::Exact, ReusePolicy::Segments] {
+        let (pool, _sim) = open_pool(GIB, policy);
+        let unit = if policy.is_segments() { 64 << 10 } else { 2 * MIB };
+        let ptrs: Vec<u64> = (1..=4).map(|i| pool.allocate_raw(i * unit).unwrap()).collect();
+        for &p in &ptrs {
+            pool.free_raw(p).unwrap();
+        }
+        let s = check(&pool);
+        assert!(!s.scope_open);
+        assert_eq!((s.thread_cache_count, s.thread_cache_bytes), (4, 10 * unit));
+        let p = pool.allocate_raw(3 * unit).unwrap();
+        assert_eq!(p, ptrs[2]);
+        assert_eq!(pool.snapshot().thread_cache_hits, 1, "{policy:?}: {:#?}", pool.snapshot());
+        pool.free_raw(p).unwrap();
+        thread::scope(|t| {
+            t.spawn(|| pool.trim().unwrap());
+        });
+        let s = check(&pool);
+        assert_eq!((s.thread_cache_count, s.thread_cache_bytes), (0, 0));
+        assert_eq!((s.physical_bytes, s.idle_bytes, s.block_free_bytes), (0, 0, 0));
+        assert_driver_empty(&pool);
+        // The caches still work.
+        let p = pool.allocate_raw(unit).unwrap();
+        pool.free_raw(p).unwrap();
+        assert_eq!(pool.allocate_raw(unit).unwrap(), p);
+        assert_eq!(pool.snapshot().thread_cache_hits, 2);
+        pool.free_raw(p).unwrap();
+        pool.trim().unwrap();
+        check(&pool);
+        assert_driver_empty(&pool);
+    }
+}
+
+/// Out of memory while another thread's cache holds idle memory. Whole mappings:
+/// a request that the cached memory fits is served without creating memory ("a
+/// cache never makes the pool create memory that one holds idle"); one it does not
+/// fit fails inside a scope with the cached bytes reported idle and nothing
+/// released, and succeeds outside one (threshold `u64::MAX`) after the release.
+#[test]
+fn out_of_memory_with_memory_in_another_threads_cache() {
+    for in_scope in [true, false] {
+        let (pool, _sim) = open_pool(8 * MIB, ReusePolicy::BestFit);
+        let pool = if in_scope {
+            pool.retention_begin().unwrap();
+            pool
+        } else {
+            pool
+        };
+        let fill = |pool: &Pool| {
+            thread::scope(|t| {
+                t.spawn(|| {
+                    let ptrs: Vec<u64> = (0..4).map(|_| pool.allocate_raw(2 * MIB).unwrap()).collect();
+                    for p in ptrs {
+                        pool.free_raw(p).unwrap();
+                    }
+                });
+            });
+        };
+        fill(&pool);
+        let s = check(&pool);
+        assert_eq!((s.thread_cache_count, s.physical_bytes), (4, 8 * MIB));
+        let created = s.mappings_created;
+        // Fits what the other cache holds: no new mapping.
+        let p = pool.allocate_raw(2 * MIB).unwrap();
+        let s = check(&pool);
+        assert_eq!(s.mappings_created, created);
+        assert_eq!(s.live_mapped_bytes, 2 * MIB);
+        pool.free_raw(p).unwrap();
+        let s = check(&pool);
+        assert_eq!(s.idle_bytes, 8 * MIB);
+        // Fits nothing idle.
+        let r = pool.allocate_raw(4 * MIB);
+        if in_scope {
+            match r {
+                Err(Error::OutOfMemory {
+                    requested,
+                    live,
+                    idle,
+                    in_scope,
+                    ..
+                }) => {
+                    assert_eq!((requested, live, idle, in_scope), (4 * MIB, 0, 8 * MIB, true));
+                }
+                other => panic!("expected out of memory in the scope, got {other:?}"),
+            }
+            let s = check(&pool);
+            assert_eq!(s.physical_bytes, 8 * MIB, "nothing released in the scope");
+            pool.retention_finish().unwrap();
+        } else {
+            let p = r.unwrap();
+            let s = check(&pool);
+            assert_eq!(s.live_mapped_bytes, 4 * MIB);
+            assert_eq!(s.oom_retries, 1);
+            assert!(s.physical_bytes <= 8 * MIB);
+            pool.free_raw(p).unwrap();
+            pool.trim().unwrap();
+        }
+        check(&pool);
+        assert_driver_empty(&pool);
+    }
+}
+
+/// "allocate pops the thread's entry of exactly the rounded size (else the smallest
+/// within the policy's bound)": under `exact` and for segment blocks (no bound), an
+/// entry of the exact size is a hit wherever it sits in the cache, also behind
+/// larger entries freed after it.
+#[test]
+fn exact_entry_behind_larger_ones_is_a_hit() {
+    for policy in [ReusePolicy::Exact, ReusePolicy::Segments, ReusePolicy::BestFit] {
+        let (pool, _sim) = pool(GIB, policy);
+        let unit = if policy.is_segments() { 4096 } else { 2 * MIB };
+        pool.retention_begin().unwrap();
+        let ptrs: Vec<u64> = (1..=3).map(|i| pool.allocate_raw(i * unit).unwrap()).collect();
+        // Freed smallest first: the larger entries are the most recent.
+        for &p in &ptrs {
+            pool.free_raw(p).unwrap();
+        }
+        let s = check(&pool);
+        assert_eq!(s.thread_cache_count, 3);
+        let p = pool.allocate_raw(unit).unwrap();
+        assert_eq!(p, ptrs[0]);
+        let s = check(&pool);
+        assert_eq!(s.thread_cache_hits, 1, "{policy:?}: served by the cache");
+        assert_eq!(s.thread_cache_count, 2, "{policy:?}: the other entries stay cached");
+        pool.free_raw(p).unwrap();
+        pool.retention_finish().unwrap();
+        check(&pool);
         assert_driver_empty(&pool);
     }
 }

@@ -446,3 +446,50 @@ fn exact_entry_behind_larger_ones_is_a_hit() {
         assert_driver_empty(&pool);
     }
 }
+
+/// Segment mode: blocks idle in another thread's cache are free memory of the heap.
+/// Inside a scope a request of another size, on a full device, is carved from them
+/// once the caches are drained: without caches the blocks would be free in the heap
+/// and the carve would need no driver call, so caches must not turn it into an
+/// out-of-memory error. Outside a scope (threshold `u64::MAX`) likewise.
+#[test]
+fn segment_out_of_memory_with_blocks_in_another_threads_cache() {
+    for in_scope in [true, false] {
+        let (pool, _sim) = open_pool(2 * MIB, ReusePolicy::Segments);
+        if in_scope {
+            pool.retention_begin().unwrap();
+        }
+        // The filling thread stays alive while the main thread allocates (an
+        // exited thread's cache would be adopted, and drained, by the main thread).
+        let filled = Barrier::new(2);
+        let checked = Barrier::new(2);
+        thread::scope(|t| {
+            t.spawn(|| {
+                let ptrs: Vec<u64> = (0..8).map(|_| pool.allocate_raw(256 << 10).unwrap()).collect();
+                for p in ptrs {
+                    pool.free_raw(p).unwrap();
+                }
+                filled.wait();
+                checked.wait();
+            });
+            filled.wait();
+            let s = check(&pool);
+            assert_eq!((s.thread_cache_count, s.physical_bytes), (8, 2 * MIB));
+            let r = pool.allocate_raw(512 << 10);
+            checked.wait();
+            let p = r.expect("carved from the drained blocks");
+            let s = check(&pool);
+            assert_eq!(s.physical_bytes, 2 * MIB);
+            assert_eq!(s.block_live_bytes, 512 << 10);
+            assert_eq!(s.thread_cache_count, 0);
+            pool.free_raw(p).unwrap();
+        });
+        if in_scope {
+            pool.retention_finish().unwrap();
+        } else {
+            pool.trim().unwrap();
+        }
+        check(&pool);
+        assert_driver_empty(&pool);
+    }
+}

@@ -214,7 +214,11 @@ impl Inner {
             if e.size == w.rounded {
                 return Some(i);
             }
-            let pct = w.waste_percent?;
+            // No bound (exact, blocks): only an entry of the exact size serves, and
+            // one may come later in the list.
+            let Some(pct) = w.waste_percent else {
+                continue;
+            };
             if e.size > *max.get_or_insert_with(|| super::max_fit(w.rounded, pct)) {
                 continue;
             }

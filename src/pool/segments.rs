@@ -1129,7 +1129,17 @@ impl Pool {
             size,
             bytes,
             on,
-            || self.grow_and_carve(key, size, bytes),
+            || match self.grow_and_carve(key, size, bytes) {
+                // Blocks idle in thread caches go back to their heaps, where they
+                // coalesce with their free neighbours and may serve the request:
+                // the forced reuse that follows takes no block from a heap, so
+                // inside a scope the request would fail with the memory free.
+                Err(e) if e.is_out_of_memory() && self.caches.enabled => {
+                    self.caches.settle(&self.state);
+                    lock(&self.state).carve(key, size, bytes, true).ok_or(e)
+                }
+                r => r,
+            },
             |st| st.carve(key, size, bytes, true),
         )
     }

@@ -131,11 +131,22 @@ pub(super) struct Leaf {
 }
 
 impl Leaf {
-    /// The entry of `ptr`, which lies in this leaf.
+    /// The entry of `ptr`, which lies in this leaf; `None` for an address inside a
+    /// 512-byte unit (an interior pointer: every allocation starts on a unit).
     pub(super) fn entry(&self, ptr: DevicePtr) -> Option<&Entry> {
+        if !is_unit_start(ptr) {
+            return None;
+        }
         self.entries
             .get(((ptr >> UNIT_SHIFT) & ((1 << LEAF_BITS) - 1)) as usize)
     }
+}
+
+/// Whether `ptr` starts a 512-byte unit: every whole mapping and every block does,
+/// so an address that does not is an interior pointer, which must not find the
+/// entry of the allocation it lies in.
+fn is_unit_start(ptr: DevicePtr) -> bool {
+    ptr & ((1 << UNIT_SHIFT) - 1) == 0
 }
 
 /// The key of the leaf holding `ptr` (its address above the leaf's span).
@@ -210,8 +221,12 @@ fn digits(ptr: DevicePtr) -> [usize; 5] {
 }
 
 impl Table {
-    /// The entry of `ptr`, if its path exists. No lock; five acquire loads.
+    /// The entry of `ptr`, if its path exists (`None` for an address inside a
+    /// 512-byte unit). No lock; five acquire loads.
     pub(super) fn get(&self, ptr: DevicePtr) -> Option<&Entry> {
+        if !is_unit_start(ptr) {
+            return None;
+        }
         let [r, c, b, a, l] = digits(ptr);
         let n3 = self.root.get()?.kids.get(r)?.get()?;
         let n2 = n3.kids.get(c)?.get()?;
@@ -284,11 +299,9 @@ mod tests {
             let size = t.get(p).map(|e| e.size.load(Ordering::Relaxed));
             assert_eq!(size, Some(i as u64 + 1), "ptr {p:#x}");
         }
-        // An address inside a 512-byte unit is that unit's entry.
-        assert_eq!(
-            t.get(ptrs[1] + 1).map(|e| e.size.load(Ordering::Relaxed)),
-            Some(2)
-        );
+        // An address inside a 512-byte unit is an interior pointer: no entry.
+        assert!(t.get(ptrs[1] + 1).is_none());
+        assert!(t.get(ptrs[1] + 511).is_none());
     }
 
     #[test]

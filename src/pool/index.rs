@@ -10,9 +10,9 @@
 //! holds the distinct sizes present in it, sorted, each with its list's head: usually
 //! one, since sizes are multiples of the pool's granularity (one size per class below
 //! 64 granules: 128 MiB at the 2 MiB measured on the devices) or of 512 bytes
-//! (segment-mode blocks kept whole in a bucket). A bucket keeps a bitmap of its non-empty groups (powers of
-//! two) and one per group of its non-empty classes, so the first non-empty class above
-//! a size is two bit scans away.
+//! (segment-mode blocks kept whole in a bucket). A bucket keeps a bitmap of its
+//! non-empty groups (powers of two) and one per group of its non-empty classes, so
+//! the first non-empty class above a size is two bit scans away.
 //!
 //! An exact lookup is the size's class, then a binary search of its sizes. A best fit
 //! is the first size at least the request's in the request's own class, else the

@@ -116,6 +116,7 @@ fn eight_threads_through_the_thread_caches_on_the_real_driver() {
                 max_bytes: 8 * MIB,
                 small_sizes: false,
                 cross_percent: 25,
+                inbox: 32,
                 limit: Duration::from_secs(120),
             },
             Arc::new(GpuMemory(d.clone())),

@@ -189,6 +189,7 @@ fn cache_params(ops: u64) -> CacheParams {
         max_bytes: 8 * MIB,
         small_sizes: false,
         cross_percent: 25,
+        inbox: 256,
         limit: Duration::from_secs(60),
     }
 }
@@ -218,7 +219,7 @@ fn cache_end(pool: Arc<Pool>) {
 #[test]
 fn sixteen_threads_through_the_thread_caches() {
     let (pool, memory) = cache_pool(PoolConfig::default());
-    let ops = ops_per_thread(100_000) / 2;
+    let ops = ops_per_thread(100_000);
     let r = hammer_caches(pool.clone(), cache_params(ops), memory);
     let e = r.end;
     assert_eq!(e.allocations, e.reuse_hits + e.mappings_created, "{e:#?}");
@@ -235,7 +236,7 @@ fn sixteen_threads_through_the_thread_caches_with_no_threshold() {
         release_threshold_bytes: u64::MAX,
         ..PoolConfig::default()
     });
-    let ops = ops_per_thread(100_000) / 2;
+    let ops = ops_per_thread(100_000);
     let r = hammer_caches(pool.clone(), cache_params(ops), memory);
     let e = r.end;
     assert_eq!(e.allocations, e.reuse_hits + e.mappings_created, "{e:#?}");
@@ -254,7 +255,7 @@ fn sixteen_threads_through_the_thread_caches_in_segment_mode() {
         reuse_policy: ReusePolicy::Segments,
         ..PoolConfig::default()
     });
-    let ops = ops_per_thread(100_000) / 2;
+    let ops = ops_per_thread(100_000);
     let p = CacheParams {
         small_sizes: true,
         ..cache_params(ops)

@@ -439,9 +439,14 @@ pub struct CacheParams {
     pub max_bytes: u64,
     /// Half of each worker's sizes small: 512 B to 1 MiB ([`Rng::small_size`]).
     pub small_sizes: bool,
-    /// Of the frees, the percentage passed to another worker to do (when its inbox,
-    /// of `4 * max_live` allocations, has room).
+    /// Of the frees, the percentage passed to another worker to do (when its inbox
+    /// has room).
     pub cross_percent: u64,
+    /// Allocations a worker's inbox holds at most (what others passed to it and it
+    /// has not freed yet): a worker not scheduled for a while must not collect
+    /// everyone's memory. When it is full, the worker that would pass an allocation
+    /// on frees it itself.
+    pub inbox: usize,
     /// The workers must all finish within this, else the test fails (deadlock).
     pub limit: Duration,
 }
@@ -538,9 +543,7 @@ fn cache_worker(
             let h = live.swap_remove(rng.below(live.len() as u64) as usize);
             if !peers.is_empty() && rng.below(100) < p.cross_percent {
                 let (to, tx) = &peers[rng.below(peers.len() as u64) as usize];
-                // A peer's inbox holds `4 * max_live` at most (a worker not scheduled for
-                // a while must not collect everyone's allocations): when it is full,
-                // this worker frees it itself.
+                // A full inbox: this worker frees it itself.
                 match tx.try_send(h) {
                     Ok(()) => t.passed += 1,
                     Err(mpsc::TrySendError::Full(h)) => free(h, &mut t),
@@ -630,9 +633,8 @@ pub fn hammer_caches(pool: Arc<Pool>, p: CacheParams, memory: Arc<dyn Memory>) -
         thread::spawn(move || cache_controller(&pool, &stop))
     };
     let ranges = Arc::new(LiveRanges::default());
-    let (senders, inboxes): (Vec<_>, Vec<_>) = (0..p.threads)
-        .map(|_| mpsc::sync_channel(4 * p.max_live))
-        .unzip();
+    let (senders, inboxes): (Vec<_>, Vec<_>) =
+        (0..p.threads).map(|_| mpsc::sync_channel(p.inbox)).unzip();
     let (tx, rx) = mpsc::channel();
     for (me, inbox) in (0..p.threads).zip(inboxes) {
         let peers: Vec<(u64, mpsc::SyncSender<Held>)> = (0..p.threads)

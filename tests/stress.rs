@@ -11,7 +11,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::hammer::{hammer, ops_per_thread, Params};
+use common::hammer::{
+    hammer, hammer_caches, ops_per_thread, CacheParams, Memory, Params, SimMemory,
+};
 use common::*;
 use flare_package::driver::sim::SimState;
 use flare_package::{Pool, PoolConfig, ReusePolicy, SimConfig};
@@ -170,4 +172,94 @@ fn sixteen_threads_in_segment_mode_releasing_while_another_captures_in_scopes() 
     hammer(pool.clone(), p);
     assert_eq!(pool.snapshot().sync_failures, 0);
     seg_end(pool);
+}
+
+// The thread caches (issue 13): sixteen workers each allocating from their own few
+// sizes (most allocations served by their thread's cache), a quarter of the frees
+// passed to another worker (a free of memory another thread's cache handed out goes
+// through its remote list), while a controller begins and finishes scopes, trims
+// and checks a snapshot after each step (see `hammer_caches`).
+
+fn cache_params(ops: u64) -> CacheParams {
+    CacheParams {
+        threads: 16,
+        ops,
+        max_live: 6,
+        sizes: 4,
+        max_bytes: 8 * MIB,
+        small_sizes: false,
+        cross_percent: 25,
+        inbox: 256,
+        limit: Duration::from_secs(60),
+    }
+}
+
+/// A pool on a simulated device of 16 TiB with `config`'s settings, and what the
+/// cache stress checks each allocation with.
+fn cache_pool(config: PoolConfig) -> (Arc<Pool>, Arc<dyn Memory>) {
+    let (pool, sim) = simulated_pool(16 << 40, config);
+    (Arc::new(pool), Arc::new(SimMemory(sim)))
+}
+
+/// After a cache stress: the snapshot taken then and the books against the driver,
+/// and the driver empty once the pool is dropped.
+fn cache_end(pool: Arc<Pool>) {
+    check(&pool);
+    assert_driver_empty(&pool);
+    let driver = pool.sim_driver().unwrap();
+    let pool = Arc::try_unwrap(pool).unwrap_or_else(|_| panic!("pool still shared"));
+    drop(pool);
+    assert_eq!(driver.state(), SimState::default());
+    assert!(driver.faults().is_empty(), "{:?}", driver.faults());
+}
+
+/// Whole mappings, release threshold 0: the caches hold memory only inside the
+/// controller's scopes; outside, frees release as before. Every allocation either
+/// made a mapping or reused one (no out-of-memory on 16 TiB).
+#[test]
+fn sixteen_threads_through_the_thread_caches() {
+    let (pool, memory) = cache_pool(PoolConfig::default());
+    let ops = ops_per_thread(100_000);
+    let r = hammer_caches(pool.clone(), cache_params(ops), memory);
+    let e = r.end;
+    assert_eq!(e.allocations, e.reuse_hits + e.mappings_created, "{e:#?}");
+    assert!(r.passed > 0);
+    cache_end(pool);
+}
+
+/// Whole mappings, no release threshold (`u64::MAX`): the caches hold memory
+/// outside scopes too, so nearly every allocation is a cache hit and many passed-on
+/// frees are remote frees; the controller's trims drain them.
+#[test]
+fn sixteen_threads_through_the_thread_caches_with_no_threshold() {
+    let (pool, memory) = cache_pool(PoolConfig {
+        release_threshold_bytes: u64::MAX,
+        ..PoolConfig::default()
+    });
+    let ops = ops_per_thread(100_000);
+    let r = hammer_caches(pool.clone(), cache_params(ops), memory);
+    let e = r.end;
+    assert_eq!(e.allocations, e.reuse_hits + e.mappings_created, "{e:#?}");
+    assert!(
+        e.remote_frees > 0,
+        "no passed-on free was a remote free\n{e:#?}"
+    );
+    cache_end(pool);
+}
+
+/// Segment mode, release threshold 0: half of each worker's sizes are small blocks
+/// (cached), the others up to 8 MiB (blocks of the large heap: never cached).
+#[test]
+fn sixteen_threads_through_the_thread_caches_in_segment_mode() {
+    let (pool, memory) = cache_pool(PoolConfig {
+        reuse_policy: ReusePolicy::Segments,
+        ..PoolConfig::default()
+    });
+    let ops = ops_per_thread(100_000);
+    let p = CacheParams {
+        small_sizes: true,
+        ..cache_params(ops)
+    };
+    hammer_caches(pool.clone(), p, memory);
+    cache_end(pool);
 }

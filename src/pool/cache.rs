@@ -258,9 +258,17 @@ impl Drop for Local {
     }
 }
 
+#[cfg(not(flare_loom))]
 thread_local! {
     /// This thread's caches, by pool id.
     static LOCAL: RefCell<Vec<(u64, Local)>> = const { RefCell::new(Vec::new()) };
+}
+
+// Loom's `thread_local!` takes no `const` initialiser.
+#[cfg(flare_loom)]
+thread_local! {
+    /// This thread's caches, by pool id.
+    static LOCAL: RefCell<Vec<(u64, Local)>> = RefCell::new(Vec::new());
 }
 
 /// Ids of pools, for the thread-locals (never reused).

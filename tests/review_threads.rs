@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 
@@ -870,6 +871,98 @@ fn more_threads_than_caches() {
     let s = check(&pool);
     assert_eq!((s.physical_bytes, s.thread_cache_count), (0, 0));
     assert_driver_empty(&pool);
+}
+
+/// With all 256 registry slots taken by live threads, a further thread has no
+/// cache (its pair goes through the books); once one of those threads exits, the
+/// further thread's next call adopts its orphaned cache (after draining it) and
+/// then hits. The registry is not searched while it is full with no orphan, so
+/// this checks that an exit is still seen.
+#[test]
+fn a_full_registry_hands_an_exited_threads_cache_to_a_waiting_thread() {
+    let holders = 256usize;
+    let (pool, sim) = pool(4 * GIB, ReusePolicy::BestFit);
+    pool.retention_begin().unwrap();
+    // Every holder allocates before any frees (a miss takes what fits from other
+    // caches: a later holder would take an earlier one's idle 2 MiB).
+    let allocated = Barrier::new(holders);
+    let registered = Barrier::new(holders + 1);
+    // Set on the way out of the scope, a panic included (a barrier would hang).
+    let finished = AtomicBool::new(false);
+    let (leave_tx, leave_rx) = std::sync::mpsc::channel::<()>();
+    let mut leave_rx = Some(leave_rx);
+    thread::scope(|t| {
+        let _finish = SetOnDrop(&finished);
+        let mut leaver = None;
+        for i in 0..holders {
+            let (pool, allocated, registered, finished) =
+                (&pool, &allocated, &registered, &finished);
+            let rx = if i == 0 { leave_rx.take() } else { None };
+            let h = t.spawn(move || {
+                let a = pool.allocate_raw(2 * MIB).unwrap();
+                allocated.wait();
+                pool.free_raw(a).unwrap();
+                registered.wait();
+                match rx {
+                    Some(rx) => {
+                        let _ = rx.recv();
+                    }
+                    None => {
+                        while !finished.load(Ordering::SeqCst) {
+                            thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                    }
+                }
+            });
+            if i == 0 {
+                leaver = Some(h);
+            }
+        }
+        registered.wait();
+        // Every slot is a live thread's, each holding its own 2 MiB.
+        let s = check(&pool);
+        assert_eq!((s.thread_cache_count, s.thread_cache_hits), (256, 0));
+        assert_eq!(s.mappings_created, 256);
+        // No cache for this thread: 4 MiB is created (no 2 MiB entry fits it),
+        // freed to the books and reused from them.
+        let p = pool.allocate_raw(4 * MIB).unwrap();
+        pool.free_raw(p).unwrap();
+        assert_eq!(
+            check(&pool).thread_cache_count,
+            256,
+            "the free went to the books"
+        );
+        assert_eq!(pool.allocate_raw(4 * MIB).unwrap(), p);
+        let s = check(&pool);
+        assert_eq!((s.reuse_hits, s.thread_cache_hits), (1, 0));
+        leave_tx.send(()).unwrap();
+        leaver.take().unwrap().join().unwrap();
+        // The leaver's cache is orphaned: this free registers, adopts it (its 2 MiB
+        // goes to the books) and caches `p`; the next allocation hits.
+        pool.free_raw(p).unwrap();
+        let s = check(&pool);
+        assert_eq!(
+            (s.thread_cache_count, s.thread_cache_bytes),
+            (256, 255 * 2 * MIB + 4 * MIB)
+        );
+        assert_eq!(pool.allocate_raw(4 * MIB).unwrap(), p);
+        assert_eq!(check(&pool).thread_cache_hits, 1);
+        pool.free_raw(p).unwrap();
+    });
+    pool.retention_finish().unwrap();
+    let s = check(&pool);
+    assert_eq!((s.physical_bytes, s.mappings_created), (0, 257));
+    assert_driver_empty(&pool);
+    drop(sim);
+}
+
+/// Sets its flag when dropped, on a panic's unwinding too.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
 
 /// Segment mode: blocks cached by a thread coalesce once drained. 128 blocks of

@@ -245,6 +245,8 @@ pub(super) struct ThreadCache {
     remote: AtomicU64,
     /// Its thread exited: the next thread to need a cache adopts it.
     orphan: AtomicBool,
+    /// Its pool's count of orphaned caches (raised when this one's thread exits).
+    orphans: Arc<AtomicUsize>,
     /// Its pool is gone: thread-locals drop it at their next registration.
     dead: AtomicBool,
 }
@@ -255,6 +257,7 @@ struct Local(Arc<ThreadCache>);
 impl Drop for Local {
     fn drop(&mut self) {
         self.0.orphan.store(true, Ordering::Release);
+        self.0.orphans.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -295,6 +298,10 @@ pub(super) struct Caches {
     slots: Box<[OnceLock<Arc<ThreadCache>>]>,
     /// Registry slots ever filled (a high-water mark).
     used: AtomicUsize,
+    /// Caches orphaned and not yet adopted: with every registry slot filled, a
+    /// thread without a cache looks for one only when this is not 0 (else each of
+    /// its calls would take the registry lock and scan every slot).
+    orphans: Arc<AtomicUsize>,
     /// Held while a cache is registered or adopted, and by [`Caches::lock_all`]: a
     /// snapshot or a settle sees every cache that can hold anything.
     registry: Mutex<()>,
@@ -311,6 +318,7 @@ impl Caches {
             id: NEXT_POOL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             slots: (0..MAX_CACHES).map(|_| OnceLock::new()).collect(),
             used: AtomicUsize::new(0),
+            orphans: Arc::new(AtomicUsize::new(0)),
             registry: Mutex::new(()),
             table: Table::default(),
         }
@@ -371,6 +379,11 @@ impl Caches {
     /// left goes back to the books first: the new thread may need other sizes), or
     /// a new one.
     fn register(&self, state: &Mutex<State>) -> Option<Arc<ThreadCache>> {
+        if self.used.load(Ordering::Acquire) == MAX_CACHES
+            && self.orphans.load(Ordering::Acquire) == 0
+        {
+            return None;
+        }
         let _registry = lock(&self.registry);
         for c in self.slots.iter().filter_map(OnceLock::get) {
             if c.orphan.load(Ordering::Relaxed)
@@ -378,6 +391,7 @@ impl Caches {
                     .compare_exchange(true, false, Ordering::Acquire, Ordering::Relaxed)
                     .is_ok()
             {
+                self.orphans.fetch_sub(1, Ordering::Relaxed);
                 let mut g = lock(&c.inner);
                 if !g.entries.is_empty() || c.remote.load(Ordering::Relaxed) != 0 {
                     self.drain_into(c, &mut g, &mut lock(state));
@@ -395,6 +409,7 @@ impl Caches {
                 inner: Mutex::new(Inner::default()),
                 remote: AtomicU64::new(0),
                 orphan: AtomicBool::new(false),
+                orphans: Arc::clone(&self.orphans),
                 dead: AtomicBool::new(false),
             });
             if s.set(Arc::clone(&c)).is_ok() {

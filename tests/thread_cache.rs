@@ -46,6 +46,35 @@ impl Drop for PanicFlag<'_> {
     }
 }
 
+/// A thread that allocates 2 MiB and 4 MiB, frees both (into its cache) and exits
+/// with them there. Returns the two addresses.
+fn exit_with_a_full_cache(pool: &Pool) -> (DevicePtr, DevicePtr) {
+    thread::scope(|t| {
+        t.spawn(|| {
+            let a = pool.allocate_raw(2 * MIB).unwrap();
+            let b = pool.allocate_raw(4 * MIB).unwrap();
+            pool.free_raw(a).unwrap();
+            pool.free_raw(b).unwrap();
+            (a, b)
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+/// Opens a scope, allocates 2 MiB (from the books, adopted by this thread's
+/// cache), frees it (into the cache) and allocates it again: a cache hit. Returns
+/// the first address and the cache-handed one (the same mapping).
+fn cache_handed(pool: &Pool) -> (DevicePtr, DevicePtr) {
+    pool.retention_begin().unwrap();
+    let a = pool.allocate_raw(2 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    let p = pool.allocate_raw(2 * MIB).unwrap();
+    assert_eq!(p, a, "the cached mapping");
+    assert_eq!(check(pool).thread_cache_hits, 1);
+    (a, p)
+}
+
 /// Sets its flag when dropped, on a panic's unwinding too.
 struct StopOnDrop<'a>(&'a AtomicBool);
 
@@ -429,11 +458,7 @@ fn threshold_max_caches_outside_scopes() {
 #[test]
 fn a_free_on_another_thread_goes_to_the_owners_remote_list() {
     let (pool, sim) = default_pool();
-    pool.retention_begin().unwrap();
-    let a = pool.allocate_raw(2 * MIB).unwrap();
-    pool.free_raw(a).unwrap();
-    let p = pool.allocate_raw(2 * MIB).unwrap();
-    assert_eq!(check(&pool).thread_cache_hits, 1);
+    let (a, p) = cache_handed(&pool);
     thread::scope(|t| {
         t.spawn(|| pool.free_raw(p).unwrap()).join().unwrap();
     });
@@ -492,17 +517,7 @@ fn a_books_handed_allocation_freed_elsewhere_is_that_threads() {
 fn an_exited_threads_cache_is_adopted_and_reused() {
     let (pool, sim) = default_pool();
     pool.retention_begin().unwrap();
-    let held = thread::scope(|t| {
-        t.spawn(|| {
-            let a = pool.allocate_raw(2 * MIB).unwrap();
-            let b = pool.allocate_raw(4 * MIB).unwrap();
-            pool.free_raw(a).unwrap();
-            pool.free_raw(b).unwrap();
-            (a, b)
-        })
-        .join()
-        .unwrap()
-    });
+    let held = exit_with_a_full_cache(&pool);
     let s = check(&pool);
     assert_eq!((s.thread_cache_count, s.thread_cache_bytes), (2, 6 * MIB));
     // This thread has no cache in this pool yet.
@@ -536,17 +551,7 @@ fn an_exited_threads_cache_is_drained_by_a_miss() {
     pool.retention_begin().unwrap();
     let big = pool.allocate_raw(8 * MIB).unwrap();
     pool.free_raw(big).unwrap();
-    let held = thread::scope(|t| {
-        t.spawn(|| {
-            let a = pool.allocate_raw(2 * MIB).unwrap();
-            let b = pool.allocate_raw(4 * MIB).unwrap();
-            pool.free_raw(a).unwrap();
-            pool.free_raw(b).unwrap();
-            (a, b)
-        })
-        .join()
-        .unwrap()
-    });
+    let held = exit_with_a_full_cache(&pool);
     let s = check(&pool);
     assert_eq!((s.thread_cache_count, s.thread_cache_bytes), (3, 14 * MIB));
     // 4 MiB: this thread's 8 MiB is more than 30 % above it.
@@ -855,11 +860,7 @@ fn a_stale_guard_does_not_free_the_cache_handed_allocation() {
 fn record_stream_on_a_cache_handed_pointer() {
     let (pool, sim) = default_pool();
     let s1 = stream(&sim);
-    pool.retention_begin().unwrap();
-    let a = pool.allocate_raw(2 * MIB).unwrap();
-    pool.free_raw(a).unwrap();
-    let p = pool.allocate_raw(2 * MIB).unwrap();
-    assert_eq!(check(&pool).thread_cache_hits, 1);
+    let (a, p) = cache_handed(&pool);
     pool.record_stream(p, s1).unwrap();
     let s = check(&pool);
     assert_eq!(
@@ -894,11 +895,7 @@ fn record_stream_on_a_cache_handed_pointer() {
 fn free_async_of_a_cache_handed_pointer() {
     let (pool, sim) = default_pool();
     let s1 = stream(&sim);
-    pool.retention_begin().unwrap();
-    let a = pool.allocate_raw(2 * MIB).unwrap();
-    pool.free_raw(a).unwrap();
-    let p = pool.allocate_raw(2 * MIB).unwrap();
-    assert_eq!(check(&pool).thread_cache_hits, 1);
+    let (a, p) = cache_handed(&pool);
     pool.free_async_raw(p, s1).unwrap();
     let s = check(&pool);
     assert_eq!(

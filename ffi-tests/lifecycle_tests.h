@@ -191,7 +191,7 @@ static void test_config(void) {
           cfg.sim_device_count == 0 && cfg.best_fit_max_waste_percent == 30 &&
           cfg.cross_stream_reuse == FLARE_CROSS_STREAM_WHEN_COMPLETE &&
           cfg.segment_whole_threshold_bytes == 0 && cfg.thread_cache_entries == 32 &&
-          cfg.thread_cache_bytes == 64 * MiB);
+          cfg.thread_cache_bytes == 1024 * MiB); /* 1 GiB: DEFAULT_THREAD_CACHE_BYTES */
     /* Enum-valued fields are fixed-width integers, whatever the compiler makes of an
      * enum. */
     CHECK(sizeof cfg.backend == 4 && sizeof cfg.reuse_policy == 4 &&
@@ -314,7 +314,7 @@ static void test_config(void) {
         CHECK(u.c.best_fit_max_waste_percent == 30 && u.c.sim_device_count == 0 &&
               u.c.cross_stream_reuse == FLARE_CROSS_STREAM_WHEN_COMPLETE &&
               u.c.segment_whole_threshold_bytes == 0 && u.c.thread_cache_entries == 32 &&
-              u.c.thread_cache_bytes == 64 * MiB);
+              u.c.thread_cache_bytes == 1024 * MiB);
         /* The padding after peer_device_count is zeroed, not left as garbage, and so
          * is the padding between cross_stream_reuse and segment_whole_threshold_bytes,
          * and between thread_cache_entries and thread_cache_bytes. */

@@ -679,7 +679,7 @@ extern "C" {
  * simulated capacity, granularity and device count 0 (their defaults: 140 GiB,
  * 2 MiB, 1 device), best-fit waste bound 30%, `FLARE_CROSS_STREAM_WHEN_COMPLETE`,
  * segment whole-mapping threshold 0 (its default: no request takes a whole mapping
- * in `FLARE_REUSE_SEGMENTS`), thread caches of 32 entries and 64 MiB per thread.
+ * in `FLARE_REUSE_SEGMENTS`), thread caches of 32 entries and 1 GiB per thread.
  *
  * Writes at most `config_size` bytes: only the fields lying wholly inside the first
  * `config_size` bytes (and inside this library's struct) are written, so an older

@@ -5,6 +5,8 @@
 //! Every test ends with the books against the driver (`common::check`) and, where
 //! everything was freed, an empty driver after the release point.
 
+#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
+
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -21,7 +21,8 @@ pub use driver::{
 };
 pub use error::{Error, Result};
 pub use pool::{
-    Allocation, Backend, CrossStreamReuse, Pool, PoolConfig, RetentionScope, ReusePolicy, Snapshot,
+    Allocation, Backend, CrossStreamReuse, Pool, PoolConfig, RetentionScope, ReusePolicy,
+    SleepMode, Snapshot, TagCensus,
 };
 
 /// Formats a byte count the way error messages and reports print it: `"1.0 GiB"`,

@@ -59,6 +59,9 @@ c_enum! {
     /// memory: it can never succeed, whatever is freed. Refused at once: no driver
     /// call, nothing released, nothing counted.
     FLARE_STATUS_REQUEST_TOO_LARGE = 9 <- RequestTooLarge;
+    /// A tag in the wrong state (issue 15): allocating or freeing with a tag that
+    /// sleeps, sleeping a tag that sleeps, waking one that does not. Nothing changed.
+    FLARE_STATUS_TAG_STATE = 10 <- TagState;
 }
 
 c_enum! {
@@ -281,7 +284,7 @@ versioned_struct! {
 const _: () = assert!(size_of::<FlareStatus>() == 4 && size_of::<FlareBackend>() == 4);
 const _: () = assert!(size_of::<FlareReusePolicy>() == 4 && size_of::<FlareDriverCall>() == 4);
 const _: () = assert!(size_of::<FlareCrossStreamReuse>() == 4);
-const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 49 * 8);
+const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 55 * 8);
 const _: () = assert!(size_of::<FlarePoolConfig>() == 96);
 const _: () = assert!(size_of::<FlareDestroyReport>() == 8 + 4 * 8);
 

@@ -789,11 +789,14 @@ impl Bench {
             let cur = sop.make_current()?;
             for &event in t.events() {
                 let r = match event {
-                    Event::Alloc { id, bytes } => cur.pool_alloc(&sop, bytes).map(|p| {
-                        if let Some(slot) = ptrs.get_mut(id as usize) {
-                            *slot = Some(p);
-                        }
-                    }),
+                    // The baseline has no tags: a tagged line is an allocation.
+                    Event::Alloc { id, bytes } | Event::AllocTagged { id, bytes, .. } => {
+                        cur.pool_alloc(&sop, bytes).map(|p| {
+                            if let Some(slot) = ptrs.get_mut(id as usize) {
+                                *slot = Some(p);
+                            }
+                        })
+                    }
                     Event::Free { id } => match ptrs.get_mut(id as usize).and_then(Option::take) {
                         Some(p) => cur.pool_free(&sop, p),
                         None => Ok(()),

@@ -457,10 +457,19 @@ impl Pool {
     }
 
     fn sleep_steps(&self, tag: u32, mode: SleepMode) -> Result<()> {
-        // The tag's idle memory: released, as a release point does (failures are
-        // counted and kept for the next one).
+        let d = &*self.driver;
+        // The work that may touch the tag's memory, on any stream, completes.
+        for &device in &self.access_devices {
+            if let Err(source) = d.synchronize(device) {
+                lock(&self.state).counters.count_failure(source.call);
+                return Err(Error::Driver { source, bytes: 0 });
+            }
+        }
+        // The tag's idle memory is released as a release point does (tag 0: as
+        // trim); a refusal fails the sleep, the tag awake (what was refused is kept
+        // and retried at the next release point, as always).
         if tag == 0 {
-            let _ = self.release_idle(false);
+            self.release_idle(true)?;
         } else {
             let mut batch = Batch::default();
             {
@@ -469,17 +478,9 @@ impl Pool {
                 for slot in st.idle.slots_in(b) {
                     st.mark_releasing(slot, &mut batch);
                 }
-                st.collect_pending(&mut batch);
                 st.start_release(&mut batch);
             }
-            let _ = self.release_batch(batch);
-        }
-        let d = &*self.driver;
-        for &device in &self.access_devices {
-            if let Err(source) = d.synchronize(device) {
-                lock(&self.state).counters.count_failure(source.call);
-                return Err(Error::Driver { source, bytes: 0 });
-            }
+            self.release_batch(batch)?;
         }
         let pieces: Vec<Piece2> = {
             let st = lock(&self.state);
@@ -535,8 +536,7 @@ impl Pool {
                 let mut st_fail = vec![e.call];
                 let mut kept = Vec::new();
                 for q in &pieces[..i] {
-                    if let Err(e2) = self.map_back(q.ptr, q.handle) {
-                        st_fail.push(e2.call);
+                    if !self.map_back(q.ptr, q.handle, &mut st_fail) {
                         kept.push(*q);
                     }
                 }
@@ -588,19 +588,60 @@ impl Pool {
         Ok(())
     }
 
-    /// Maps `handle` at `ptr` again with the pool's access (undoing an unmap).
-    fn map_back(&self, ptr: DevicePtr, handle: PhysicalHandle) -> Result<(), DriverError> {
+    /// Maps `handle` at `ptr` again with the pool's access (undoing an unmap);
+    /// refused calls go to `failed`. Returns whether it is mapped (false: unmapped,
+    /// its handle still held). A refused set-access is undone by an unmap; when that
+    /// is refused too, the set-access is tried twice more (the mapping stays either
+    /// way, and is booked awake).
+    fn map_back(
+        &self,
+        ptr: DevicePtr,
+        handle: PhysicalHandle,
+        failed: &mut Vec<crate::driver::DriverCall>,
+    ) -> bool {
         let d = &*self.driver;
-        d.map(ptr, handle)?;
-        if let Err(e) = d.set_access(ptr, handle.size, &self.access_devices) {
-            // Leave it unmapped (as before the undo) when the unmap works.
-            if d.unmap(ptr, handle.size).is_ok() {
-                return Err(e);
-            }
-            // Mapped without access: unusable either way; report the set-access.
-            return Err(e);
+        if let Err(e) = d.map(ptr, handle) {
+            failed.push(e.call);
+            return false;
         }
-        Ok(())
+        match d.set_access(ptr, handle.size, &self.access_devices) {
+            Ok(()) => true,
+            Err(e) => {
+                failed.push(e.call);
+                match d.unmap(ptr, handle.size) {
+                    Ok(()) => false,
+                    Err(u) => {
+                        failed.push(u.call);
+                        self.grant_again(ptr, handle.size, None, failed);
+                        true
+                    }
+                }
+            }
+        }
+    }
+
+    /// A mapping that must stay (its undo was refused): grants access again (and
+    /// copies its bytes back, with `copy`), twice at most; refusals go to `failed`.
+    fn grant_again(
+        &self,
+        ptr: DevicePtr,
+        size: u64,
+        copy: Option<(HostBuffer, u64, u64)>,
+        failed: &mut Vec<crate::driver::DriverCall>,
+    ) {
+        let d = &*self.driver;
+        for _ in 0..2 {
+            let r = d
+                .set_access(ptr, size, &self.access_devices)
+                .and_then(|()| match copy {
+                    Some((buf, off, n)) => d.copy_to_device(ptr, buf, off, n),
+                    None => Ok(()),
+                });
+            match r {
+                Ok(()) => return,
+                Err(e) => failed.push(e.call),
+            }
+        }
     }
 
     /// Books `entries` (unmapped; each with its handle kept or not, and its offset
@@ -760,6 +801,15 @@ impl Pool {
                         }
                     }
                     if still_mapped {
+                        let copy = match (mode, host) {
+                            (Some(SleepMode::Offload), Some(buf))
+                                if off != u64::MAX && p.requested > 0 =>
+                            {
+                                Some((buf, off, p.requested))
+                            }
+                            _ => None,
+                        };
+                        self.grant_again(p.ptr, size, copy, &mut calls);
                         done.push((p, handle, created));
                         failure = Some((e, size));
                         // Keep it awake; undo the others below.

@@ -49,7 +49,7 @@ use super::{
 /// can hit cudarc's panic on a missing symbol (a unit test checks that every
 /// `sys::cu*` call in this file and in `testing.rs` is in one of the two lists, and
 /// every one in `cuda_baseline.rs` is here or in its own list).
-pub const REQUIRED_SYMBOLS: [&str; 44] = [
+pub const REQUIRED_SYMBOLS: [&str; 46] = [
     "cuInit",
     "cuDeviceGet",
     "cuDevicePrimaryCtxRetain",
@@ -81,6 +81,8 @@ pub const REQUIRED_SYMBOLS: [&str; 44] = [
     "cuMemHostAlloc",
     "cuMemFreeHost",
     // Test support (`testing.rs`).
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
     "cuMemsetD8_v2",
     "cuMemsetD8Async",
     "cuMemcpyDtoH_v2",

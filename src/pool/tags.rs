@@ -215,8 +215,9 @@ impl Pool {
     /// with `None`, as [`Pool::allocate_raw`]. Tag 0 is exactly those functions. A
     /// tag other than 0 takes a whole mapping (rounded to the granularity) in every
     /// policy, segment mode included: an idle one of its own bucket (synchronous
-    /// only), one of [`ANY`] (or, stream-ordered outside segment mode, what
-    /// [`Pool::allocate_async_raw`] may take), else a new one; never a thread cache.
+    /// only), one freed on a stream whose work is known complete (or, stream-ordered
+    /// outside segment mode, what [`Pool::allocate_async_raw`] may take), else a new
+    /// one; never a thread cache.
     ///
     /// Errors: [`Error::TagState`] while the tag sleeps (or a sleep or wake of it
     /// runs); otherwise as [`Pool::allocate_raw`] / [`Pool::allocate_async_raw`].

@@ -104,10 +104,18 @@ static void test_tags_wake_out_of_memory(void) {
     CHECK_STATUS(flare_pool_sleep(pool, 7, FLARE_SLEEP_DISCARD), FLARE_STATUS_SCOPE_STATE);
     OK(flare_retention_finish(pool));
     OK(flare_package_free(pool, t));
-    /* Destroyed asleep: nothing left. */
-    OK(flare_package_allocate_tagged(pool, 4 * MiB, NULL, 7, &t));
+    /* Destroyed asleep: the sleeping allocation is reported live (4 MiB, unmapped,
+     * no physical memory), and released. */
+    OK(flare_package_allocate_tagged(pool, 3 * MiB, NULL, 7, &t));
     OK(flare_pool_sleep(pool, 7, FLARE_SLEEP_OFFLOAD));
-    OK(flare_pool_destroy(pool));
+    {
+        FlareDestroyReport r;
+        memset(&r, 0, sizeof r);
+        r.struct_size = sizeof r;
+        OK(flare_pool_destroy_report(pool, &r));
+        CHECK(r.live_count == 1 && r.live_requested_bytes == 3 * MiB &&
+              r.live_mapped_bytes == 4 * MiB && r.physical_bytes == 0);
+    }
 }
 
 /* NULL and bad arguments: a status, never a crash, nothing written. */

@@ -395,7 +395,8 @@ typedef struct FlareDestroyReport {
      * Bytes the pool held for those allocations: each whole mapping's size (the
      * request rounded to the granularity), and in `FLARE_REUSE_SEGMENTS` each
      * block's size (the request rounded to 512 bytes); the snapshot's
-     * `live_mapped_bytes + block_live_bytes`.
+     * `live_mapped_bytes + block_live_bytes` (plus, for allocations of a sleeping
+     * tag, `sleeping_bytes + sleeping_held_bytes`: unmapped, still live).
      */
     uint64_t live_mapped_bytes;
     /**

@@ -335,7 +335,8 @@ versioned_struct! {
         /// Bytes the pool held for those allocations: each whole mapping's size (the
         /// request rounded to the granularity), and in `FLARE_REUSE_SEGMENTS` each
         /// block's size (the request rounded to 512 bytes); the snapshot's
-        /// `live_mapped_bytes + block_live_bytes`.
+        /// `live_mapped_bytes + block_live_bytes` (plus, for allocations of a sleeping
+        /// tag, `sleeping_bytes + sleeping_held_bytes`: unmapped, still live).
         pub live_mapped_bytes: u64,
         /// Physical bytes the pool held on the device (live, idle, pending and
         /// mapped in segments: the snapshot's `physical_bytes`), all
@@ -390,7 +391,12 @@ impl FlareDestroyReport {
             scope_was_open: u32::from(s.scope_open),
             live_count: s.live_count,
             live_requested_bytes: s.live_requested_bytes,
-            live_mapped_bytes: s.live_mapped_bytes + s.block_live_bytes,
+            // Sleeping allocations (issue 15) are live: their bytes count, mapped
+            // or not.
+            live_mapped_bytes: s.live_mapped_bytes
+                + s.block_live_bytes
+                + s.sleeping_bytes
+                + s.sleeping_held_bytes,
             physical_bytes: s.physical_bytes,
         }
     }

@@ -193,7 +193,9 @@ impl State {
 
 impl Pool {
     /// Allocates `bytes` for tag `tag`; returns a guard that frees it on drop (on
-    /// `stream` when given). See [`Pool::allocate_tagged_raw`].
+    /// `stream` when given). See [`Pool::allocate_tagged_raw`]. A guard dropped
+    /// while its tag sleeps frees nothing (the free is refused): the allocation
+    /// stays live until [`Pool::destroy`]; wake the tag before dropping its guards.
     pub fn allocate_tagged(
         &self,
         bytes: u64,

@@ -38,7 +38,8 @@ Exit status:
 /// What `--help` says after the options.
 const AFTER_LONG_HELP: &str = "\
 Traces (flare-trace v1, described in docs/trace-format.md in the flare-package
-source): one event per line, `a ID BYTES` (allocate), `f ID` (free), `begin`,
+source): one event per line, `a ID BYTES` (allocate; `a ID BYTES TAG` for a tagged
+allocation, TAG 0 to 4294967295), `f ID` (free), `begin`,
 `finish` and `abort` (a retention scope), `trim`; `#` starts a comment line. `-`
 reads a trace from standard input (once; it is called <stdin> in the output). Every
 trace is parsed before any is replayed. A trace with no scope lines is replayed
@@ -73,6 +74,11 @@ then one row per policy:
   live at end       allocations still live when the replay stopped (the trace's
                     end or the out-of-memory line); the replay then frees them
   wall time         the replay's own time, parsing excluded
+A trace with tags (an `a` line with a tag other than 0) then gets a census per
+policy and tag, taken when the trace's events are done (before the replay frees
+what is live): the tag's `a` lines, its peak live bytes, and its live, idle and
+physical bytes then (tag 0: the lines without a tag). Tagged allocations are whole
+mappings in every policy.
 
 --json prints, instead of the table, one JSON object per line and per (trace,
 policy), with exactly these keys:

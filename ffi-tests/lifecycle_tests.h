@@ -104,8 +104,8 @@ static int snap_released(const FlareSnapshot *s) {
  * idle memory (idle whole mappings or free blocks), and a thread-cache hit is a reuse
  * hit. */
 static int snap_consistent(const FlareSnapshot *s) {
-    return s->physical_bytes ==
-               s->live_mapped_bytes + s->idle_bytes + s->pending_bytes + s->segment_mapped_bytes &&
+    return s->physical_bytes == s->live_mapped_bytes + s->idle_bytes + s->pending_bytes +
+                                    s->segment_mapped_bytes + s->sleeping_held_bytes &&
            s->segment_mapped_bytes == s->block_live_bytes + s->block_free_bytes &&
            s->block_live_count <= s->live_count &&
            (s->segment_handles_lent == 0) == (s->segment_lent_bytes == 0) &&
@@ -136,15 +136,16 @@ static void test_status_names(void) {
         "FLARE_STATUS_UNKNOWN_POINTER", "FLARE_STATUS_SCOPE_STATE",
         "FLARE_STATUS_DRIVER_ERROR",    "FLARE_STATUS_NO_DRIVER",
         "FLARE_STATUS_INTERNAL",        "FLARE_STATUS_REQUEST_TOO_LARGE",
+        "FLARE_STATUS_TAG_STATE",
     };
     int i;
-    for (i = 0; i <= 9; i++) {
+    for (i = 0; i <= 10; i++) {
         const char *n = flare_status_name((FlareStatus)i);
         CHECK(n != NULL && strcmp(n, names[i]) == 0);
     }
     /* 15 is inside the enum's value range in C++ too, but no enumerator. */
     CHECK(strcmp(flare_status_name((FlareStatus)15), "FLARE_STATUS_UNRECOGNIZED") == 0);
-    CHECK(strcmp(flare_status_name((FlareStatus)10), "FLARE_STATUS_UNRECOGNIZED") == 0);
+    CHECK(strcmp(flare_status_name((FlareStatus)11), "FLARE_STATUS_UNRECOGNIZED") == 0);
     CHECK(FLARE_STATUS_REQUEST_TOO_LARGE == 9 && FLARE_STATUS_INTERNAL == 8 &&
           FLARE_CALL_SYNCHRONIZE == 7 && FLARE_REUSE_SEGMENTS == 3 &&
           FLARE_REUSE_NONE == 2 && FLARE_BACKEND_SIMULATED == 1);
@@ -154,18 +155,21 @@ static void test_status_names(void) {
      * thread_cache_entries at 80 and, after 4 bytes of padding (84..88), the u64
      * thread_cache_bytes at 88, up to 96; the snapshot's eight segment counters after
      * stream_call_failures (296..304), up to 368, then the four thread-cache counters,
-     * up to 400. */
+     * up to 400, then the six sleep counters (issue 15), up to 448. */
     CHECK(sizeof(FlarePoolConfig) == 96 &&
           offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72 &&
           offsetof(FlarePoolConfig, thread_cache_entries) == 80 &&
           offsetof(FlarePoolConfig, thread_cache_bytes) == 88);
-    CHECK(sizeof(FlareSnapshot) == 400 && offsetof(FlareSnapshot, segment_count) == 304 &&
+    CHECK(sizeof(FlareTagCensus) == 56 && offsetof(FlareTagCensus, live_count) == 8);
+    CHECK(sizeof(FlareSnapshot) == 448 && offsetof(FlareSnapshot, segment_count) == 304 &&
           offsetof(FlareSnapshot, block_free_bytes) == 344 &&
           offsetof(FlareSnapshot, segment_lent_bytes) == 360 &&
           offsetof(FlareSnapshot, thread_cache_count) == 368 &&
           offsetof(FlareSnapshot, thread_cache_bytes) == 376 &&
           offsetof(FlareSnapshot, thread_cache_hits) == 384 &&
-          offsetof(FlareSnapshot, remote_frees) == 392);
+          offsetof(FlareSnapshot, remote_frees) == 392 &&
+          offsetof(FlareSnapshot, tags_sleeping) == 400 &&
+          offsetof(FlareSnapshot, offloaded_bytes) == 440);
     CHECK(FLARE_THREAD_CACHE_OFF == UINT32_MAX);
     CHECK(FLARE_PACKAGE_VERSION_MAJOR == 0 && FLARE_PACKAGE_VERSION_MINOR == 1 &&
           FLARE_PACKAGE_VERSION_PATCH == 0);
@@ -555,7 +559,8 @@ static void test_forced_reuse(void) {
               offsetof(FlareSnapshot, stream_call_failures) + 8 &&
           offsetof(FlareSnapshot, thread_cache_count) ==
               offsetof(FlareSnapshot, segment_lent_bytes) + 8 &&
-          sizeof(FlareSnapshot) == offsetof(FlareSnapshot, remote_frees) + 8);
+          offsetof(FlareSnapshot, tags_sleeping) == offsetof(FlareSnapshot, remote_frees) + 8 &&
+          sizeof(FlareSnapshot) == offsetof(FlareSnapshot, offloaded_bytes) + 8);
     memset(&old, 0xab, sizeof old);
     old.struct_size = (uint32_t)offsetof(FlareSnapshot, reuse_forced_hits);
     OK(flare_pool_snapshot(pool, &old));
@@ -1146,6 +1151,8 @@ static void test_threads(FlareReusePolicy policy, int in_scope, uint64_t thresho
 #include "segment_tests.h"
 /* Thread caches (issue 13): its own file, with the helpers above and segment_tests.h's. */
 #include "thread_cache_tests.h"
+/* Tags, sleep and wake (issue 15): its own file, with the helpers above. */
+#include "tag_tests.h"
 
 static int run_all_tests(const char *language) {
     fprintf(stderr, "flare-package %d.%d.%d C ABI tests (%s)\n", FLARE_PACKAGE_VERSION_MAJOR,
@@ -1184,6 +1191,9 @@ static int run_all_tests(const char *language) {
     test_segments_streams();
     test_segments_invariant();
     test_thread_cache_config();
+    test_tags_sleep_and_wake();
+    test_tags_wake_out_of_memory();
+    test_tags_bad_inputs();
     printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
 }

@@ -87,6 +87,11 @@ typedef enum FlareStatus {
      * call, nothing released, nothing counted.
      */
     FLARE_STATUS_REQUEST_TOO_LARGE = 9,
+    /**
+     * A tag in the wrong state (issue 15): allocating or freeing with a tag that
+     * sleeps, sleeping a tag that sleeps, waking one that does not. Nothing changed.
+     */
+    FLARE_STATUS_TAG_STATE = 10,
 } FlareStatus;
 
 /**
@@ -204,6 +209,22 @@ typedef enum FlareDriverCall {
      */
     FLARE_CALL_SYNCHRONIZE = 7,
 } FlareDriverCall;
+
+/**
+ * What `flare_pool_sleep` does with the contents of a tag's live allocations.
+ */
+typedef enum FlareSleepMode {
+    /**
+     * Contents are lost: after `flare_pool_wake` every pointer is valid again with
+     * unspecified contents.
+     */
+    FLARE_SLEEP_DISCARD = 0,
+    /**
+     * Contents are copied to pinned host memory before the physical memory is
+     * released, and copied back at wake.
+     */
+    FLARE_SLEEP_OFFLOAD = 1,
+} FlareSleepMode;
 
 /**
  * A pool of CUDA virtual-memory mappings on one device. Opaque: created by
@@ -374,7 +395,8 @@ typedef struct FlareDestroyReport {
      * Bytes the pool held for those allocations: each whole mapping's size (the
      * request rounded to the granularity), and in `FLARE_REUSE_SEGMENTS` each
      * block's size (the request rounded to 512 bytes); the snapshot's
-     * `live_mapped_bytes + block_live_bytes`.
+     * `live_mapped_bytes + block_live_bytes` (plus, for allocations of a sleeping
+     * tag, `sleeping_bytes + sleeping_held_bytes`: unmapped, still live).
      */
     uint64_t live_mapped_bytes;
     /**
@@ -655,6 +677,36 @@ typedef struct FlareSnapshot {
      * that thread through its lock-free remote list.
      */
     uint64_t remote_frees;
+    /**
+     * Tags asleep (issue 15: `Pool::sleep`).
+     */
+    uint64_t tags_sleeping;
+    /**
+     * Live allocations of sleeping tags (unmapped, reservations kept),
+     * `sleeping_held_count` included.
+     */
+    uint64_t sleeping_count;
+    /**
+     * Bytes of live allocations of sleeping tags whose physical handle was
+     * released (their reservations kept): counted in `live_count`, not in
+     * `live_mapped_bytes` nor `physical_bytes`.
+     */
+    uint64_t sleeping_bytes;
+    /**
+     * Of `sleeping_count`, those whose handle the driver refused to release.
+     */
+    uint64_t sleeping_held_count;
+    /**
+     * Bytes of live allocations of sleeping tags that are unmapped but whose
+     * handle the driver refused to release (kept, mapped again at wake): part
+     * of `physical_bytes`.
+     */
+    uint64_t sleeping_held_bytes;
+    /**
+     * Bytes of pinned host memory holding sleeping tags' contents
+     * (`SleepMode::Offload`).
+     */
+    uint64_t offloaded_bytes;
 } FlareSnapshot;
 
 /**
@@ -665,6 +717,54 @@ typedef struct FlareSnapshot {
  * handle from `flare_sim_stream_create`, or NULL.
  */
 typedef void *FlareStream;
+
+/**
+ * What one tag holds (`flare_pool_tag_census`; issue 15). Bytes are the pool's
+ * sizes: a whole mapping's (the request rounded to the granularity), a block's
+ * (rounded to 512 bytes).
+ *
+ * Versioning: as for `FlareSnapshot`, the caller sets `struct_size` to
+ * `sizeof(FlareTagCensus)`; only the fields lying wholly inside `struct_size`
+ * bytes are written. It must cover at least `struct_size` and `sleeping` (8
+ * bytes) and be at most 4096.
+ */
+typedef struct FlareTagCensus {
+    /**
+     * `sizeof(FlareTagCensus)`, bytes; set by the caller.
+     */
+    uint32_t struct_size;
+    /**
+     * 1 while the tag sleeps (`flare_pool_sleep` succeeded, no wake yet), else 0.
+     */
+    uint32_t sleeping;
+    /**
+     * Live allocations of the tag, sleeping ones included.
+     */
+    uint64_t live_count;
+    /**
+     * Bytes of those.
+     */
+    uint64_t live_bytes;
+    /**
+     * High watermark of `live_bytes` (tag 0: the highest a census saw).
+     */
+    uint64_t peak_live_bytes;
+    /**
+     * Idle bytes the tag holds (tag 0: every idle mapping and free block not in
+     * another tag's bucket).
+     */
+    uint64_t idle_bytes;
+    /**
+     * Physical bytes the tag holds on the device (0 while it sleeps, unless the
+     * driver refused to release a handle).
+     */
+    uint64_t physical_bytes;
+    /**
+     * Bytes of pinned host memory holding the tag's contents while it sleeps in
+     * `FLARE_SLEEP_OFFLOAD`.
+     */
+    uint64_t offloaded_bytes;
+} FlareTagCensus;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1007,6 +1107,85 @@ enum FlareStatus flare_package_free_async(struct FlarePool *pool, void *ptr, Fla
  * `stream` only passed to the driver (see `flare_package_allocate_async`).
  */
 enum FlareStatus flare_package_record_stream(struct FlarePool *pool, void *ptr, FlareStream stream);
+
+/**
+ * Allocates `size` bytes for tag `tag`, stream-ordered on `stream` (as
+ * `flare_package_allocate_async`; NULL is the legacy stream), and writes its device
+ * address to `*out_ptr`. Tag 0 is exactly `flare_package_allocate_async`. A tag
+ * other than 0 takes a whole mapping (the size rounded up to the granularity) in
+ * every reuse policy, `FLARE_REUSE_SEGMENTS` included, so that its handles hold no
+ * other tag's memory; its memory is counted by `flare_pool_tag_census` and put to
+ * sleep by `flare_pool_sleep`. Free it with `flare_package_free` or
+ * `flare_package_free_async` (a stream-ordered free makes the idle memory the pool's
+ * shared memory, tag 0's).
+ *
+ * Errors: `FLARE_STATUS_TAG_STATE` while the tag sleeps (nothing changes); otherwise
+ * as `flare_package_allocate_async`. Nothing is written on failure. Thread-safe.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool; `out_ptr` is NULL or writable; `stream` as for
+ * `flare_package_allocate_async`.
+ */
+enum FlareStatus flare_package_allocate_tagged(struct FlarePool *pool,
+                                               size_t size,
+                                               FlareStream stream,
+                                               uint32_t tag,
+                                               void **out_ptr);
+
+/**
+ * Puts tag `tag` to sleep: waits for the device's work (a synchronize of every
+ * device with access), copies each live allocation's bytes to pinned host memory
+ * (`FLARE_SLEEP_OFFLOAD`), then unmaps and releases every physical handle the tag
+ * holds, live and idle, keeping every address reservation: the tag's pointers stay
+ * reserved and become valid again at `flare_pool_wake`. The driver's free memory
+ * rises by the tag's physical bytes. Allocating or freeing with the tag is refused
+ * until then; other tags are untouched.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool or a mode that is not a
+ * `FlareSleepMode`; `FLARE_STATUS_SCOPE_STATE` inside a retention scope or while one
+ * of the pool's streams is captured; `FLARE_STATUS_TAG_STATE` when the tag already
+ * sleeps; `FLARE_STATUS_NOT_SUPPORTED` for tag 0 in `FLARE_REUSE_SEGMENTS`;
+ * `FLARE_STATUS_DRIVER_ERROR` when a step is refused: the tag is then awake and
+ * usable, its contents intact (see the Rust `Pool::sleep` for the one exception).
+ *
+ * # Safety
+ * `pool` is NULL or a live pool.
+ */
+enum FlareStatus flare_pool_sleep(struct FlarePool *pool, uint32_t tag, FlareSleepMode mode);
+
+/**
+ * Wakes tag `tag`: new handles mapped at the same addresses with the same access,
+ * offloaded bytes copied back (pinned host memory freed). Every pointer of the tag
+ * is valid again: same bytes (`FLARE_SLEEP_OFFLOAD`) or unspecified contents
+ * (`FLARE_SLEEP_DISCARD`).
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL; `FLARE_STATUS_TAG_STATE` when the
+ * tag does not sleep; `FLARE_STATUS_OUT_OF_MEMORY` when the device is full and
+ * `FLARE_STATUS_DRIVER_ERROR` for another refused step: what this wake mapped is
+ * undone, the tag stays asleep with nothing lost, and a later wake can succeed.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool.
+ */
+enum FlareStatus flare_pool_wake(struct FlarePool *pool, uint32_t tag);
+
+/**
+ * Writes what tag `tag` holds to `*out` (its live allocations, idle, physical and
+ * offloaded bytes, whether it sleeps): exact, and cheap (no walk over allocations).
+ * A tag never used reads all zeros.
+ *
+ * Versioning: the caller sets `out->struct_size` to `sizeof(FlareTagCensus)`; only
+ * the fields lying wholly inside it are written.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL or a bad `struct_size`.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool; `out` is NULL or points to at least
+ * `out->struct_size` writable bytes.
+ */
+enum FlareStatus flare_pool_tag_census(const struct FlarePool *pool,
+                                       uint32_t tag,
+                                       struct FlareTagCensus *out);
 
 /**
  * The enumerator's name (`"FLARE_STATUS_OUT_OF_MEMORY"`), or

@@ -70,6 +70,16 @@ pub enum Error {
     #[error("retention scope state: {0}")]
     ScopeState(&'static str),
 
+    /// A tag-state error (issue 15): allocating or freeing with a tag that sleeps (or
+    /// is being put to sleep or woken), sleeping a tag that already sleeps, waking one
+    /// that does not. Nothing changed.
+    #[error("tag {tag}: {reason}")]
+    TagState {
+        /// The tag the call named (0: the untagged functions').
+        tag: u32,
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// A driver call failed. `bytes` is the size the call was about (0 for
     /// synchronize). The pool's books are unchanged by the failed step and any steps
     /// before it were undone.

@@ -16,10 +16,13 @@ pub mod trace;
 pub(crate) mod sync;
 
 pub use driver::sim::{SimConfig, SimDriver};
-pub use driver::{CaptureMode, CuResult, DevicePtr, Driver, DriverCall, DriverError, Stream};
+pub use driver::{
+    CaptureMode, CuResult, DevicePtr, Driver, DriverCall, DriverError, HostBuffer, Stream,
+};
 pub use error::{Error, Result};
 pub use pool::{
-    Allocation, Backend, CrossStreamReuse, Pool, PoolConfig, RetentionScope, ReusePolicy, Snapshot,
+    Allocation, Backend, CrossStreamReuse, Pool, PoolConfig, RetentionScope, ReusePolicy,
+    SleepMode, Snapshot, TagCensus,
 };
 
 /// Formats a byte count the way error messages and reports print it: `"1.0 GiB"`,

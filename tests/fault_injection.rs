@@ -26,7 +26,7 @@ use common::{check_with_devices, GIB, MIB};
 use flare_package::driver::sim::{CaptureMode, SimStreamCall};
 use flare_package::{
     CrossStreamReuse, CuResult, DevicePtr, DriverCall, Error, Pool, PoolConfig, ReusePolicy,
-    SimConfig, SimDriver, Stream,
+    SimConfig, SimDriver, SleepMode, Stream,
 };
 use proptest::prelude::*;
 use std::sync::Arc;
@@ -60,6 +60,14 @@ enum Op {
     Capture(u8),
     /// Make the `nth` next stream or event call of this kind fail with this code.
     FailStream(SimStreamCall, u32, CuResult),
+    /// `allocate_tagged_raw` (synchronous) for tag 1 + n % 2 (issue 15).
+    AllocTagged(u8, u64),
+    /// Free the n-th tagged allocation.
+    FreeTagged(usize),
+    /// Sleep tag 1 + n % 2, offloading or discarding.
+    Sleep(u8, bool),
+    /// Wake tag 1 + n % 2.
+    Wake(u8),
 }
 
 /// The pool's setting for one case.
@@ -99,6 +107,9 @@ fn failure() -> impl Strategy<Value = Op> {
         Just((D::FreeReservation, C::INVALID_VALUE)),
         Just((D::Synchronize, C::STREAM_CAPTURE_UNSUPPORTED)),
         Just((D::Synchronize, C::ILLEGAL_ADDRESS)),
+        Just((D::HostAlloc, C::OUT_OF_MEMORY)),
+        Just((D::MemcpyDtoH, C::INVALID_VALUE)),
+        Just((D::MemcpyHtoD, C::INVALID_VALUE)),
     ];
     (kinds, 1u32..=3).prop_map(|((call, code), nth)| Op::Fail(call, nth, code))
 }
@@ -131,6 +142,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Abort),
         1 => Just(Op::Trim),
         1 => Just(Op::Snapshot),
+        3 => (any::<u8>(), size()).prop_map(|(t, b)| Op::AllocTagged(t, b)),
+        2 => any::<usize>().prop_map(Op::FreeTagged),
+        1 => (any::<u8>(), any::<bool>()).prop_map(|(t, o)| Op::Sleep(t, o)),
+        1 => any::<u8>().prop_map(Op::Wake),
         6 => failure(),
     ]
 }
@@ -189,6 +204,10 @@ struct Model {
     granularity: u64,
     /// Live allocations: pointer, bytes asked, the stream (index) it was made on.
     live: Vec<(DevicePtr, u64, Option<usize>)>,
+    /// Live tagged allocations: pointer, bytes asked, tag (1 or 2).
+    tagged: Vec<(DevicePtr, u64, u32)>,
+    /// Whether tags 1 and 2 (indices 1, 2) sleep.
+    asleep: [bool; 3],
     scope: bool,
     /// The three created streams, then the legacy stream.
     streams: [u64; 4],
@@ -249,6 +268,15 @@ impl Model {
         Stream(self.streams[i])
     }
 
+    /// Injected failures of every kind that have fired so far.
+    fn fired_all(&self) -> u64 {
+        DriverCall::ALL.iter().map(|&c| self.fired(c)).sum()
+    }
+
+    fn live_count(&self) -> u64 {
+        (self.live.len() + self.tagged.len()) as u64
+    }
+
     fn fired_total(&self) -> u64 {
         COUNTED.iter().map(|&c| self.fired(c)).sum()
     }
@@ -278,12 +306,43 @@ impl Model {
         let devices = if self.setup.peer { 2 } else { 1 };
         let s = check_with_devices(pool, devices);
         assert_eq!(s.scope_open, self.scope, "{step:?}: scope state");
-        assert_eq!(s.live_count, self.live.len() as u64, "{step:?}: live count");
+        assert_eq!(s.live_count, self.live_count(), "{step:?}: live count");
         assert_eq!(
             s.live_requested_bytes,
-            self.live.iter().map(|&(_, b, _)| b).sum::<u64>(),
+            self.live.iter().map(|&(_, b, _)| b).sum::<u64>()
+                + self.tagged.iter().map(|&(_, b, _)| b).sum::<u64>(),
             "{step:?}: live requested bytes"
         );
+        assert_eq!(
+            s.tags_sleeping,
+            self.asleep.iter().filter(|&&a| a).count() as u64,
+            "{step:?}: tags asleep"
+        );
+        for t in 1..3u32 {
+            let c = pool.tag_census(t);
+            assert_eq!(c.sleeping, self.asleep[t as usize], "{step:?}: tag {t}");
+            let mine: Vec<_> = self.tagged.iter().filter(|x| x.2 == t).collect();
+            assert_eq!(c.live_count, mine.len() as u64, "{step:?}: tag {t} live");
+            // Each holds a whole mapping of at least its rounded size (a best fit or
+            // a forced reuse may hand out a larger one).
+            assert!(
+                c.live_bytes >= mine.iter().map(|x| self.rounded(x.1)).sum::<u64>()
+                    && c.live_bytes
+                        <= s.live_mapped_bytes + s.sleeping_bytes + s.sleeping_held_bytes,
+                "{step:?}: tag {t} live bytes {}",
+                c.live_bytes
+            );
+            if self.asleep[t as usize] {
+                assert_eq!(c.idle_bytes, 0, "{step:?}: a sleeping tag's idle");
+            }
+        }
+        if self.asleep.iter().all(|&a| !a) {
+            assert_eq!(
+                self.sim.host_bytes(),
+                0,
+                "{step:?}: host memory with no tag asleep"
+            );
+        }
         assert_eq!(
             self.sim.contract_faults(),
             0,
@@ -367,6 +426,8 @@ fn run(setup: Setup, ops: Vec<Op>) {
         setup,
         granularity: pool.granularity(),
         live: Vec::new(),
+        tagged: Vec::new(),
+        asleep: [false; 3],
         scope: false,
         streams: [created[0], created[1], created[2], 0],
         capture: None,
@@ -380,12 +441,21 @@ fn run(setup: Setup, ops: Vec<Op>) {
     };
     for op in &ops {
         let fired_before = m.fired_total();
+        let fired_all_before = m.fired_all();
         let stream_fired_before = m.stream_fired();
         // While a capture is open the caller uses stream-ordered calls only: the
         // synchronous release points synchronize the device (their contract).
         let sync_op = matches!(
             op,
-            Op::Alloc(_) | Op::Free(_) | Op::Finish | Op::Abort | Op::Trim
+            Op::Alloc(_)
+                | Op::Free(_)
+                | Op::Finish
+                | Op::Abort
+                | Op::Trim
+                | Op::AllocTagged(..)
+                | Op::FreeTagged(_)
+                | Op::Sleep(..)
+                | Op::Wake(_)
         );
         if sync_op && m.capture.is_some() {
             continue;
@@ -534,7 +604,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 let d = sim.state();
                 assert_eq!(
                     (s.allocations, s.frees, s.live_count),
-                    (m.allocations, m.frees, m.live.len() as u64),
+                    (m.allocations, m.frees, m.live_count()),
                     "allocations, frees, live: snapshot vs model"
                 );
                 assert_eq!(
@@ -570,6 +640,133 @@ fn run(setup: Setup, ops: Vec<Op>) {
                     "{s:#?}"
                 );
                 assert!(d.mapped_bytes >= s.live_mapped_bytes, "{s:#?}\n{d:#?}");
+            }
+            Op::AllocTagged(t, bytes) => {
+                let tag = 1 + u32::from(t % 2);
+                match pool.allocate_tagged_raw(bytes, None, tag) {
+                    Ok(ptr) => {
+                        assert!(!m.asleep[tag as usize], "{op:?}: allocated while asleep");
+                        assert_eq!(ptr % m.granularity, 0, "a tagged allocation is whole");
+                        assert!(
+                            m.live.iter().all(|&(p, _, _)| p != ptr)
+                                && m.tagged.iter().all(|&(p, _, _)| p != ptr),
+                            "{op:?}: {ptr:#x} handed out twice"
+                        );
+                        sim.mark_busy(ptr, bytes);
+                        m.tagged.push((ptr, bytes, tag));
+                        m.allocations += 1;
+                    }
+                    Err(Error::TagState { tag: t2, .. }) => {
+                        assert!(m.asleep[tag as usize] && t2 == tag, "{op:?}");
+                    }
+                    Err(e) => {
+                        assert!(!m.asleep[tag as usize], "{op:?}: {e:?}");
+                        match &e {
+                            Error::OutOfMemory { requested, .. } => {
+                                assert_eq!(*requested, m.rounded(bytes), "{e:?}")
+                            }
+                            Error::Driver { .. } => {}
+                            _ => panic!("{op:?}: untyped error {e:?}"),
+                        }
+                        assert_names_call(&e, &CREATE_STEPS);
+                    }
+                }
+            }
+            Op::FreeTagged(i) => {
+                if !m.tagged.is_empty() {
+                    let k = i % m.tagged.len();
+                    let (ptr, _, tag) = m.tagged[k];
+                    match pool.free_raw(ptr) {
+                        Ok(()) => {
+                            assert!(!m.asleep[tag as usize], "{op:?}: freed while asleep");
+                            m.tagged.swap_remove(k);
+                            m.frees += 1;
+                        }
+                        Err(e) => {
+                            assert!(
+                                m.asleep[tag as usize]
+                                    && matches!(e, Error::TagState { tag: t, .. } if t == tag),
+                                "{op:?}: {e:?}"
+                            );
+                        }
+                    }
+                }
+            }
+            Op::Sleep(t, offload) => {
+                let tag = 1 + u32::from(t % 2);
+                let mode = if offload {
+                    SleepMode::Offload
+                } else {
+                    SleepMode::Discard
+                };
+                let physical_before = pool.tag_census(tag).physical_bytes;
+                let r = pool.sleep(tag, mode);
+                if m.scope {
+                    assert!(matches!(r, Err(Error::ScopeState(_))), "{op:?}: {r:?}");
+                } else if m.asleep[tag as usize] {
+                    assert!(matches!(r, Err(Error::TagState { .. })), "{op:?}: {r:?}");
+                } else {
+                    match r {
+                        Ok(()) => {
+                            m.asleep[tag as usize] = true;
+                            let c = pool.tag_census(tag);
+                            let s = pool.snapshot();
+                            // Only handles the driver refused to release stay.
+                            assert!(c.physical_bytes <= s.sleeping_held_bytes, "{op:?}");
+                            assert!(c.physical_bytes <= physical_before, "{op:?}");
+                            if m.fired_total() == fired_before {
+                                assert_eq!(c.physical_bytes, 0, "{op:?}");
+                            }
+                            if offload {
+                                let asked: u64 =
+                                    m.tagged.iter().filter(|x| x.2 == tag).map(|x| x.1).sum();
+                                assert_eq!(c.offloaded_bytes, asked, "{op:?}");
+                            }
+                        }
+                        Err(e) => {
+                            assert!(e.driver_error().is_some(), "{op:?}: {e:?}");
+                            assert!(
+                                m.fired_all() > fired_all_before,
+                                "{op:?}: {e:?} not injected"
+                            );
+                            // Awake, unless undoing the failure failed too.
+                            m.asleep[tag as usize] = pool.tag_census(tag).sleeping;
+                            if m.asleep[tag as usize] {
+                                assert!(m.fired_all() >= fired_all_before + 2, "{op:?}");
+                            }
+                        }
+                    }
+                }
+            }
+            Op::Wake(t) => {
+                let tag = 1 + u32::from(t % 2);
+                let r = pool.wake(tag);
+                if !m.asleep[tag as usize] {
+                    assert!(matches!(r, Err(Error::TagState { .. })), "{op:?}: {r:?}");
+                } else {
+                    match r {
+                        Ok(()) => {
+                            m.asleep[tag as usize] = false;
+                            for &(p, b, tg) in &m.tagged {
+                                if tg == tag {
+                                    assert_eq!(sim.touch(p, b, 0), CuResult::SUCCESS, "{op:?}");
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            assert!(
+                                m.fired_all() > fired_all_before,
+                                "{op:?}: {e:?} not injected"
+                            );
+                            assert!(pool.tag_census(tag).sleeping, "{op:?}: {e:?}");
+                            assert!(
+                                matches!(e, Error::OutOfMemory { .. })
+                                    || e.driver_error().is_some(),
+                                "{op:?}: {e:?}"
+                            );
+                        }
+                    }
+                }
             }
             Op::Fail(call, nth, code) => m.inject(call, nth, code),
             Op::FailStream(call, nth, code) => m.inject_stream(call, nth, code),
@@ -659,6 +856,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
     }
     sim.clear_failures();
     drop(pool);
+    assert_eq!(sim.host_bytes(), 0, "pinned host memory left after drop");
     let d = sim.state();
     assert_eq!(
         (d.handles, d.physical_bytes, d.reservations, d.mappings),

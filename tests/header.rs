@@ -239,7 +239,20 @@ fn header_declares_the_whole_contract() {
          uint64_t segment_mapped_bytes; uint64_t block_live_count; uint64_t block_live_bytes; \
          uint64_t block_free_bytes; uint64_t segment_handles_lent; uint64_t segment_lent_bytes; \
          uint64_t thread_cache_count; uint64_t thread_cache_bytes; uint64_t thread_cache_hits; \
-         uint64_t remote_frees; } FlareSnapshot;",
+         uint64_t remote_frees; uint64_t tags_sleeping; uint64_t sleeping_count; \
+         uint64_t sleeping_bytes; uint64_t sleeping_held_count; uint64_t sleeping_held_bytes; \
+         uint64_t offloaded_bytes; } FlareSnapshot;",
+        // Tags (issue 15): the interface the issue names.
+        "FLARE_SLEEP_DISCARD = 0, FLARE_SLEEP_OFFLOAD = 1, } FlareSleepMode;",
+        "typedef FlareTagCensus { uint32_t struct_size; uint32_t sleeping; uint64_t live_count; uint64_t live_bytes; \
+         uint64_t peak_live_bytes; uint64_t idle_bytes; uint64_t physical_bytes; \
+         uint64_t offloaded_bytes; } FlareTagCensus;",
+        "FlareStatus flare_package_allocate_tagged(FlarePool *pool, size_t size, \
+         FlareStream stream, uint32_t tag, void **out_ptr);",
+        "FlareStatus flare_pool_sleep(FlarePool *pool, uint32_t tag, FlareSleepMode mode);",
+        "FlareStatus flare_pool_wake(FlarePool *pool, uint32_t tag);",
+        "FlareStatus flare_pool_tag_census(const FlarePool *pool, uint32_t tag, \
+         FlareTagCensus *out);",
     ] {
         assert!(code.contains(decl), "the generated header lacks `{decl}`");
     }

@@ -114,7 +114,8 @@ fn ids_are_any_token() {
 fn malformed_lines() {
     let cases: [(&str, &str, usize); 8] = [
         ("a 1 5\na 2\n", "a", 1),
-        ("a 1 5 6\n", "a", 3),
+        // A third field is a tag (issue 15); a fourth is one too many.
+        ("a 1 5 6 7\n", "a", 4),
         ("a\n", "a", 0),
         ("a 1 5\nf\n", "f", 0),
         ("a 1 5\nf 1 2\n", "f", 2),

@@ -180,6 +180,15 @@ macro_rules! driver_calls {
                 StreamCreate = 19, "cuStreamCreate";
                 /// `cuStreamDestroy`.
                 StreamDestroy = 20, "cuStreamDestroy";
+                /// `cuMemHostAlloc`: pinned host memory for a tag's contents while it
+                /// sleeps in offload mode (issue 15).
+                HostAlloc = 21, "cuMemHostAlloc";
+                /// `cuMemFreeHost`: gives that host memory back (at wake).
+                HostFree = 22, "cuMemFreeHost";
+                /// `cuMemcpyDtoH`: a sleeping allocation's bytes to host memory.
+                MemcpyDtoH = 23, "cuMemcpyDtoH";
+                /// `cuMemcpyHtoD`: those bytes back at wake.
+                MemcpyHtoD = 24, "cuMemcpyHtoD";
             }
         }
     };
@@ -323,6 +332,17 @@ pub struct Reservation {
     /// First address of the range.
     pub ptr: DevicePtr,
     /// Size of the range, bytes (a multiple of the granularity).
+    pub size: u64,
+}
+
+/// Pinned (page-locked) host memory from [`Driver::host_alloc`] (`cuMemHostAlloc`):
+/// its address as a raw value and its size, bytes. The pool never dereferences it:
+/// only the driver's copy calls read or write it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HostBuffer {
+    /// The host address (`void *`) as an integer; the simulated driver's own key.
+    pub raw: u64,
+    /// Size, bytes.
     pub size: u64,
 }
 
@@ -504,6 +524,52 @@ pub trait Driver: std::any::Any + Send + Sync {
     fn stream_destroy(&self, stream: Stream) -> Result<(), DriverError> {
         let _ = stream;
         Err(not_supported(DriverCall::StreamDestroy))
+    }
+
+    // ---- host copies (issue 15: sleep in offload mode). A backend without them keeps
+    // the defaults (`CUDA_ERROR_NOT_SUPPORTED`): only `Pool::sleep` with
+    // `SleepMode::Offload` calls them.
+
+    /// Allocates `size` bytes of pinned host memory (`cuMemHostAlloc`, flags 0) in the
+    /// pool's device's context. `CUDA_ERROR_OUT_OF_MEMORY` when the host cannot pin
+    /// that much; `CUDA_ERROR_INVALID_VALUE` for 0 bytes.
+    fn host_alloc(&self, size: u64) -> Result<HostBuffer, DriverError> {
+        let _ = size;
+        Err(not_supported(DriverCall::HostAlloc))
+    }
+
+    /// Frees memory from [`Driver::host_alloc`] (`cuMemFreeHost`).
+    fn host_free(&self, buffer: HostBuffer) -> Result<(), DriverError> {
+        let _ = buffer;
+        Err(not_supported(DriverCall::HostFree))
+    }
+
+    /// Copies `size` bytes from device address `src` to `dst` at byte `offset`
+    /// (`cuMemcpyDtoH`: synchronous, ordered after the legacy stream's work). The
+    /// source must be mapped with access granted, and `offset + size` within `dst`,
+    /// else `CUDA_ERROR_INVALID_VALUE`.
+    fn copy_to_host(
+        &self,
+        dst: HostBuffer,
+        offset: u64,
+        src: DevicePtr,
+        size: u64,
+    ) -> Result<(), DriverError> {
+        let _ = (dst, offset, src, size);
+        Err(not_supported(DriverCall::MemcpyDtoH))
+    }
+
+    /// Copies `size` bytes from `src` at byte `offset` to device address `dst`
+    /// (`cuMemcpyHtoD`: synchronous). The same rules as [`Driver::copy_to_host`].
+    fn copy_to_device(
+        &self,
+        dst: DevicePtr,
+        src: HostBuffer,
+        offset: u64,
+        size: u64,
+    ) -> Result<(), DriverError> {
+        let _ = (dst, src, offset, size);
+        Err(not_supported(DriverCall::MemcpyHtoD))
     }
 
     /// A checking hook, no driver call: the pool hands `[ptr, ptr + size)` to

@@ -39,6 +39,8 @@ mod memory;
 
 mod stream;
 
+mod tags;
+
 mod boundary;
 
 mod sim;
@@ -63,19 +65,24 @@ pub use sim::{
 pub use stream::{
     flare_package_allocate_async, flare_package_free_async, flare_package_record_stream,
 };
+pub use tags::{
+    flare_package_allocate_tagged, flare_pool_sleep, flare_pool_tag_census, flare_pool_wake,
+};
 pub use types::{
     FlareBackend, FlareCrossStreamReuse, FlareDestroyReport, FlareDriverCall, FlarePoolConfig,
-    FlareReusePolicy, FlareSnapshot, FlareStatus, FlareStream, RawDriverCall, RawStatus,
-    FLARE_THREAD_CACHE_OFF,
+    FlareReusePolicy, FlareSleepMode, FlareSnapshot, FlareStatus, FlareStream, FlareTagCensus,
+    RawDriverCall, RawSleepMode, RawStatus, FLARE_THREAD_CACHE_OFF,
 };
 
 /// The Rust source of the C types that macros generate, in the header's order, for
 /// cbindgen (which does not expand macros): `tests/header.rs` gives them to it
 /// together with this module. Not part of the API.
 #[doc(hidden)]
-pub fn cbindgen_sources() -> [&'static str; 8] {
+pub fn cbindgen_sources() -> [&'static str; 10] {
     [
         FlareStatus::RUST_SOURCE,
+        FlareSleepMode::RUST_SOURCE,
+        FlareTagCensus::RUST_SOURCE,
         FlareBackend::RUST_SOURCE,
         FlareReusePolicy::RUST_SOURCE,
         FlareCrossStreamReuse::RUST_SOURCE,

@@ -59,6 +59,9 @@ c_enum! {
     /// memory: it can never succeed, whatever is freed. Refused at once: no driver
     /// call, nothing released, nothing counted.
     FLARE_STATUS_REQUEST_TOO_LARGE = 9 <- RequestTooLarge;
+    /// A tag in the wrong state (issue 15): allocating or freeing with a tag that
+    /// sleeps, sleeping a tag that sleeps, waking one that does not. Nothing changed.
+    FLARE_STATUS_TAG_STATE = 10 <- TagState;
 }
 
 c_enum! {
@@ -69,6 +72,17 @@ c_enum! {
     /// A deterministic simulated device (no GPU needed), sized by `sim_capacity_bytes`
     /// and `sim_granularity_bytes`. Supports fault injection.
     FLARE_BACKEND_SIMULATED = 1;
+}
+
+c_enum! {
+    /// What `flare_pool_sleep` does with the contents of a tag's live allocations.
+    pub enum FlareSleepMode;
+    /// Contents are lost: after `flare_pool_wake` every pointer is valid again with
+    /// unspecified contents.
+    FLARE_SLEEP_DISCARD = 0;
+    /// Contents are copied to pinned host memory before the physical memory is
+    /// released, and copied back at wake.
+    FLARE_SLEEP_OFFLOAD = 1;
 }
 
 reuse_policies!(c_enum! {
@@ -103,6 +117,11 @@ pub type FlareStream = *mut c_void;
 #[repr(transparent)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawStatus(pub u32);
+
+/// A `FlareSleepMode` as C passes it (see [`RawStatus`]).
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawSleepMode(pub u32);
 
 /// A `FlareDriverCall` as C passes it (see [`RawStatus`]).
 #[repr(transparent)]
@@ -246,6 +265,55 @@ snapshot_counters!(c_snapshot! {
 });
 
 versioned_struct! {
+    /// What one tag holds (`flare_pool_tag_census`; issue 15). Bytes are the pool's
+    /// sizes: a whole mapping's (the request rounded to the granularity), a block's
+    /// (rounded to 512 bytes).
+    ///
+    /// Versioning: as for `FlareSnapshot`, the caller sets `struct_size` to
+    /// `sizeof(FlareTagCensus)`; only the fields lying wholly inside `struct_size`
+    /// bytes are written. It must cover at least `struct_size` and `sleeping` (8
+    /// bytes) and be at most 4096.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct FlareTagCensus {
+        /// `sizeof(FlareTagCensus)`, bytes; set by the caller.
+        pub struct_size: u32,
+        /// 1 while the tag sleeps (`flare_pool_sleep` succeeded, no wake yet), else 0.
+        pub sleeping: u32,
+        /// Live allocations of the tag, sleeping ones included.
+        pub live_count: u64,
+        /// Bytes of those.
+        pub live_bytes: u64,
+        /// High watermark of `live_bytes` (tag 0: the highest a census saw).
+        pub peak_live_bytes: u64,
+        /// Idle bytes the tag holds (tag 0: every idle mapping and free block not in
+        /// another tag's bucket).
+        pub idle_bytes: u64,
+        /// Physical bytes the tag holds on the device (0 while it sleeps, unless the
+        /// driver refused to release a handle).
+        pub physical_bytes: u64,
+        /// Bytes of pinned host memory holding the tag's contents while it sleeps in
+        /// `FLARE_SLEEP_OFFLOAD`.
+        pub offloaded_bytes: u64,
+    }
+}
+
+impl FlareTagCensus {
+    /// The C copy of a [`crate::TagCensus`] (`struct_size` set to this header's).
+    pub(crate) fn from_census(c: &crate::TagCensus) -> Self {
+        FlareTagCensus {
+            struct_size: std::mem::size_of::<FlareTagCensus>() as u32,
+            sleeping: u32::from(c.sleeping),
+            live_count: c.live_count,
+            live_bytes: c.live_bytes,
+            peak_live_bytes: c.peak_live_bytes,
+            idle_bytes: c.idle_bytes,
+            physical_bytes: c.physical_bytes,
+            offloaded_bytes: c.offloaded_bytes,
+        }
+    }
+}
+
+versioned_struct! {
     /// What `flare_pool_destroy_report` released: the allocations that were still live
     /// when the pool was destroyed (a leak on the caller's side, or a deliberate
     /// teardown), and everything the pool held.
@@ -267,7 +335,8 @@ versioned_struct! {
         /// Bytes the pool held for those allocations: each whole mapping's size (the
         /// request rounded to the granularity), and in `FLARE_REUSE_SEGMENTS` each
         /// block's size (the request rounded to 512 bytes); the snapshot's
-        /// `live_mapped_bytes + block_live_bytes`.
+        /// `live_mapped_bytes + block_live_bytes` (plus, for allocations of a sleeping
+        /// tag, `sleeping_bytes + sleeping_held_bytes`: unmapped, still live).
         pub live_mapped_bytes: u64,
         /// Physical bytes the pool held on the device (live, idle, pending and
         /// mapped in segments: the snapshot's `physical_bytes`), all
@@ -277,13 +346,15 @@ versioned_struct! {
     }
 }
 
-// The layouts the C tests assert too (`sizeof` 96, 400 and 40 on 64-bit targets).
+// The layouts the C tests assert too (`sizeof` 96, 448, 40 and 56 on 64-bit targets).
 const _: () = assert!(size_of::<FlareStatus>() == 4 && size_of::<FlareBackend>() == 4);
 const _: () = assert!(size_of::<FlareReusePolicy>() == 4 && size_of::<FlareDriverCall>() == 4);
 const _: () = assert!(size_of::<FlareCrossStreamReuse>() == 4);
-const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 49 * 8);
+const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 55 * 8);
 const _: () = assert!(size_of::<FlarePoolConfig>() == 96);
 const _: () = assert!(size_of::<FlareDestroyReport>() == 8 + 4 * 8);
+const _: () = assert!(size_of::<FlareTagCensus>() == 8 + 6 * 8);
+const _: () = assert!(size_of::<FlareSleepMode>() == 4);
 
 /// The largest `struct_size` accepted from a caller.
 const MAX_STRUCT_SIZE: u32 = 4096;
@@ -320,7 +391,12 @@ impl FlareDestroyReport {
             scope_was_open: u32::from(s.scope_open),
             live_count: s.live_count,
             live_requested_bytes: s.live_requested_bytes,
-            live_mapped_bytes: s.live_mapped_bytes + s.block_live_bytes,
+            // Sleeping allocations (issue 15) are live: their bytes count, mapped
+            // or not.
+            live_mapped_bytes: s.live_mapped_bytes
+                + s.block_live_bytes
+                + s.sleeping_bytes
+                + s.sleeping_held_bytes,
             physical_bytes: s.physical_bytes,
         }
     }
@@ -439,9 +515,15 @@ mod tests {
                 // Ending inside thread_cache_hits (384..392): the fields before it.
                 (391, Some(384)),
                 (392, Some(392)),
-                // This header's 400 bytes, and a newer caller's larger struct: all.
+                // A caller compiled before the sleep counters (400 bytes, up to
+                // remote_frees, issue 13): not one of them.
                 (400, Some(400)),
-                (4096, Some(400)),
+                (407, Some(400)),
+                // Ending inside offloaded_bytes (440..448): the fields before it.
+                (447, Some(440)),
+                // This header's 448 bytes, and a newer caller's larger struct: all.
+                (448, Some(448)),
+                (4096, Some(448)),
             ],
         );
         // best_fit_max_waste_percent (4 bytes at 60) filled what was the tail
@@ -523,7 +605,18 @@ mod tests {
         assert_eq!(offset_of!(FlareSnapshot, thread_cache_bytes), 376);
         assert_eq!(offset_of!(FlareSnapshot, thread_cache_hits), 384);
         assert_eq!(offset_of!(FlareSnapshot, remote_frees), 392);
-        assert_eq!(size_of::<FlareSnapshot>(), 400);
+        // The six sleep counters (issue 15), after those: 400 to 448.
+        assert_eq!(offset_of!(FlareSnapshot, tags_sleeping), 400);
+        assert_eq!(offset_of!(FlareSnapshot, sleeping_count), 408);
+        assert_eq!(offset_of!(FlareSnapshot, sleeping_bytes), 416);
+        assert_eq!(offset_of!(FlareSnapshot, sleeping_held_count), 424);
+        assert_eq!(offset_of!(FlareSnapshot, sleeping_held_bytes), 432);
+        assert_eq!(offset_of!(FlareSnapshot, offloaded_bytes), 440);
+        assert_eq!(size_of::<FlareSnapshot>(), 448);
+        // The tag census: two u32, six u64.
+        assert_eq!(offset_of!(FlareTagCensus, live_count), 8);
+        assert_eq!(offset_of!(FlareTagCensus, offloaded_bytes), 48);
+        assert_eq!(size_of::<FlareTagCensus>(), 56);
     }
 
     #[test]
@@ -551,10 +644,27 @@ mod tests {
             thread_cache_bytes: 61,
             thread_cache_hits: 67,
             remote_frees: 71,
+            tags_sleeping: 73,
+            sleeping_count: 79,
+            sleeping_bytes: 83,
+            sleeping_held_count: 89,
+            sleeping_held_bytes: 97,
+            offloaded_bytes: 101,
             ..Snapshot::default()
         };
         let c = FlareSnapshot::from_snapshot(&s);
-        assert_eq!((c.struct_size, c.scope_open), (400, 1));
+        assert_eq!((c.struct_size, c.scope_open), (448, 1));
+        assert_eq!(
+            (
+                c.tags_sleeping,
+                c.sleeping_count,
+                c.sleeping_bytes,
+                c.sleeping_held_count,
+                c.sleeping_held_bytes,
+                c.offloaded_bytes
+            ),
+            (73, 79, 83, 89, 97, 101)
+        );
         assert_eq!(
             (c.granularity_bytes, c.live_count, c.live_requested_bytes),
             (2 << 20, 3, 5)

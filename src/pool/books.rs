@@ -38,6 +38,10 @@ pub(super) enum BucketKind {
     /// Freed on this stream (`free_async`), not yet known complete: reusable on the
     /// stream at once, elsewhere after a fence.
     Stream(Stream),
+    /// Freed with the synchronous `free` by tag `t` (not 0, issue 15): taken only by
+    /// that tag's synchronous allocations, released after a device synchronize (as
+    /// [`SYNC_FREED`]), and at the tag's sleep.
+    Tag(u32),
     /// Freed during the capture with this id: reused only by allocations in it;
     /// `epoch` is the retention scope open when it was first seen (0: none), whose
     /// close releases it.
@@ -179,6 +183,12 @@ pub(super) struct Mapping {
     /// may still touch the old address: unmapping it inside a scope could fault
     /// that work) until its release unmaps both.
     pub(super) alias: DevicePtr,
+    /// The tag of the allocation while live (0: untagged), or of the tag bucket it
+    /// idles in. Whole mappings only: blocks are always tag 0's.
+    pub(super) tag: u32,
+    /// Live, of a sleeping tag: unmapped (`handle_live`: the driver refused to
+    /// release its handle, mapped again at wake), its reservation kept.
+    pub(super) asleep: bool,
 }
 
 impl Mapping {
@@ -208,6 +218,8 @@ impl Mapping {
             prev: NIL,
             next: NIL,
             alias: 0,
+            tag: 0,
+            asleep: false,
         }
     }
 
@@ -327,6 +339,9 @@ pub(super) struct State {
     pub(super) tier_deltas: super::cache::Deltas,
     /// Slots in the `Cached` state.
     pub(super) tier_slots: usize,
+    /// Per-tag books (issue 15, `tags.rs`): tags other than 0 as first used, and 0
+    /// once it is slept or counted.
+    pub(super) tags: HashMap<u32, super::tags::TagBooks>,
 }
 
 impl State {
@@ -363,6 +378,7 @@ impl State {
             synced: 0,
             tier_deltas: super::cache::Deltas::default(),
             tier_slots: 0,
+            tags: HashMap::new(),
         }
     }
 
@@ -372,6 +388,7 @@ impl State {
     /// A block whose bucket makes it safe for its heap's own stream (the heap's home
     /// bucket, or [`ANY`]) goes back to its heap's free space instead, coalesced.
     pub(super) fn index_insert(&mut self, slot: u32, bucket: u32) {
+        let bucket = self.tag_bucket_for(slot, bucket);
         let m = self.mapping_mut(slot);
         m.bucket = bucket;
         let size = m.size();
@@ -399,8 +416,13 @@ impl State {
     /// for its kind.
     pub(super) fn bucket_bytes(&mut self, bucket: u32, size: u64, add: bool) {
         let kind = self.buckets.get(bucket as usize).map(|b| b.kind);
+        if let Some(BucketKind::Tag(t)) = kind {
+            self.tag_idle_bytes(t, size, add);
+            return;
+        }
         let c = &mut self.counters;
         let counter = match kind {
+            Some(BucketKind::Tag(_)) => return,
             Some(BucketKind::Stream(_) | BucketKind::Held) => &mut c.event_wait_bytes,
             Some(BucketKind::Capture { .. }) => &mut c.capture_held_bytes,
             Some(BucketKind::Any | BucketKind::SyncFreed) | None => return,
@@ -524,6 +546,7 @@ impl State {
     /// freed, needing a device synchronize before release until a stream free says
     /// otherwise.
     pub(super) fn make_idle(&mut self, slot: u32) {
+        self.untag_live(slot);
         let m = self.mapping_mut(slot);
         m.state = MappingState::Idle;
         m.needs_sync = true;
@@ -555,6 +578,8 @@ impl State {
     /// pointer.
     pub(super) fn make_live(&mut self, slot: u32, requested: u64) -> DevicePtr {
         let m = self.mapping_mut(slot);
+        // Tag 0's until a tagged allocation claims it (`tags.rs`).
+        m.tag = 0;
         m.state = MappingState::Live;
         m.requested = requested;
         m.retry = false;

@@ -638,7 +638,9 @@ impl Caches {
         let (slot, recorded) = st.free_live(ptr, id)?;
         let m = st.mref(slot);
         let (size, block) = (m.size(), m.is_block());
+        // A tagged mapping (issue 15) never enters a cache: its tag's books count it.
         let eligible = recorded.is_none()
+            && m.tag == 0
             && (!block
                 || (size <= SEGMENT_SMALL_MAX_BYTES
                     && home_of(st.segs.segs[m.seg as usize].key) == SYNC_FREED))

@@ -24,6 +24,7 @@ mod segments;
 mod snapshot;
 mod streams;
 mod table;
+mod tags;
 
 pub(crate) use config::cross_stream_modes;
 pub(crate) use config::reuse_policies;
@@ -35,6 +36,7 @@ pub use config::{
 pub use guards::{Allocation, RetentionScope};
 pub(crate) use snapshot::snapshot_counters;
 pub use snapshot::Snapshot;
+pub use tags::{SleepMode, TagCensus};
 
 use crate::driver::sim::SimDriver;
 use crate::driver::{DevicePtr, Driver, DriverError, Stream};
@@ -73,6 +75,9 @@ pub struct Pool {
     caches: cache::Caches,
     /// Signalled when `State::releases_running` falls to 0 (the scope barrier).
     releases_done: Condvar,
+    /// Tags asleep or in a sleep or wake (issue 15): while 0, allocations and frees
+    /// check no tag (one relaxed load).
+    tags_blocked: std::sync::atomic::AtomicU32,
 }
 
 impl std::fmt::Debug for Pool {
@@ -143,6 +148,7 @@ impl Pool {
             device_total,
             state: Mutex::new(State::new(granularity)),
             releases_done: Condvar::new(),
+            tags_blocked: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -227,6 +233,9 @@ impl Pool {
 
     /// [`Pool::allocate_raw`]; with the guard's key when a thread cache served it.
     fn allocate_sync(&self, bytes: u64) -> Result<(DevicePtr, Option<u64>)> {
+        if self.any_tag_blocked() {
+            self.check_tag0()?;
+        }
         let block = self.block_size(bytes)?;
         let want = self.want(bytes, block)?;
         if self.caches.may_hold() {
@@ -479,6 +488,9 @@ impl Pool {
     /// through the thread caches when they handed it out or may hold it, else in
     /// the books.
     fn free_inner(&self, ptr: DevicePtr, id: Option<u64>) -> Result<()> {
+        if self.any_tag_blocked() {
+            self.check_free_tag(ptr)?;
+        }
         if let Some(freed) = self.caches.free(ptr, id, &self.state) {
             return self.after_cache_free(freed?);
         }

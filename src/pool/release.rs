@@ -87,6 +87,9 @@ impl State {
     pub(super) fn collect_all(&mut self, batch: &mut Batch, captures: Captures, may_sync: bool) {
         let mut buckets = vec![ANY, HELD, SYNC_FREED];
         for (i, b) in self.buckets.iter().enumerate() {
+            if let BucketKind::Tag(_) = b.kind {
+                buckets.push(i as u32);
+            }
             if let BucketKind::Capture { epoch, .. } = b.kind {
                 let take = match captures {
                     Captures::Keep => false,
@@ -396,6 +399,8 @@ impl Pool {
 
     pub(super) fn release_everything(&mut self) -> Result<()> {
         let mut last = Ok(());
+        // Sleeping allocations: what is left of them (their reservations) is pending.
+        self.drop_sleeping();
         // The thread caches close for good; what they hold goes back to the books.
         self.caches.set_open(false);
         for _attempt in 0..2 {

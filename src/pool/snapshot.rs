@@ -149,6 +149,24 @@ macro_rules! snapshot_counters {
             /// Frees of memory that another thread's cache handed out, passed back to
             /// that thread through its lock-free remote list.
             remote_frees,
+            /// Tags asleep (issue 15: `Pool::sleep`).
+            tags_sleeping,
+            /// Live allocations of sleeping tags (unmapped, reservations kept),
+            /// `sleeping_held_count` included.
+            sleeping_count,
+            /// Bytes of live allocations of sleeping tags whose physical handle was
+            /// released (their reservations kept): counted in `live_count`, not in
+            /// `live_mapped_bytes` nor `physical_bytes`.
+            sleeping_bytes,
+            /// Of `sleeping_count`, those whose handle the driver refused to release.
+            sleeping_held_count,
+            /// Bytes of live allocations of sleeping tags that are unmapped but whose
+            /// handle the driver refused to release (kept, mapped again at wake): part
+            /// of `physical_bytes`.
+            sleeping_held_bytes,
+            /// Bytes of pinned host memory holding sleeping tags' contents
+            /// (`SleepMode::Offload`).
+            offloaded_bytes,
         }
     };
 }
@@ -197,11 +215,14 @@ snapshot_counters!(rust_snapshot! {
     /// since the pool was created; `physical_bytes` counts each physical handle once.
     /// Invariants (checked by the tests after every operation):
     /// `physical_bytes == live_mapped_bytes + idle_bytes + pending_bytes +
-    /// segment_mapped_bytes` (every handle counted once: whole mappings live, idle or
-    /// pending, and handles in segments);
+    /// segment_mapped_bytes + sleeping_held_bytes` (every handle counted once: whole
+    /// mappings live, idle or pending, handles in segments, and the handles of
+    /// sleeping allocations the driver refused to release); no sleeping or offloaded
+    /// bytes while no tag sleeps;
     /// `segment_mapped_bytes == block_live_bytes + block_free_bytes`;
     /// `physical_bytes <= peak_physical_bytes`; `live_mapped_bytes <= peak_live_mapped_bytes`;
-    /// `live_requested_bytes <= live_mapped_bytes + block_live_bytes`;
+    /// `live_requested_bytes <= live_mapped_bytes + block_live_bytes + sleeping_bytes +
+    /// sleeping_held_bytes`;
     /// `allocations == frees + live_count`; `block_live_count <= live_count`;
     /// `event_wait_bytes + capture_held_bytes <= idle_bytes + block_free_bytes`;
     /// `cross_stream_waits <= cross_stream_hits <= reuse_hits`.
@@ -217,15 +238,30 @@ impl Snapshot {
                 + self.idle_bytes
                 + self.pending_bytes
                 + self.segment_mapped_bytes
+                + self.sleeping_held_bytes
         {
             return Err(format!(
-                "physical {} != live mapped {} + idle {} + pending {} + segment mapped {}",
+                "physical {} != live mapped {} + idle {} + pending {} + segment mapped {} \
+                 + sleeping held {}",
                 self.physical_bytes,
                 self.live_mapped_bytes,
                 self.idle_bytes,
                 self.pending_bytes,
-                self.segment_mapped_bytes
+                self.segment_mapped_bytes,
+                self.sleeping_held_bytes
             ));
+        }
+        if (self.tags_sleeping == 0)
+            && (self.sleeping_bytes + self.sleeping_held_bytes + self.offloaded_bytes != 0)
+        {
+            return Err("sleeping or offloaded bytes with no tag asleep".into());
+        }
+        if self.sleeping_held_count > self.sleeping_count
+            || self.sleeping_count > self.live_count
+            || (self.sleeping_count == 0) != (self.sleeping_bytes + self.sleeping_held_bytes == 0)
+            || (self.sleeping_held_count == 0) != (self.sleeping_held_bytes == 0)
+        {
+            return Err("sleeping counts and bytes disagree".into());
         }
         if self.segment_mapped_bytes != self.block_live_bytes + self.block_free_bytes {
             return Err(format!(
@@ -258,7 +294,11 @@ impl Snapshot {
         if self.live_mapped_bytes > self.peak_live_mapped_bytes {
             return Err("live mapped bytes above their peak".into());
         }
-        if self.live_requested_bytes > self.live_mapped_bytes + self.block_live_bytes {
+        let live_bytes = self.live_mapped_bytes
+            + self.block_live_bytes
+            + self.sleeping_bytes
+            + self.sleeping_held_bytes;
+        if self.live_requested_bytes > live_bytes {
             return Err("live requested bytes above live mapped and live block bytes".into());
         }
         if self.thread_cache_hits > self.reuse_hits {
@@ -312,7 +352,7 @@ impl Snapshot {
                 ));
             }
         }
-        if (self.live_count == 0) != (self.live_mapped_bytes + self.block_live_bytes == 0) {
+        if (self.live_count == 0) != (live_bytes == 0) {
             return Err("live count and live mapped and block bytes disagree".into());
         }
         if (self.idle_count == 0) != (self.idle_bytes == 0) {

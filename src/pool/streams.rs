@@ -76,11 +76,19 @@ impl Pool {
     /// stream while a blocking stream is captured: `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`),
     /// or on a backend without streams (`CUDA_ERROR_NOT_SUPPORTED`).
     pub fn allocate_async_raw(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
+        if self.any_tag_blocked() {
+            self.check_tag0()?;
+        }
         if let Some(size) = self.block_size(bytes)? {
             let ptr = self.allocate_block_async(stream, size, bytes)?;
             self.driver.note_handoff(stream, ptr, size);
             return Ok(ptr);
         }
+        self.allocate_async_whole(bytes, stream)
+    }
+
+    /// [`Pool::allocate_async_raw`] of a whole mapping.
+    pub(super) fn allocate_async_whole(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
         let (rounded, max_size) = self.sizes(bytes)?;
         let own = {
             let mut st = lock(&self.state);
@@ -299,6 +307,9 @@ impl Pool {
         stream: Stream,
         id: Option<u64>,
     ) -> Result<()> {
+        if self.any_tag_blocked() {
+            self.check_free_tag(ptr)?;
+        }
         self.settle_if_cached(ptr);
         let capture = self.driver.stream_capture(stream);
         let mut batch = Batch::default();

@@ -26,7 +26,7 @@ use std::io::Read;
 use std::path::Path;
 
 mod replay;
-pub use replay::{replay, ReplayError, ReplayReport};
+pub use replay::{replay, replay_census, ReplayError, ReplayReport, TagReplay};
 
 /// Largest allocation size a trace may name, bytes (2^63).
 pub const MAX_ALLOCATION_BYTES: u64 = 1 << 63;
@@ -133,6 +133,17 @@ pub enum Event {
         /// Requested size, bytes (not rounded).
         bytes: u64,
     },
+    /// `a ID BYTES TAG` with a tag other than 0: allocate `bytes` bytes as
+    /// allocation `id` for tag `tag` (`Pool::allocate_tagged_raw`; issue 15). `a ID
+    /// BYTES 0` is an [`Event::Alloc`].
+    AllocTagged {
+        /// Dense index of the allocation's id.
+        id: u32,
+        /// Requested size, bytes (not rounded).
+        bytes: u64,
+        /// The tag, 1 to 2^32 - 1.
+        tag: u32,
+    },
     /// `f ID`: free the live allocation `id`.
     Free {
         /// Dense index of the allocation's id.
@@ -177,6 +188,10 @@ pub enum Problem {
     /// An allocation size above 2^63 bytes (the token as written, as an [`Excerpt`]).
     #[error("allocation size {0} is larger than 2^63 bytes")]
     SizeTooLarge(Excerpt),
+    /// An allocation tag that is not a decimal number from 0 to 2^32 - 1 (the token
+    /// as written, as an [`Excerpt`]).
+    #[error("allocation tag {0} is not a decimal number from 0 to 4294967295")]
+    TagNotDecimal(Excerpt),
     /// An allocation size that is not a plain decimal number (the token as written,
     /// as an [`Excerpt`]).
     #[error("allocation size {0} is not a decimal number of bytes")]
@@ -275,6 +290,8 @@ pub struct Trace {
     id_names: Vec<String>,
     allocations: usize,
     has_scope_events: bool,
+    /// Whether an `a` line carries a tag other than 0.
+    has_tags: bool,
 }
 
 /// Reads and parses the trace file at `path`. The trace's name is the path as given.
@@ -340,6 +357,7 @@ fn parse_bytes(name: String, bytes: &[u8]) -> Result<Trace, TraceError> {
             id_names: Vec::new(),
             allocations: 0,
             has_scope_events: false,
+            has_tags: false,
         },
         ids: HashMap::new(),
         live_since: Vec::new(),
@@ -375,7 +393,7 @@ impl Parser {
         }
         let mut fields = text.split(is_sep).filter(|f| !f.is_empty());
         let keyword = fields.next().unwrap_or("");
-        let mut args: [&str; 2] = ["", ""];
+        let mut args: [&str; 3] = ["", "", ""];
         let mut found = 0;
         for f in fields {
             if found < args.len() {
@@ -396,8 +414,11 @@ impl Parser {
         };
         let event = match keyword {
             "a" => {
-                arity(2, "an id and a size in bytes")?;
+                if found != 3 {
+                    arity(2, "an id, a size in bytes and optionally a tag")?;
+                }
                 let bytes = parse_size(args[1])?;
+                let tag = if found == 3 { parse_tag(args[2])? } else { 0 };
                 let id = self.intern(args[0])?;
                 let slot = id as usize;
                 let since = self.live_since.get(slot).copied().unwrap_or(0);
@@ -411,7 +432,12 @@ impl Parser {
                     *s = line;
                 }
                 self.trace.allocations += 1;
-                Event::Alloc { id, bytes }
+                if tag == 0 {
+                    Event::Alloc { id, bytes }
+                } else {
+                    self.trace.has_tags = true;
+                    Event::AllocTagged { id, bytes, tag }
+                }
             }
             "f" => {
                 arity(1, "an id")?;
@@ -488,6 +514,16 @@ impl Parser {
 }
 
 /// A size field: plain decimal digits, `1..=2^63`.
+/// A tag field: decimal digits only, at most `u32::MAX`.
+fn parse_tag(token: &str) -> Result<u32, Problem> {
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Problem::TagNotDecimal(Excerpt::new(token)));
+    }
+    token
+        .parse::<u32>()
+        .map_err(|_| Problem::TagNotDecimal(Excerpt::new(token)))
+}
+
 fn parse_size(token: &str) -> Result<u64, Problem> {
     if token.is_empty() || !token.bytes().all(|b| b.is_ascii_digit()) {
         return Err(Problem::SizeNotDecimal(Excerpt::new(token)));
@@ -563,6 +599,26 @@ impl Trace {
         self.has_scope_events
     }
 
+    /// Whether an `a` line carries a tag other than 0 (`flare-replay` then prints a
+    /// census per tag).
+    pub fn has_tags(&self) -> bool {
+        self.has_tags
+    }
+
+    /// The tags the trace's `a` lines name (0 for those without a tag), ascending,
+    /// each with its number of `a` lines.
+    pub fn tags(&self) -> Vec<(u32, u64)> {
+        let mut counts = std::collections::BTreeMap::new();
+        for e in &self.events {
+            match *e {
+                Event::Alloc { .. } => *counts.entry(0).or_insert(0u64) += 1,
+                Event::AllocTagged { tag, .. } => *counts.entry(tag).or_insert(0u64) += 1,
+                _ => {}
+            }
+        }
+        counts.into_iter().collect()
+    }
+
     /// The lower bound of any allocator's physical memory on this trace, bytes: the
     /// peak over the trace of live bytes, each allocation rounded up to
     /// `granularity` (bytes; 0 is taken as 1). Saturates at `u64::MAX`.
@@ -589,7 +645,7 @@ impl Trace {
         let (mut live_peak, mut no_reuse_peak) = (0u64, 0u64);
         for e in &self.events {
             match *e {
-                Event::Alloc { id, bytes } => {
+                Event::Alloc { id, bytes } | Event::AllocTagged { id, bytes, .. } => {
                     let r = round_up(bytes, granularity);
                     if let Some(s) = sizes.get_mut(id as usize) {
                         *s = r;
@@ -623,6 +679,7 @@ impl fmt::Display for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Event::Alloc { id, bytes } => write!(f, "a {id} {bytes}"),
+            Event::AllocTagged { id, bytes, tag } => write!(f, "a {id} {bytes} {tag}"),
             Event::Free { id } => write!(f, "f {id}"),
             Event::Begin => f.write_str("begin"),
             Event::Finish => f.write_str("finish"),

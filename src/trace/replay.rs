@@ -36,6 +36,19 @@ pub struct ReplayReport {
     pub seconds: f64,
 }
 
+/// What one tag held when a replay reached the end of its trace (before the
+/// replay's own release): [`replay_census`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TagReplay {
+    /// The tag (0: `a` lines without one).
+    pub tag: u32,
+    /// The trace's `a` lines with this tag.
+    pub allocations: u64,
+    /// [`Pool::tag_census`] at the end of the trace: its peak live bytes cover the
+    /// whole replay (for tag 0, as sampled at the end).
+    pub census: crate::TagCensus,
+}
+
 /// A replay that failed for a reason other than running out of memory. Whatever the
 /// replay allocated was freed and its scope closed before this is returned.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +111,30 @@ pub fn replay(
     trace: &Trace,
     progress: Option<&dyn Fn(u64, u64)>,
 ) -> Result<ReplayReport, ReplayError> {
+    replay_inner(pool, trace, progress, None)
+}
+
+/// [`replay`], with the census of every tag the trace names
+/// ([`Trace::tags`]), taken when the trace's events are done (or stopped), before
+/// the replay frees what is live.
+///
+/// Errors: as [`replay`].
+pub fn replay_census(
+    pool: &Pool,
+    trace: &Trace,
+    progress: Option<&dyn Fn(u64, u64)>,
+) -> Result<(ReplayReport, Vec<TagReplay>), ReplayError> {
+    let mut tags = Vec::new();
+    let report = replay_inner(pool, trace, progress, Some(&mut tags))?;
+    Ok((report, tags))
+}
+
+fn replay_inner(
+    pool: &Pool,
+    trace: &Trace,
+    progress: Option<&dyn Fn(u64, u64)>,
+    tags: Option<&mut Vec<TagReplay>>,
+) -> Result<ReplayReport, ReplayError> {
     let start_snapshot = pool.snapshot();
     let implicit_scope = !trace.has_scope_events();
     let total = trace.len() as u64;
@@ -126,8 +163,13 @@ pub fn replay(
             }
         }
         let result = match event {
-            Event::Alloc { id, bytes } => match ptrs.get_mut(id as usize) {
-                Some(slot @ None) => match pool.allocate_raw(bytes) {
+            Event::Alloc { id, bytes } | Event::AllocTagged { id, bytes, .. } => match ptrs
+                .get_mut(id as usize)
+            {
+                Some(slot @ None) => match match event {
+                    Event::AllocTagged { tag, .. } => pool.allocate_tagged_raw(bytes, None, tag),
+                    _ => pool.allocate_raw(bytes),
+                } {
                     Ok(ptr) => {
                         *slot = Some(ptr);
                         live += 1;
@@ -172,6 +214,17 @@ pub fn replay(
         }
     }
 
+    if let Some(out) = tags {
+        *out = trace
+            .tags()
+            .into_iter()
+            .map(|(tag, allocations)| TagReplay {
+                tag,
+                allocations,
+                census: pool.tag_census(tag),
+            })
+            .collect();
+    }
     // Release: free what is live, close the scope, trim idle cached memory.
     let live_at_end = live;
     let mut release_error: Option<Error> = None;

@@ -56,7 +56,8 @@ pub fn check(pool: &Pool) -> Snapshot {
             s.reserved_bytes, d.reserved_bytes,
             "reserved bytes: books vs driver"
         );
-        let mapped = whole_mappings(&s) + s.segment_handles + s.segment_handles_lent;
+        let mapped =
+            whole_mappings(&s) - s.sleeping_count + s.segment_handles + s.segment_handles_lent;
         assert!(
             d.mappings >= mapped && d.mappings <= mapped + s.pending_count,
             "driver mappings {} vs live {} + idle {} + segment handles {} (+ pending {})",
@@ -90,10 +91,12 @@ pub fn whole_mappings(s: &Snapshot) -> u64 {
 #[track_caller]
 pub fn check_counts(s: &Snapshot, d: &SimState) {
     let whole = whole_mappings(s);
-    let handles = whole + s.segment_handles;
+    // A sleeping allocation keeps its reservation only (and a handle the driver
+    // refused to release, unmapped).
+    let handles = whole - s.sleeping_count + s.sleeping_held_count + s.segment_handles;
     let reservations = whole + s.segment_count;
     // A lent handle holds a second (retired) mapping.
-    let mappings = handles + s.segment_handles_lent;
+    let mappings = whole - s.sleeping_count + s.segment_handles + s.segment_handles_lent;
     for (what, n, want) in [
         ("handles", d.handles, handles),
         ("reservations", d.reservations, reservations),
@@ -140,7 +143,7 @@ pub fn check_with_devices(pool: &Pool, devices: u64) -> Snapshot {
         let d = sim.state();
         // A lent handle's retired mapping keeps its access, unless it is what a
         // failed lend could not undo (mapped, never granted access).
-        let granted = (whole_mappings(&s) + s.segment_handles) * devices;
+        let granted = (whole_mappings(&s) - s.sleeping_count + s.segment_handles) * devices;
         assert!(
             d.access_grants >= granted
                 && d.access_grants <= granted + s.segment_handles_lent * devices,

@@ -324,6 +324,36 @@ fn a_simulated_quick_run_reports_segment_mode() {
         }
     }
 
+    // Section 8 (issue 15): a 2 GiB tag (--quick) in 2 MiB and 1 GiB allocations,
+    // offload and discard; each sleep gives the whole 2 GiB back to the device.
+    let sw = &r["sleep_wake"];
+    let rows = sw["rows"].as_array().expect("sleep_wake rows");
+    let shape: Vec<(u64, u64, &str)> = rows
+        .iter()
+        .map(|x| {
+            (
+                x["allocation_bytes"].as_u64().unwrap(),
+                x["allocations"].as_u64().unwrap(),
+                x["mode"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (2 * mib, 1024, "offload"),
+            (2 * mib, 1024, "discard"),
+            (1024 * mib, 2, "offload"),
+            (1024 * mib, 2, "discard"),
+        ]
+    );
+    for x in rows {
+        assert_eq!(x["free_rise_bytes"], 2048 * mib, "{x}");
+        let offload = x["mode"] == "offload";
+        assert_eq!(x["sleep_vs_copy"].is_null(), !offload, "{x}");
+        assert_eq!(x["wake_bytes_per_second"].is_null(), !offload, "{x}");
+    }
+
     let targets = r["targets"].as_array().expect("targets");
     let find = |what: &str| {
         targets

@@ -673,3 +673,37 @@ fn table_names_each_trace_once_and_fits_100_columns() {
     );
     assert_eq!(rows.len(), 5, "{out}");
 }
+
+/// A trace with tags (issue 15) gets a census per policy and tag after its table;
+/// one without gets none, and `--json` keeps its fixed keys.
+#[test]
+fn a_tagged_trace_prints_a_census_per_tag() {
+    let tagged = scratch(
+        "tagged.trace",
+        "a w 1073741824 1\na k 2147483648 2\na t 3000000\nf t\na u 4194304 1\nf u\n",
+    );
+    let o = flare_replay(&["--policy", "best-fit", s(&tagged)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("census per tag at the end of the trace"),
+        "{out}"
+    );
+    // best-fit, tag 1: one `a` line live (1 GiB), the 4 MiB it freed retained
+    // idle in the replay's implicit scope, peak 1 GiB + 4 MiB.
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("| best-fit |   1 "))
+        .unwrap_or_else(|| panic!("no row for tag 1: {out}"));
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    assert_eq!(
+        cells[1..8],
+        ["best-fit", "1", "2", "1.00 GiB", "1.00 GiB", "4.0 MiB", "1.00 GiB"]
+    );
+    let untagged = scratch("untagged.trace", "a w 1073741824\nf w\n");
+    let o = flare_replay(&[s(&untagged)]);
+    assert!(!stdout(&o).contains("census"), "{}", stdout(&o));
+    let o = flare_replay(&["--json", "--policy", "exact", s(&tagged)]);
+    assert!(o.status.success());
+    assert_eq!(stdout(&o).lines().count(), 1);
+}

@@ -39,8 +39,8 @@ pub use testing::{
 };
 
 use super::{
-    check, CaptureMode, CuResult, DevicePtr, Driver, DriverCall, DriverError, Event, MemInfo,
-    PhysicalHandle, Reservation, Stream,
+    check, CaptureMode, CuResult, DevicePtr, Driver, DriverCall, DriverError, Event, HostBuffer,
+    MemInfo, PhysicalHandle, Reservation, Stream,
 };
 
 /// Every driver function this backend calls, the test-support ones included, but
@@ -49,7 +49,7 @@ use super::{
 /// can hit cudarc's panic on a missing symbol (a unit test checks that every
 /// `sys::cu*` call in this file and in `testing.rs` is in one of the two lists, and
 /// every one in `cuda_baseline.rs` is here or in its own list).
-pub const REQUIRED_SYMBOLS: [&str; 42] = [
+pub const REQUIRED_SYMBOLS: [&str; 46] = [
     "cuInit",
     "cuDeviceGet",
     "cuDevicePrimaryCtxRetain",
@@ -77,7 +77,12 @@ pub const REQUIRED_SYMBOLS: [&str; 42] = [
     "cuThreadExchangeStreamCaptureMode",
     "cuStreamCreate",
     "cuStreamDestroy_v2",
+    // Sleep in offload mode (issue 15); the copies are also test support.
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
     // Test support (`testing.rs`).
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
     "cuMemsetD8_v2",
     "cuMemsetD8Async",
     "cuMemcpyDtoH_v2",
@@ -609,6 +614,97 @@ impl Driver for CudaDriver {
         self.in_context(DriverCall::Unmap, || {
             // SAFETY: the driver validates the range.
             code(unsafe { sys::cuMemUnmap(ptr, bytes) })
+        })
+    }
+
+    /// `cuMemHostAlloc(size, flags 0)`: pinned host memory, with the pool's context
+    /// current (pinned memory is registered with the current context).
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::HostAlloc`]: `CUDA_ERROR_OUT_OF_MEMORY` when the host cannot pin
+    /// that much, `CUDA_ERROR_INVALID_VALUE` for 0 bytes.
+    fn host_alloc(&self, size: u64) -> Result<HostBuffer, DriverError> {
+        let bytes = to_usize(size).map_err(|c| DriverError::new(DriverCall::HostAlloc, c))?;
+        let mut host: *mut c_void = ptr::null_mut();
+        self.in_context(DriverCall::HostAlloc, || {
+            // SAFETY: `host` is a valid out-pointer; the driver allocates `bytes`.
+            code(unsafe { sys::cuMemHostAlloc(&mut host, bytes, 0) })
+        })?;
+        Ok(HostBuffer {
+            raw: host as usize as u64,
+            size,
+        })
+    }
+
+    /// `cuMemFreeHost` of memory from [`CudaDriver::host_alloc`].
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::HostFree`]: `CUDA_ERROR_INVALID_VALUE` for an address that is not
+    /// live pinned memory.
+    fn host_free(&self, buffer: HostBuffer) -> Result<(), DriverError> {
+        let host = buffer.raw as usize as *mut c_void;
+        self.in_context(DriverCall::HostFree, || {
+            // SAFETY: the driver validates the address; the pool passes only buffers
+            // it got from `host_alloc` and frees each once.
+            code(unsafe { sys::cuMemFreeHost(host) })
+        })
+    }
+
+    /// `cuMemcpyDtoH_v2` into pinned `dst` at `offset` (synchronous).
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::MemcpyDtoH`]: `CUDA_ERROR_INVALID_VALUE` when the range is
+    /// outside `dst` (no call is made) or the source is not mapped with access.
+    fn copy_to_host(
+        &self,
+        dst: HostBuffer,
+        offset: u64,
+        src: DevicePtr,
+        size: u64,
+    ) -> Result<(), DriverError> {
+        let err = |c| DriverError::new(DriverCall::MemcpyDtoH, c);
+        if offset.checked_add(size).is_none_or(|e| e > dst.size) {
+            return Err(err(CuResult::INVALID_VALUE));
+        }
+        let n = to_usize(size).map_err(err)?;
+        let off = to_usize(offset).map_err(err)?;
+        let host = (dst.raw as usize).wrapping_add(off) as *mut c_void;
+        self.in_context(DriverCall::MemcpyDtoH, || {
+            // SAFETY: `[host, host + n)` lies inside the pinned buffer `dst` (checked
+            // above), which the pool owns and nothing else touches; the copy is
+            // synchronous, so the driver does not touch it after the call.
+            code(unsafe { sys::cuMemcpyDtoH_v2(host, src, n) })
+        })
+    }
+
+    /// `cuMemcpyHtoD_v2` from pinned `src` at `offset` (synchronous).
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::MemcpyHtoD`]: as [`CudaDriver::copy_to_host`].
+    fn copy_to_device(
+        &self,
+        dst: DevicePtr,
+        src: HostBuffer,
+        offset: u64,
+        size: u64,
+    ) -> Result<(), DriverError> {
+        let err = |c| DriverError::new(DriverCall::MemcpyHtoD, c);
+        if offset.checked_add(size).is_none_or(|e| e > src.size) {
+            return Err(err(CuResult::INVALID_VALUE));
+        }
+        let n = to_usize(size).map_err(err)?;
+        let off = to_usize(offset).map_err(err)?;
+        let host = (src.raw as usize).wrapping_add(off) as *const c_void;
+        self.in_context(DriverCall::MemcpyHtoD, || {
+            // SAFETY: `[host, host + n)` lies inside the pinned buffer `src` (checked
+            // above), readable and untouched by anything else during the copy; the
+            // destination is the pool's own mapping of a sleeping tag being woken,
+            // which no caller can reach until the wake returns.
+            code(unsafe { sys::cuMemcpyHtoD_v2(dst, host, n) })
         })
     }
 

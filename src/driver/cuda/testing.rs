@@ -137,6 +137,40 @@ impl CudaDriver {
         })
     }
 
+    /// `cuMemAlloc_v2(bytes)`: plain device memory outside any pool, for tests that
+    /// take the memory a sleeping tag gave back (issue 15). Free it with
+    /// [`CudaDriver::plain_free`].
+    ///
+    /// # Errors
+    ///
+    /// `cuMemAlloc_v2` with its code (`CUDA_ERROR_OUT_OF_MEMORY` when the device is
+    /// full).
+    pub fn plain_alloc(&self, bytes: u64) -> Result<DevicePtr, TransferError> {
+        let n = to_usize(bytes).map_err(|code| TransferError {
+            function: "cuMemAlloc_v2",
+            code,
+        })?;
+        let mut dptr: sys::CUdeviceptr = 0;
+        self.transfer("cuMemAlloc_v2", || {
+            // SAFETY: `dptr` is a valid out-pointer for the duration of the call.
+            code(unsafe { sys::cuMemAlloc_v2(&mut dptr, n) })
+        })?;
+        Ok(dptr)
+    }
+
+    /// `cuMemFree_v2(ptr)` of memory from [`CudaDriver::plain_alloc`].
+    ///
+    /// # Errors
+    ///
+    /// `cuMemFree_v2` with its code (`CUDA_ERROR_INVALID_VALUE` for a pointer
+    /// `cuMemAlloc_v2` did not return).
+    pub fn plain_free(&self, ptr: DevicePtr) -> Result<(), TransferError> {
+        self.transfer("cuMemFree_v2", || {
+            // SAFETY: the driver validates the pointer; no host memory is involved.
+            code(unsafe { sys::cuMemFree_v2(ptr) })
+        })
+    }
+
     /// Sets `bytes` bytes from device address `ptr` to `value` (`cuMemsetD8_v2` on the
     /// legacy default stream; asynchronous with respect to the host, ordered before a
     /// later [`CudaDriver::copy_dtoh`] or [`Driver::synchronize`](crate::driver::Driver::synchronize)). For tests and

@@ -94,6 +94,7 @@ impl SimDriver {
         if h.refs == 0 && h.maps == 0 {
             let size = h.size;
             st.handles.remove(&raw);
+            st.drop_content(raw);
             st.physical_bytes = st.physical_bytes.saturating_sub(size);
         }
         CuResult::SUCCESS

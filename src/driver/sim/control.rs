@@ -45,6 +45,7 @@ impl SimDriver {
                 faults: Vec::new(),
                 capture: None,
                 streams: Streams::new(),
+                content: Default::default(),
             }),
         }
     }

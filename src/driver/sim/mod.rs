@@ -358,6 +358,7 @@ impl Drop for SimDriver {
 }
 
 mod calls;
+mod content;
 mod control;
 mod model;
 mod stream_calls;

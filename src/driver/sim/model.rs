@@ -124,6 +124,8 @@ pub(super) struct Inner {
     pub(super) capture: Option<Capture>,
     /// Streams, queued work, events, stream captures, per-thread modes.
     pub(super) streams: Streams,
+    /// Device bytes and pinned host buffers (`content.rs`).
+    pub(super) content: super::content::Content,
 }
 
 pub(super) fn align_up(v: u64, align: u64) -> Option<u64> {
@@ -215,6 +217,7 @@ impl Inner {
         }
         if let Some(bytes) = free {
             self.handles.remove(&m.handle);
+            self.drop_content(m.handle);
             self.physical_bytes = self.physical_bytes.saturating_sub(bytes);
         }
     }

@@ -4,7 +4,7 @@
 use super::SimDriver;
 use super::{CaptureStatus, CUDA_ERROR_NOT_READY};
 use crate::driver::{
-    CaptureMode, CuResult, DevicePtr, Driver, DriverCall, DriverError, Event, MemInfo,
+    CaptureMode, CuResult, DevicePtr, Driver, DriverCall, DriverError, Event, HostBuffer, MemInfo,
     PhysicalHandle, Reservation, Stream,
 };
 
@@ -70,6 +70,46 @@ impl Driver for SimDriver {
     /// [`SimDriver::ctx_synchronize`] of `device`.
     fn synchronize(&self, device: i32) -> Result<(), DriverError> {
         wrap(DriverCall::Synchronize, self.ctx_synchronize(device))
+    }
+
+    /// [`SimDriver::mem_host_alloc`].
+    fn host_alloc(&self, size: u64) -> Result<HostBuffer, DriverError> {
+        self.mem_host_alloc(size)
+            .map(|raw| HostBuffer { raw, size })
+            .map_err(|c| DriverError::new(DriverCall::HostAlloc, c))
+    }
+
+    /// [`SimDriver::mem_free_host`].
+    fn host_free(&self, buffer: HostBuffer) -> Result<(), DriverError> {
+        wrap(DriverCall::HostFree, self.mem_free_host(buffer.raw))
+    }
+
+    /// [`SimDriver::memcpy_dtoh`].
+    fn copy_to_host(
+        &self,
+        dst: HostBuffer,
+        offset: u64,
+        src: DevicePtr,
+        size: u64,
+    ) -> Result<(), DriverError> {
+        wrap(
+            DriverCall::MemcpyDtoH,
+            self.memcpy_dtoh(dst.raw, offset, src, size),
+        )
+    }
+
+    /// [`SimDriver::memcpy_htod`].
+    fn copy_to_device(
+        &self,
+        dst: DevicePtr,
+        src: HostBuffer,
+        offset: u64,
+        size: u64,
+    ) -> Result<(), DriverError> {
+        wrap(
+            DriverCall::MemcpyHtoD,
+            self.memcpy_htod(dst, src.raw, offset, size),
+        )
     }
 
     /// [`SimDriver::event_create`].

@@ -75,6 +75,15 @@
 //!    timed on its own (median, p99: the timer's overhead included) and, apart, in
 //!    batches of [`BATCH_PAIRS`] pairs timed together (the mean pair of each batch:
 //!    the timer's overhead spread over the batch).
+//! 8. Sleep and wake (issue 15): a tag of 10 GiB (2 GiB with `--quick`) in 2 MiB
+//!    allocations and in 1 GiB allocations, put to sleep and woken, in offload mode
+//!    (contents to pinned host memory and back) and in discard mode: the time of each
+//!    `sleep` and `wake` (median of 3 rounds, 1 with `--quick`), the driver's free
+//!    memory before and after the sleep, and for offload the bandwidth it reached
+//!    (bytes copied over the call's time, pinned-memory allocation included) against
+//!    the host copy bandwidth measured on the same driver (`cuMemcpyDtoH` /
+//!    `cuMemcpyHtoD` of 1 GiB between a pool allocation and pinned memory): the
+//!    bound for offload.
 //!
 //! Prints tables and writes every figure, with the ratios ours / alternative, to
 //! `--json PATH`. `--backend sim` runs flare-package's side only, on the simulated
@@ -554,8 +563,40 @@ struct Report {
     /// Section 6: issue 13's ratios.
     thread_ratios: ThreadRatios,
     segment_pair: Vec<SegmentPair>,
+    /// Section 8: sleep and wake.
+    sleep_wake: SleepWake,
     targets: Vec<Target>,
     total_seconds: f64,
+}
+
+/// Section 8: the host copy bandwidth, then one row per allocation size and mode.
+#[derive(Debug, Serialize)]
+struct SleepWake {
+    /// `cuMemcpyDtoH` of 1 GiB from a pool allocation into pinned memory, bytes per
+    /// second (median of 3).
+    copy_to_host_bytes_per_second: Option<f64>,
+    /// `cuMemcpyHtoD` of the same, bytes per second.
+    copy_to_device_bytes_per_second: Option<f64>,
+    rows: Vec<SleepWakeRow>,
+}
+
+#[derive(Debug, Serialize)]
+struct SleepWakeRow {
+    allocation_bytes: u64,
+    allocations: u64,
+    /// `offload` or `discard`.
+    mode: &'static str,
+    /// Medians over the rounds, seconds.
+    sleep_seconds: f64,
+    wake_seconds: f64,
+    /// The driver's free memory rise across the (last) sleep, bytes.
+    free_rise_bytes: Option<u64>,
+    /// Offload: requested bytes copied over the sleep's (wake's) time, bytes per
+    /// second, and its ratio to the host copy bandwidth of the same direction.
+    sleep_bytes_per_second: Option<f64>,
+    wake_bytes_per_second: Option<f64>,
+    sleep_vs_copy: Option<f64>,
+    wake_vs_copy: Option<f64>,
 }
 
 struct Bench {
@@ -720,6 +761,85 @@ impl Bench {
         Ok(out)
     }
 
+    /// Section 8: the host copy bandwidth, then sleep and wake of one tag.
+    fn sleep_wake(&self) -> BoxResult<SleepWake> {
+        use flare_package::SleepMode;
+        let total = if self.args.quick { 2 * GIB } else { 10 * GIB };
+        let rounds = if self.args.quick { 1 } else { 3 };
+        // Host copy bandwidth, both ways, 1 GiB through pinned memory.
+        let pool = Pool::new(self.config())?;
+        let d = pool.driver().clone();
+        let a = pool.allocate_raw(GIB)?;
+        let host = d.host_alloc(GIB)?;
+        let (mut down, mut up) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            let t = Instant::now();
+            d.copy_to_host(host, 0, a, GIB)?;
+            down.push(t.elapsed().as_nanos() as u64);
+            let t = Instant::now();
+            d.copy_to_device(a, host, 0, GIB)?;
+            up.push(t.elapsed().as_nanos() as u64);
+        }
+        d.host_free(host)?;
+        pool.free_raw(a)?;
+        drop(pool);
+        let per_second = |bytes: u64, ns: f64| (ns > 0.0).then(|| bytes as f64 / (ns * 1e-9));
+        let copy_down = per_second(GIB, stats(down).median_ns);
+        let copy_up = per_second(GIB, stats(up).median_ns);
+        let mut rows = Vec::new();
+        for size in [2 * MIB, GIB] {
+            for mode in [SleepMode::Offload, SleepMode::Discard] {
+                let n = total / size;
+                eprintln!("sleep and wake: {n} x {} ({mode:?})", fmt_bytes(size));
+                let pool = Pool::new(self.config())?;
+                let ptrs = (0..n)
+                    .map(|_| pool.allocate_tagged_raw(size, None, 1))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let (mut sleeps, mut wakes, mut rise) = (Vec::new(), Vec::new(), None);
+                for _ in 0..rounds {
+                    let before = self.mem_info(Some(&pool));
+                    let t = Instant::now();
+                    pool.sleep(1, mode)?;
+                    sleeps.push(t.elapsed().as_nanos() as u64);
+                    let after = self.mem_info(Some(&pool));
+                    rise = before
+                        .zip(after)
+                        .map(|(b, a)| a.free.saturating_sub(b.free));
+                    if pool.tag_census(1).physical_bytes != 0 {
+                        return Err("a sleeping tag still holds physical memory".into());
+                    }
+                    let t = Instant::now();
+                    pool.wake(1)?;
+                    wakes.push(t.elapsed().as_nanos() as u64);
+                }
+                for p in ptrs {
+                    pool.free_raw(p)?;
+                }
+                let (sleep_ns, wake_ns) = (stats(sleeps).median_ns, stats(wakes).median_ns);
+                let offload = mode == SleepMode::Offload;
+                let sleep_bw = per_second(total, sleep_ns).filter(|_| offload);
+                let wake_bw = per_second(total, wake_ns).filter(|_| offload);
+                rows.push(SleepWakeRow {
+                    allocation_bytes: size,
+                    allocations: n,
+                    mode: if offload { "offload" } else { "discard" },
+                    sleep_seconds: sleep_ns * 1e-9,
+                    wake_seconds: wake_ns * 1e-9,
+                    free_rise_bytes: rise,
+                    sleep_bytes_per_second: sleep_bw,
+                    wake_bytes_per_second: wake_bw,
+                    sleep_vs_copy: sleep_bw.zip(copy_down).and_then(|(a, b)| ratio(a, b)),
+                    wake_vs_copy: wake_bw.zip(copy_up).and_then(|(a, b)| ratio(a, b)),
+                });
+            }
+        }
+        Ok(SleepWake {
+            copy_to_host_bytes_per_second: copy_down,
+            copy_to_device_bytes_per_second: copy_up,
+            rows,
+        })
+    }
+
     /// Replays `t` on a fresh pool of the benchmark's backend with `policy`.
     fn flare_replay(&self, t: &Trace, policy: ReusePolicy, lower: u64) -> BoxResult<FlareReplay> {
         let pool = Pool::new(self.config().with_policy(policy))?;
@@ -789,11 +909,14 @@ impl Bench {
             let cur = sop.make_current()?;
             for &event in t.events() {
                 let r = match event {
-                    Event::Alloc { id, bytes } => cur.pool_alloc(&sop, bytes).map(|p| {
-                        if let Some(slot) = ptrs.get_mut(id as usize) {
-                            *slot = Some(p);
-                        }
-                    }),
+                    // The baseline has no tags: a tagged line is an allocation.
+                    Event::Alloc { id, bytes } | Event::AllocTagged { id, bytes, .. } => {
+                        cur.pool_alloc(&sop, bytes).map(|p| {
+                            if let Some(slot) = ptrs.get_mut(id as usize) {
+                                *slot = Some(p);
+                            }
+                        })
+                    }
                     Event::Free { id } => match ptrs.get_mut(id as usize).and_then(Option::take) {
                         Some(p) => cur.pool_free(&sop, p),
                         None => Ok(()),
@@ -2039,6 +2162,7 @@ fn print(r: &Report) {
     println!("{t}\n");
 
     print_threads(r);
+    print_sleep_wake(&r.sleep_wake);
 
     let mut t = Table::new();
     t.set_header(vec![
@@ -2095,6 +2219,41 @@ fn print(r: &Report) {
         ]);
     }
     println!("{t}");
+}
+
+/// Section 8's table.
+fn print_sleep_wake(s: &SleepWake) {
+    let gbs = |v: Option<f64>| opt(v, |b| format!("{:.1} GB/s", b / 1e9));
+    println!(
+        "host copy bandwidth (1 GiB, pinned): to host {}, to device {}",
+        gbs(s.copy_to_host_bytes_per_second),
+        gbs(s.copy_to_device_bytes_per_second)
+    );
+    let mut t = Table::new();
+    t.set_header(vec![
+        "sleep / wake",
+        "mode",
+        "sleep",
+        "wake",
+        "free memory rose by",
+        "sleep bandwidth (of copy)",
+        "wake bandwidth (of copy)",
+    ]);
+    for r in &s.rows {
+        let of = |bw: Option<f64>, x: Option<f64>| {
+            format!("{} ({})", gbs(bw), opt(x, |v| format!("{:.0}%", v * 100.0)))
+        };
+        t.add_row(vec![
+            format!("{} x {}", r.allocations, fmt_bytes(r.allocation_bytes)),
+            r.mode.to_string(),
+            format!("{:.1} ms", r.sleep_seconds * 1e3),
+            format!("{:.1} ms", r.wake_seconds * 1e3),
+            opt(r.free_rise_bytes, fmt_bytes),
+            of(r.sleep_bytes_per_second, r.sleep_vs_copy),
+            of(r.wake_bytes_per_second, r.wake_vs_copy),
+        ]);
+    }
+    println!("{t}\n");
 }
 
 /// Section 6's tables and issue 13's ratios.
@@ -2220,6 +2379,7 @@ fn run(bench: &Bench) -> BoxResult<Report> {
         threads_stream_ordered: bench.threads_stream_ordered()?,
         thread_ratios: ThreadRatios::default(),
         segment_pair: bench.segment_pairs()?,
+        sleep_wake: bench.sleep_wake()?,
         targets: Vec::new(),
         total_seconds: 0.0,
     };

@@ -38,7 +38,8 @@ Exit status:
 /// What `--help` says after the options.
 const AFTER_LONG_HELP: &str = "\
 Traces (flare-trace v1, described in docs/trace-format.md in the flare-package
-source): one event per line, `a ID BYTES` (allocate), `f ID` (free), `begin`,
+source): one event per line, `a ID BYTES` (allocate; `a ID BYTES TAG` for a tagged
+allocation, TAG 0 to 4294967295), `f ID` (free), `begin`,
 `finish` and `abort` (a retention scope), `trim`; `#` starts a comment line. `-`
 reads a trace from standard input (once; it is called <stdin> in the output). Every
 trace is parsed before any is replayed. A trace with no scope lines is replayed
@@ -73,6 +74,11 @@ then one row per policy:
   live at end       allocations still live when the replay stopped (the trace's
                     end or the out-of-memory line); the replay then frees them
   wall time         the replay's own time, parsing excluded
+A trace with tags (an `a` line with a tag other than 0) then gets a census per
+policy and tag, taken when the trace's events are done (before the replay frees
+what is live): the tag's `a` lines, its peak live bytes, and its live, idle and
+physical bytes then (tag 0: the lines without a tag). Tagged allocations are whole
+mappings in every policy.
 
 --json prints, instead of the table, one JSON object per line and per (trace,
 policy), with exactly these keys:
@@ -389,6 +395,7 @@ fn run(args: &Args) -> Result<(), Stop> {
     let show_progress = !args.json && std::io::stderr().is_terminal();
     for t in &traces {
         let mut rows: Vec<(ReusePolicy, ReplayReport)> = Vec::new();
+        let mut census: Vec<(ReusePolicy, Vec<trace::TagReplay>)> = Vec::new();
         let mut granularity = 0;
         for &policy in &args.policy.0 {
             let pool = Pool::new(config.clone().with_policy(policy)).map_err(|e| {
@@ -398,8 +405,9 @@ fn run(args: &Args) -> Result<(), Stop> {
                 )
             })?;
             granularity = pool.granularity();
-            let report = replay_with_progress(&pool, t, policy, show_progress)
+            let (report, tags) = replay_with_progress(&pool, t, policy, show_progress)
                 .map_err(|e| (EXIT_FAILED, format!("replay ({}): {e}", policy.name())))?;
+            census.push((policy, tags));
             pool.destroy().map_err(|e| {
                 (
                     EXIT_FAILED,
@@ -427,6 +435,9 @@ fn run(args: &Args) -> Result<(), Stop> {
         }
         if !args.json {
             emit(&render_table(t, granularity, &rows))?;
+            if t.has_tags() {
+                emit(&render_census(&census))?;
+            }
         }
     }
     Ok(())
@@ -439,9 +450,9 @@ fn replay_with_progress(
     t: &Trace,
     policy: ReusePolicy,
     show: bool,
-) -> Result<ReplayReport, trace::ReplayError> {
+) -> Result<(ReplayReport, Vec<trace::TagReplay>), trace::ReplayError> {
     if !show {
-        return trace::replay(pool, t, None);
+        return trace::replay_census(pool, t, None);
     }
     let bar = ProgressBar::with_draw_target(Some(t.len() as u64), ProgressDrawTarget::hidden());
     if let Ok(style) =
@@ -459,9 +470,46 @@ fn replay_with_progress(
         }
         bar.set_position(done);
     };
-    let result = trace::replay(pool, t, Some(&on_progress));
+    let result = trace::replay_census(pool, t, Some(&on_progress));
     bar.finish_and_clear();
     result
+}
+
+/// The census of each tag of a trace with tags, per policy, taken when the trace's
+/// events are done (before the replay frees what is still live): `a` lines, the
+/// tag's peak live bytes, and its live, idle and physical bytes then
+/// (`Pool::tag_census`; tag 0 is the lines without a tag).
+fn render_census(census: &[(ReusePolicy, Vec<trace::TagReplay>)]) -> String {
+    let mut table = Table::new();
+    table.load_preset(presets::ASCII_FULL_CONDENSED);
+    table.set_header(vec![
+        "policy",
+        "tag",
+        "\"a\"\nlines",
+        "peak\nlive",
+        "live at\nend",
+        "idle at\nend",
+        "physical\nat end",
+    ]);
+    for (policy, tags) in census {
+        for r in tags {
+            table.add_row(vec![
+                policy.name().to_string(),
+                r.tag.to_string(),
+                r.allocations.to_string(),
+                gib(r.census.peak_live_bytes),
+                gib(r.census.live_bytes),
+                gib(r.census.idle_bytes),
+                gib(r.census.physical_bytes),
+            ]);
+        }
+    }
+    for i in 1..7 {
+        if let Some(col) = table.column_mut(i) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    format!("census per tag at the end of the trace\n{table}\n\n")
 }
 
 /// Bytes as GiB with two decimals at and above 1 GiB (as the traces' README prints

@@ -1,0 +1,153 @@
+//! The C ABI of tags (issue 15): tagged allocation, sleep, wake and the census.
+
+use std::ffi::c_void;
+
+use super::boundary::{check_out, pool_boundary, pool_ref};
+use super::pool::FlarePool;
+use super::stream::stream_of;
+use super::types::{
+    out_prefix, write_prefix, FlareSleepMode, FlareStatus, FlareStream, FlareTagCensus,
+    RawSleepMode,
+};
+use crate::{Error, SleepMode};
+
+/// Allocates `size` bytes for tag `tag`, stream-ordered on `stream` (as
+/// `flare_package_allocate_async`; NULL is the legacy stream), and writes its device
+/// address to `*out_ptr`. Tag 0 is exactly `flare_package_allocate_async`. A tag
+/// other than 0 takes a whole mapping (the size rounded up to the granularity) in
+/// every reuse policy, `FLARE_REUSE_SEGMENTS` included, so that its handles hold no
+/// other tag's memory; its memory is counted by `flare_pool_tag_census` and put to
+/// sleep by `flare_pool_sleep`. Free it with `flare_package_free` or
+/// `flare_package_free_async` (a stream-ordered free makes the idle memory the pool's
+/// shared memory, tag 0's).
+///
+/// Errors: `FLARE_STATUS_TAG_STATE` while the tag sleeps (nothing changes); otherwise
+/// as `flare_package_allocate_async`. Nothing is written on failure. Thread-safe.
+///
+/// # Safety
+/// `pool` is NULL or a live pool; `out_ptr` is NULL or writable; `stream` as for
+/// `flare_package_allocate_async`.
+#[no_mangle]
+pub unsafe extern "C" fn flare_package_allocate_tagged(
+    pool: *mut FlarePool,
+    size: usize,
+    stream: FlareStream,
+    tag: u32,
+    out_ptr: *mut *mut c_void,
+) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    pool_boundary(
+        "flare_package_allocate_tagged",
+        unsafe { pool_ref(pool) },
+        |pool| {
+            check_out(out_ptr, "out_ptr")?;
+            let stream = stream_of(stream);
+            let result = pool
+                .pool
+                .allocate_tagged_raw(size as u64, Some(stream), tag);
+            pool.injected_panic_point();
+            let ptr = result?;
+            let addr = match usize::try_from(ptr) {
+                Ok(addr) => addr,
+                Err(_) => {
+                    // Cannot happen on the 64-bit targets CUDA supports; give it back.
+                    let _ = pool.pool.free_async_raw(ptr, stream);
+                    return Err(Error::NotSupported("device address wider than a pointer"));
+                }
+            };
+            // SAFETY: non-NULL, aligned, and writable by the caller's contract.
+            unsafe { out_ptr.write(addr as *mut c_void) };
+            Ok(())
+        },
+    )
+}
+
+/// Puts tag `tag` to sleep: waits for the device's work (a synchronize of every
+/// device with access), copies each live allocation's bytes to pinned host memory
+/// (`FLARE_SLEEP_OFFLOAD`), then unmaps and releases every physical handle the tag
+/// holds, live and idle, keeping every address reservation: the tag's pointers stay
+/// reserved and become valid again at `flare_pool_wake`. The driver's free memory
+/// rises by the tag's physical bytes. Allocating or freeing with the tag is refused
+/// until then; other tags are untouched.
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool or a mode that is not a
+/// `FlareSleepMode`; `FLARE_STATUS_SCOPE_STATE` inside a retention scope or while one
+/// of the pool's streams is captured; `FLARE_STATUS_TAG_STATE` when the tag already
+/// sleeps; `FLARE_STATUS_NOT_SUPPORTED` for tag 0 in `FLARE_REUSE_SEGMENTS`;
+/// `FLARE_STATUS_DRIVER_ERROR` when a step is refused: the tag is then awake and
+/// usable, its contents intact (see the Rust `Pool::sleep` for the one exception).
+///
+/// # Safety
+/// `pool` is NULL or a live pool.
+#[no_mangle]
+pub unsafe extern "C" fn flare_pool_sleep(
+    pool: *mut FlarePool,
+    tag: u32,
+    mode: RawSleepMode,
+) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    pool_boundary("flare_pool_sleep", unsafe { pool_ref(pool) }, |pool| {
+        let mode = match FlareSleepMode::parse(mode.0, "mode")? {
+            FlareSleepMode::FLARE_SLEEP_DISCARD => SleepMode::Discard,
+            FlareSleepMode::FLARE_SLEEP_OFFLOAD => SleepMode::Offload,
+        };
+        let result = pool.pool.sleep(tag, mode);
+        pool.injected_panic_point();
+        result
+    })
+}
+
+/// Wakes tag `tag`: new handles mapped at the same addresses with the same access,
+/// offloaded bytes copied back (pinned host memory freed). Every pointer of the tag
+/// is valid again: same bytes (`FLARE_SLEEP_OFFLOAD`) or unspecified contents
+/// (`FLARE_SLEEP_DISCARD`).
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL; `FLARE_STATUS_TAG_STATE` when the
+/// tag does not sleep; `FLARE_STATUS_OUT_OF_MEMORY` when the device is full and
+/// `FLARE_STATUS_DRIVER_ERROR` for another refused step: what this wake mapped is
+/// undone, the tag stays asleep with nothing lost, and a later wake can succeed.
+///
+/// # Safety
+/// `pool` is NULL or a live pool.
+#[no_mangle]
+pub unsafe extern "C" fn flare_pool_wake(pool: *mut FlarePool, tag: u32) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    pool_boundary("flare_pool_wake", unsafe { pool_ref(pool) }, |pool| {
+        let result = pool.pool.wake(tag);
+        pool.injected_panic_point();
+        result
+    })
+}
+
+/// Writes what tag `tag` holds to `*out` (its live allocations, idle, physical and
+/// offloaded bytes, whether it sleeps): exact, and cheap (no walk over allocations).
+/// A tag never used reads all zeros.
+///
+/// Versioning: the caller sets `out->struct_size` to `sizeof(FlareTagCensus)`; only
+/// the fields lying wholly inside it are written.
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL or a bad `struct_size`.
+///
+/// # Safety
+/// `pool` is NULL or a live pool; `out` is NULL or points to at least
+/// `out->struct_size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn flare_pool_tag_census(
+    pool: *const FlarePool,
+    tag: u32,
+    out: *mut FlareTagCensus,
+) -> FlareStatus {
+    // SAFETY: by the caller's contract.
+    pool_boundary("flare_pool_tag_census", unsafe { pool_ref(pool) }, |pool| {
+        // SAFETY: `out` is NULL or a caller's census, by the caller's contract.
+        let prefix = unsafe { out_prefix(out, "out", "tag census", &FlareTagCensus::FIELD_ENDS) }?;
+        let census = FlareTagCensus::from_census(&pool.pool.tag_census(tag));
+        pool.injected_panic_point();
+        // SAFETY: `out` is non-NULL and aligned, and the caller's struct has
+        // `struct_size >= prefix` writable bytes; `FlareTagCensus` has no padding and
+        // starts with `struct_size`, and the prefix (at least 8) ends on a field
+        // boundary, at most its size.
+        unsafe { write_prefix(&census, out, prefix) };
+        Ok(())
+    })
+}

@@ -1,0 +1,496 @@
+//! Tags (issue 15) on the simulated driver: the census, sleep and wake in both modes,
+//! the errors, the interplay with scopes, captures, thread caches and segments, and
+//! every driver call of sleep and wake failing.
+
+#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
+
+mod common;
+
+use common::{check, check_with_devices, no_faults, simulated_pool, GIB, MIB};
+use flare_package::driver::sim::SimDriver;
+use flare_package::{
+    CaptureMode, CuResult, DevicePtr, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SleepMode,
+    TagCensus,
+};
+
+/// A pattern that differs per allocation and per byte.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8)
+        .collect()
+}
+
+fn fill(sim: &SimDriver, ptr: DevicePtr, seed: u64, len: usize) {
+    assert_eq!(sim.write(ptr, &pattern(seed, len)), CuResult::SUCCESS);
+}
+
+#[track_caller]
+fn same(sim: &SimDriver, ptr: DevicePtr, seed: u64, len: usize) {
+    let got = sim.read(ptr, len as u64).expect("mapped with access");
+    assert!(got == pattern(seed, len), "contents of {ptr:#x} changed");
+}
+
+fn pool_with(policy: ReusePolicy, capacity: u64) -> (Pool, std::sync::Arc<SimDriver>) {
+    simulated_pool(capacity, PoolConfig::default().with_policy(policy))
+}
+
+/// [`pool_with`] keeping what is freed (release threshold `u64::MAX`): idle memory
+/// stays until trim.
+fn keeping_pool(policy: ReusePolicy, capacity: u64) -> (Pool, std::sync::Arc<SimDriver>) {
+    simulated_pool(
+        capacity,
+        PoolConfig {
+            release_threshold_bytes: u64::MAX,
+            ..PoolConfig::default().with_policy(policy)
+        },
+    )
+}
+
+/// The census adds up from the sizes: a 3 MiB request maps 4 MiB (2 MiB granules);
+/// a free moves its bytes from live to the tag's idle; tag 0 is the rest.
+#[test]
+fn census_counts_each_tag_from_the_sizes() {
+    let (pool, _sim) = keeping_pool(ReusePolicy::BestFit, 16 * GIB);
+    let a: Vec<_> = (0..3)
+        .map(|_| pool.allocate_tagged_raw(3 * MIB, None, 1).unwrap())
+        .collect();
+    let b = pool.allocate_tagged_raw(10 * MIB, None, 2).unwrap();
+    let u = pool.allocate_raw(MIB).unwrap();
+    check(&pool);
+    let c1 = pool.tag_census(1);
+    assert_eq!(
+        c1,
+        TagCensus {
+            sleeping: false,
+            live_count: 3,
+            live_bytes: 12 * MIB,
+            peak_live_bytes: 12 * MIB,
+            idle_bytes: 0,
+            physical_bytes: 12 * MIB,
+            offloaded_bytes: 0,
+        }
+    );
+    assert_eq!(pool.tag_census(2).live_bytes, 10 * MIB);
+    let c0 = pool.tag_census(0);
+    assert_eq!((c0.live_count, c0.live_bytes), (1, 2 * MIB));
+    assert_eq!(c0.physical_bytes, 2 * MIB);
+    // A free: tag 1's idle, reused by tag 1 only.
+    pool.free_raw(a[0]).unwrap();
+    let c1 = pool.tag_census(1);
+    assert_eq!(
+        (c1.live_bytes, c1.idle_bytes, c1.physical_bytes),
+        (8 * MIB, 4 * MIB, 12 * MIB)
+    );
+    assert_eq!(c1.peak_live_bytes, 12 * MIB);
+    let u2 = pool.allocate_raw(3 * MIB).unwrap();
+    assert_ne!(u2, a[0], "tag 0 took tag 1's idle mapping");
+    let again = pool.allocate_tagged_raw(3 * MIB, None, 1).unwrap();
+    assert_eq!(again, a[0], "tag 1 reuses its own idle mapping");
+    // A tag never used reads zeros.
+    assert_eq!(pool.tag_census(77), TagCensus::default());
+    // Physical bytes of the tags add up to the pool's.
+    let total: u64 = [0, 1, 2]
+        .iter()
+        .map(|&t| pool.tag_census(t).physical_bytes)
+        .sum();
+    assert_eq!(total, pool.snapshot().physical_bytes);
+    for p in [a[1], a[2], again, b, u, u2] {
+        pool.free_raw(p).unwrap();
+    }
+    pool.trim().unwrap();
+    check(&pool);
+    assert_eq!(pool.snapshot().physical_bytes, 0);
+}
+
+/// Offload: the sleeping tag's physical bytes go back to the device, its pointers
+/// keep their addresses and, after wake, their bytes; the other tag never changes.
+#[test]
+fn offload_sleep_and_wake_keep_addresses_and_bytes() {
+    for policy in [
+        ReusePolicy::Exact,
+        ReusePolicy::BestFit,
+        ReusePolicy::Segments,
+    ] {
+        let (pool, sim) = keeping_pool(policy, 16 * GIB);
+        let sizes = [MIB, 2 * MIB, 5 * MIB + 3, 64 * MIB];
+        let t1: Vec<_> = sizes
+            .iter()
+            .map(|&n| pool.allocate_tagged_raw(n, None, 1).unwrap())
+            .collect();
+        let t2: Vec<_> = sizes
+            .iter()
+            .map(|&n| pool.allocate_tagged_raw(n, None, 2).unwrap())
+            .collect();
+        for (i, (&p, &n)) in t1.iter().zip(&sizes).enumerate() {
+            fill(&sim, p, i as u64, n as usize);
+            fill(&sim, t2[i], 100 + i as u64, n as usize);
+        }
+        // An idle mapping of tag 1 too.
+        let spare = pool.allocate_tagged_raw(4 * MIB, None, 1).unwrap();
+        pool.free_raw(spare).unwrap();
+        let before = pool.snapshot().physical_bytes;
+        let held = pool.tag_census(1).physical_bytes;
+        // 2 + 2 + 6 + 64 MiB live, 4 MiB idle.
+        assert_eq!(held, 78 * MIB);
+        pool.sleep(1, SleepMode::Offload).unwrap();
+        let s = check_with_devices(&pool, 1);
+        assert_eq!(s.physical_bytes, before - held, "{policy:?}");
+        assert_eq!(sim.state().physical_bytes, before - held);
+        let c = pool.tag_census(1);
+        assert!(c.sleeping);
+        assert_eq!((c.physical_bytes, c.idle_bytes, c.live_count), (0, 0, 4));
+        let requested: u64 = sizes.iter().sum();
+        assert_eq!(c.offloaded_bytes, requested);
+        assert_eq!(sim.host_bytes(), requested);
+        // Unmapped: a kernel would fault.
+        for &p in &t1 {
+            assert_eq!(sim.touch(p, 1, 0), CuResult::INVALID_VALUE);
+        }
+        // The tag refuses allocations and frees; other tags work.
+        assert!(matches!(
+            pool.allocate_tagged_raw(MIB, None, 1),
+            Err(Error::TagState { tag: 1, .. })
+        ));
+        assert!(matches!(
+            pool.free_raw(t1[0]),
+            Err(Error::TagState { tag: 1, .. })
+        ));
+        assert!(matches!(
+            pool.sleep(1, SleepMode::Discard),
+            Err(Error::TagState { tag: 1, .. })
+        ));
+        let other = pool.allocate_tagged_raw(MIB, None, 2).unwrap();
+        pool.free_raw(other).unwrap();
+        let untagged = pool.allocate_raw(MIB).unwrap();
+        pool.free_raw(untagged).unwrap();
+        check(&pool);
+        pool.wake(1).unwrap();
+        let s = check_with_devices(&pool, 1);
+        assert_eq!(s.tags_sleeping, 0);
+        assert_eq!(sim.host_bytes(), 0);
+        let c = pool.tag_census(1);
+        assert!(!c.sleeping);
+        assert_eq!(
+            (c.physical_bytes, c.offloaded_bytes, c.live_bytes),
+            (74 * MIB, 0, 74 * MIB)
+        );
+        for (i, (&p, &n)) in t1.iter().zip(&sizes).enumerate() {
+            same(&sim, p, i as u64, n as usize);
+            same(&sim, t2[i], 100 + i as u64, n as usize);
+        }
+        assert!(matches!(pool.wake(1), Err(Error::TagState { tag: 1, .. })));
+        for p in t1.into_iter().chain(t2) {
+            pool.free_raw(p).unwrap();
+        }
+        pool.trim().unwrap();
+        check(&pool);
+        no_faults(&sim);
+    }
+}
+
+/// Discard: no host memory, pointers valid again after wake.
+#[test]
+fn discard_sleep_uses_no_host_memory() {
+    let (pool, sim) = pool_with(ReusePolicy::BestFit, 16 * GIB);
+    let a = pool.allocate_tagged(GIB, None, 3).unwrap();
+    let p = a.ptr();
+    pool.sleep(3, SleepMode::Discard).unwrap();
+    assert_eq!(sim.host_bytes(), 0);
+    assert_eq!(sim.call_count(DriverCall::MemcpyDtoH), 0);
+    assert_eq!(pool.snapshot().sleeping_bytes, GIB);
+    assert_eq!(sim.state().physical_bytes, 0);
+    pool.wake(3).unwrap();
+    assert_eq!(sim.touch(p, GIB, 0), CuResult::SUCCESS);
+    assert_eq!(a.ptr(), p);
+    check_with_devices(&pool, 1);
+    drop(a);
+    check(&pool);
+}
+
+/// A wake that cannot fit fails with out-of-memory, maps nothing, keeps the host
+/// copy; it succeeds once the memory is freed.
+#[test]
+fn wake_on_a_full_device_fails_cleanly_then_succeeds() {
+    let (pool, sim) = pool_with(ReusePolicy::BestFit, 64 * MIB);
+    let ptrs: Vec<_> = (0..4)
+        .map(|i| {
+            let p = pool.allocate_tagged_raw(8 * MIB, None, 1).unwrap();
+            fill(&sim, p, i, 8 * MIB as usize);
+            p
+        })
+        .collect();
+    pool.sleep(1, SleepMode::Offload).unwrap();
+    // Another tag takes 48 of the 64 MiB: 16 left, 32 needed.
+    let filler = pool.allocate_tagged_raw(48 * MIB, None, 2).unwrap();
+    let creates = sim.call_count(DriverCall::Create);
+    let err = pool.wake(1).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+    // Two handles fitted before the third failed; both were released again.
+    assert_eq!(sim.call_count(DriverCall::Create), creates + 3);
+    let s = check(&pool);
+    assert_eq!(s.physical_bytes, 48 * MIB);
+    assert!(pool.tag_census(1).sleeping);
+    assert_eq!(pool.tag_census(1).offloaded_bytes, 32 * MIB);
+    pool.free_raw(filler).unwrap();
+    pool.trim().unwrap();
+    pool.wake(1).unwrap();
+    check(&pool);
+    for (i, &p) in ptrs.iter().enumerate() {
+        same(&sim, p, i as u64, 8 * MIB as usize);
+    }
+}
+
+/// Inside a retention scope, and while one of the pool's streams is captured, sleep
+/// is a scope-state error and changes nothing.
+#[test]
+fn sleep_is_refused_in_a_scope_and_during_a_capture() {
+    let (pool, sim) = pool_with(ReusePolicy::BestFit, 16 * GIB);
+    let a = pool.allocate_tagged_raw(MIB, None, 1).unwrap();
+    let scope = pool.retention_scope().unwrap();
+    assert!(matches!(
+        pool.sleep(1, SleepMode::Discard),
+        Err(Error::ScopeState(_))
+    ));
+    scope.finish().unwrap();
+    let s = common::stream(&sim);
+    let b = pool.allocate_tagged_raw(MIB, Some(s), 1).unwrap();
+    assert_eq!(
+        sim.stream_begin_capture(s.0, CaptureMode::Global),
+        CuResult::SUCCESS
+    );
+    assert!(matches!(
+        pool.sleep(1, SleepMode::Discard),
+        Err(Error::ScopeState(_))
+    ));
+    assert!(!pool.tag_census(1).sleeping);
+    assert!(sim.stream_end_capture(s.0).is_success());
+    no_faults(&sim);
+    pool.sleep(1, SleepMode::Discard).unwrap();
+    pool.wake(1).unwrap();
+    pool.free_raw(a).unwrap();
+    pool.free_async_raw(b, s).unwrap();
+    check(&pool);
+}
+
+/// Tag 0 with thread caches holding its idle memory: the sleep settles them and
+/// releases it; untagged allocations are refused while it sleeps.
+#[test]
+fn tag_zero_sleep_settles_the_thread_caches() {
+    let (pool, sim) = simulated_pool(
+        16 * GIB,
+        PoolConfig {
+            release_threshold_bytes: u64::MAX,
+            ..PoolConfig::default()
+        },
+    );
+    let live = pool.allocate_raw(4 * MIB).unwrap();
+    fill(&sim, live, 9, 4 * MIB as usize);
+    let idle = pool.allocate_raw(2 * MIB).unwrap();
+    pool.free_raw(idle).unwrap();
+    assert_eq!(pool.snapshot().thread_cache_count, 1);
+    let t = pool.allocate_tagged_raw(2 * MIB, None, 5).unwrap();
+    pool.sleep(0, SleepMode::Offload).unwrap();
+    let s = check(&pool);
+    assert_eq!(s.thread_cache_count, 0);
+    assert_eq!(s.physical_bytes, 2 * MIB, "only tag 5's mapping is held");
+    assert_eq!(pool.tag_census(0).physical_bytes, 0);
+    assert!(matches!(
+        pool.allocate_raw(MIB),
+        Err(Error::TagState { tag: 0, .. })
+    ));
+    assert!(matches!(
+        pool.free_raw(live),
+        Err(Error::TagState { tag: 0, .. })
+    ));
+    pool.free_raw(t).unwrap();
+    pool.wake(0).unwrap();
+    same(&sim, live, 9, 4 * MIB as usize);
+    pool.free_raw(live).unwrap();
+    check(&pool);
+}
+
+/// Segment mode: a tag other than 0 takes whole mappings (its handles hold no other
+/// tag's blocks), and sleeps without touching tag 0's blocks; tag 0 cannot sleep.
+#[test]
+fn segments_keep_tags_apart() {
+    let (pool, sim) = pool_with(ReusePolicy::Segments, 16 * GIB);
+    let blocks: Vec<_> = (0..8).map(|_| pool.allocate_raw(4096).unwrap()).collect();
+    for (i, &b) in blocks.iter().enumerate() {
+        fill(&sim, b, 50 + i as u64, 4096);
+    }
+    let t: Vec<_> = (0..8)
+        .map(|_| pool.allocate_tagged_raw(4096, None, 1).unwrap())
+        .collect();
+    let s = check(&pool);
+    assert_eq!(s.block_live_count, 8, "tagged requests are not blocks");
+    assert_eq!(pool.tag_census(1).physical_bytes, 8 * 2 * MIB);
+    assert!(matches!(
+        pool.sleep(0, SleepMode::Discard),
+        Err(Error::NotSupported(_))
+    ));
+    pool.sleep(1, SleepMode::Offload).unwrap();
+    let s = check(&pool);
+    assert_eq!(s.physical_bytes, s.segment_mapped_bytes);
+    for (i, &b) in blocks.iter().enumerate() {
+        same(&sim, b, 50 + i as u64, 4096);
+    }
+    pool.wake(1).unwrap();
+    for p in blocks.into_iter().chain(t) {
+        pool.free_raw(p).unwrap();
+    }
+    check(&pool);
+}
+
+/// Dropping a pool with a tag asleep releases everything: reservations, host copy.
+#[test]
+fn a_pool_dropped_asleep_leaves_nothing() {
+    let (pool, sim) = pool_with(ReusePolicy::BestFit, 16 * GIB);
+    let _a = pool.allocate_tagged_raw(6 * MIB, None, 1).unwrap();
+    pool.sleep(1, SleepMode::Offload).unwrap();
+    drop(pool);
+    let d = sim.state();
+    assert_eq!((d.handles, d.reservations, d.mappings), (0, 0, 0));
+    assert_eq!(sim.host_bytes(), 0);
+}
+
+/// Every call a sleep makes, failing: the books agree with the driver, and the tag
+/// is awake and usable (the bytes intact), except a refused release, which keeps
+/// the handle and sleeps.
+#[test]
+fn every_sleep_call_failing_leaves_the_tag_awake() {
+    for (call, nth) in [
+        (DriverCall::Synchronize, 1),
+        (DriverCall::HostAlloc, 1),
+        (DriverCall::MemcpyDtoH, 2),
+        (DriverCall::Unmap, 1),
+        (DriverCall::Unmap, 3),
+        (DriverCall::Release, 2),
+    ] {
+        let (pool, sim) = pool_with(ReusePolicy::BestFit, 16 * GIB);
+        let ptrs: Vec<_> = (0..3)
+            .map(|i| {
+                let p = pool.allocate_tagged_raw(2 * MIB, None, 1).unwrap();
+                fill(&sim, p, i, 2 * MIB as usize);
+                p
+            })
+            .collect();
+        sim.inject_failure(call, nth, CuResult::UNKNOWN);
+        let r = pool.sleep(1, SleepMode::Offload);
+        sim.clear_failures();
+        let s = check_with_devices(&pool, 1);
+        if call == DriverCall::Release {
+            r.unwrap();
+            assert_eq!((s.sleeping_held_count, s.sleeping_held_bytes), (1, 2 * MIB));
+            assert_eq!(pool.tag_census(1).physical_bytes, 2 * MIB);
+            pool.wake(1).unwrap();
+        } else {
+            assert!(r.is_err(), "{call:?}");
+            assert!(!pool.tag_census(1).sleeping, "{call:?}");
+            assert_eq!(sim.host_bytes(), 0, "{call:?}");
+        }
+        check_with_devices(&pool, 1);
+        for (i, &p) in ptrs.iter().enumerate() {
+            same(&sim, p, i as u64, 2 * MIB as usize);
+        }
+        // Usable: a new allocation and a free of the tag.
+        let q = pool.allocate_tagged_raw(MIB, None, 1).unwrap();
+        pool.free_raw(q).unwrap();
+        pool.sleep(1, SleepMode::Offload).unwrap();
+        pool.wake(1).unwrap();
+        for (i, &p) in ptrs.iter().enumerate() {
+            same(&sim, p, i as u64, 2 * MIB as usize);
+        }
+        for p in ptrs {
+            pool.free_raw(p).unwrap();
+        }
+        pool.trim().unwrap();
+        check(&pool);
+        assert_eq!(pool.snapshot().physical_bytes, 0, "{call:?}");
+    }
+}
+
+/// Every call a wake makes, failing: the tag stays asleep, nothing half-awake, the
+/// books agree with the driver; the next wake restores every byte.
+#[test]
+fn every_wake_call_failing_leaves_the_tag_asleep() {
+    for (call, nth) in [
+        (DriverCall::Create, 1),
+        (DriverCall::Create, 3),
+        (DriverCall::Map, 2),
+        (DriverCall::SetAccess, 2),
+        (DriverCall::MemcpyHtoD, 3),
+        // Undo failing too: a refused unmap keeps a mapping already woken (its
+        // bytes copied back) awake.
+        (DriverCall::Unmap, 2),
+    ] {
+        let (pool, sim) = pool_with(ReusePolicy::BestFit, 16 * GIB);
+        let ptrs: Vec<_> = (0..3)
+            .map(|i| {
+                let p = pool.allocate_tagged_raw(2 * MIB, None, 1).unwrap();
+                fill(&sim, p, i, 2 * MIB as usize);
+                p
+            })
+            .collect();
+        pool.sleep(1, SleepMode::Offload).unwrap();
+        if call == DriverCall::Unmap {
+            // The wake's third copy fails; the undo unmaps the third mapping, then
+            // fails to unmap the second.
+            sim.inject_failure(DriverCall::MemcpyHtoD, 3, CuResult::UNKNOWN);
+        }
+        sim.inject_failure(call, nth, CuResult::UNKNOWN);
+        assert!(pool.wake(1).is_err(), "{call:?}");
+        sim.clear_failures();
+        let s = check_with_devices(&pool, 1);
+        assert!(pool.tag_census(1).sleeping, "{call:?}");
+        assert_eq!(s.tags_sleeping, 1);
+        assert_eq!(
+            sim.host_bytes(),
+            3 * 2 * MIB,
+            "{call:?}: the host copy is kept"
+        );
+        if call == DriverCall::Unmap {
+            assert_eq!(
+                s.sleeping_count, 2,
+                "the mapping whose undo failed is awake"
+            );
+        } else {
+            assert_eq!(s.sleeping_count, 3, "{call:?}");
+            assert_eq!(s.physical_bytes, 0, "{call:?}");
+        }
+        pool.wake(1).unwrap();
+        check_with_devices(&pool, 1);
+        for (i, &p) in ptrs.iter().enumerate() {
+            same(&sim, p, i as u64, 2 * MIB as usize);
+        }
+        for p in ptrs {
+            pool.free_raw(p).unwrap();
+        }
+        pool.trim().unwrap();
+        check(&pool);
+        assert_eq!(pool.snapshot().physical_bytes, 0, "{call:?}");
+    }
+}
+
+/// Stream-ordered tagged allocations: on a stream as `allocate_async`, and a tag's
+/// stream-ordered free makes the memory the pool's shared idle memory (tag 0's).
+#[test]
+fn stream_tagged_allocations() {
+    let (pool, sim) = pool_with(ReusePolicy::BestFit, 16 * GIB);
+    let s = common::stream(&sim);
+    let a = pool.allocate_tagged(4 * MIB, Some(s), 4).unwrap();
+    assert_eq!(pool.tag_census(4).live_bytes, 4 * MIB);
+    sim.launch(s.0, a.ptr(), 4 * MIB);
+    drop(a);
+    assert_eq!(
+        pool.tag_census(4),
+        TagCensus {
+            peak_live_bytes: 4 * MIB,
+            ..TagCensus::default()
+        }
+    );
+    assert_eq!(pool.tag_census(0).idle_bytes, 4 * MIB);
+    pool.sleep(4, SleepMode::Discard).unwrap();
+    pool.wake(4).unwrap();
+    check(&pool);
+    no_faults(&sim);
+}

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod driver;
 mod error;
 pub mod ffi;
+pub mod torch;
 pub mod pool;
 pub mod trace;
 

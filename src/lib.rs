@@ -10,8 +10,8 @@ pub mod backend;
 pub mod driver;
 mod error;
 pub mod ffi;
-pub mod torch;
 pub mod pool;
+pub mod torch;
 pub mod trace;
 
 pub(crate) mod sync;

@@ -508,7 +508,9 @@ impl TorchAllocator {
         self.device(device)?
             .tensor
             .sim_driver()
-            .ok_or(Error::NotSupported("the simulated controls need FLARE_TORCH_BACKEND=sim"))
+            .ok_or(Error::NotSupported(
+                "the simulated controls need FLARE_TORCH_BACKEND=sim",
+            ))
     }
 
     /// Per-tensor mode's allocation (`flare_torch_alloc`): `bytes` on `device` for
@@ -565,9 +567,7 @@ impl TorchAllocator {
     /// graph pool's destroy failure ([`Error::Driver`], after the free succeeded).
     pub fn free(&self, ptr: DevicePtr, device: i32, stream: Stream) -> Result<()> {
         self.slot(device)?;
-        let d = self
-            .existing(device)
-            .ok_or(Error::UnknownPointer { ptr })?;
+        let d = self.existing(device).ok_or(Error::UnknownPointer { ptr })?;
         if d.graph_pools.load(Ordering::Acquire) > 0 {
             let mut g = d.graphs();
             if let Some(id) = g.owner.remove(&ptr) {
@@ -658,9 +658,7 @@ impl TorchAllocator {
     /// Errors: [`Error::InvalidArgument`] when `id` is not begun on `device`; a
     /// deferred destroy's failure.
     pub fn end_allocate_to_pool(&self, device: i32, id: MempoolId) -> Result<()> {
-        let d = self
-            .existing(device)
-            .ok_or_else(|| not_begun(device, id))?;
+        let d = self.existing(device).ok_or_else(|| not_begun(device, id))?;
         let mut g = d.graphs();
         let me = std::thread::current().id();
         let index = g
@@ -762,9 +760,7 @@ impl TorchAllocator {
     /// Errors: [`Error::UnknownPointer`] for a pointer the mempool pool did not hand
     /// out; the release's driver failure (the free itself succeeded).
     pub fn pool_free(&self, ptr: DevicePtr, device: i32, stream: Stream) -> Result<()> {
-        let d = self
-            .existing(device)
-            .ok_or(Error::UnknownPointer { ptr })?;
+        let d = self.existing(device).ok_or(Error::UnknownPointer { ptr })?;
         d.mempool.free_async_raw(ptr, stream)?;
         match d.driver.stream_capture(stream) {
             Ok(None) => d.mempool.trim(),

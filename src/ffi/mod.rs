@@ -63,6 +63,9 @@ pub use sim::{
     flare_sim_begin_capture, flare_sim_end_capture, flare_sim_faults, flare_sim_inject_failure,
     flare_sim_inject_panic, flare_sim_launch, flare_sim_stream_complete, flare_sim_stream_create,
 };
+pub use stream::{
+    flare_package_allocate_async, flare_package_free_async, flare_package_record_stream,
+};
 pub use torch::{
     flare_torch_alloc, flare_torch_begin_allocate_to_pool, flare_torch_end_allocate_to_pool,
     flare_torch_free, flare_torch_hook_failures, flare_torch_pool_alloc, flare_torch_pool_free,
@@ -71,9 +74,6 @@ pub use torch::{
     flare_torch_sim_begin_capture, flare_torch_sim_end_capture, flare_torch_sim_faults,
     flare_torch_sim_launch, flare_torch_sim_stream_complete, flare_torch_sim_stream_create,
     flare_torch_stats, flare_torch_trim, flare_torch_use_simulated, FlareTorchOomHandler,
-};
-pub use stream::{
-    flare_package_allocate_async, flare_package_free_async, flare_package_record_stream,
 };
 pub use types::{
     FlareBackend, FlareCrossStreamReuse, FlareDestroyReport, FlareDriverCall, FlarePoolConfig,

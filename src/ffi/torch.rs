@@ -368,14 +368,11 @@ pub extern "C" fn flare_torch_use_simulated(capacity_bytes: u64, device_count: u
             device_count: if device_count == 0 { 2 } else { device_count },
             ..defaults
         });
-        ALLOCATOR
-            .set(Ok(TorchAllocator::new(config)))
-            .map_err(|_| {
-                Error::InvalidArgument(
-                    "the PyTorch allocator is already made (a flare_torch_* call came first)"
-                        .into(),
-                )
-            })
+        ALLOCATOR.set(Ok(TorchAllocator::new(config))).map_err(|_| {
+            Error::InvalidArgument(
+                "the PyTorch allocator is already made (a flare_torch_* call came first)".into(),
+            )
+        })
     })
 }
 
@@ -524,7 +521,10 @@ pub unsafe extern "C" fn flare_torch_sim_launch(
 ///
 /// Errors: as `flare_torch_sim_launch`. Thread-safe.
 #[no_mangle]
-pub extern "C" fn flare_torch_sim_stream_complete(device: c_int, stream: FlareStream) -> FlareStatus {
+pub extern "C" fn flare_torch_sim_stream_complete(
+    device: c_int,
+    stream: FlareStream,
+) -> FlareStatus {
     boundary("flare_torch_sim_stream_complete", || {
         let code = sim(device)?.stream_complete(stream as usize as u64);
         sim_refused("stream completion", code)
@@ -583,7 +583,10 @@ pub unsafe extern "C" fn flare_torch_sim_end_capture(
 /// # Safety
 /// `out_faults` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn flare_torch_sim_faults(device: c_int, out_faults: *mut u64) -> FlareStatus {
+pub unsafe extern "C" fn flare_torch_sim_faults(
+    device: c_int,
+    out_faults: *mut u64,
+) -> FlareStatus {
     boundary("flare_torch_sim_faults", || {
         check_out(out_faults, "out_faults")?;
         let faults = sim(device)?.contract_faults();

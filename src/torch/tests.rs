@@ -27,8 +27,12 @@ fn stream(sim: &SimDriver, device: i32) -> Stream {
 
 /// Physical bytes over every pool of `device` (what the driver holds).
 fn physical(a: &TorchAllocator, device: i32) -> u64 {
-    let t = a.snapshot(device, PoolKind::Tensor).map_or(0, |s| s.physical_bytes);
-    let m = a.snapshot(device, PoolKind::Mempool).map_or(0, |s| s.physical_bytes);
+    let t = a
+        .snapshot(device, PoolKind::Tensor)
+        .map_or(0, |s| s.physical_bytes);
+    let m = a
+        .snapshot(device, PoolKind::Mempool)
+        .map_or(0, |s| s.physical_bytes);
     let g: u64 = a
         .graph_snapshots(device)
         .iter()
@@ -229,7 +233,11 @@ fn a_release_during_another_capture_waits_for_its_end() {
     // Destroying synchronizes the device: not while the capture is open.
     assert_eq!(a.graph_snapshots(0).len(), 2);
     let q = a.alloc(MIB, 0, s).expect("alloc 2");
-    assert_eq!(sim.stream_end_capture(s.0), CuResult::SUCCESS, "capture stayed valid");
+    assert_eq!(
+        sim.stream_end_capture(s.0),
+        CuResult::SUCCESS,
+        "capture stayed valid"
+    );
     a.end_allocate_to_pool(0, (2, 0)).expect("end 2");
     assert_eq!(a.graph_snapshots(0).len(), 1, "pool 1 destroyed at the end");
     assert_eq!(a.graph_snapshots(0)[0].0, (2, 0));

@@ -623,23 +623,20 @@ impl TorchAllocator {
     pub fn begin_allocate_to_pool(&self, device: i32, id: MempoolId) -> Result<()> {
         let d = self.device(device)?;
         let mut g = d.graphs();
-        if !g.pools.contains_key(&id) {
-            let pool = Pool::with_driver(
-                d.pool_config(&self.config, self.config.graph_policy),
-                d.driver.clone(),
-            )?;
-            pool.retention_begin()?;
-            g.pools.insert(
-                id,
-                GraphPool {
+        match g.pools.entry(id) {
+            std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().refs += 1,
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let pool = Pool::with_driver(
+                    d.pool_config(&self.config, self.config.graph_policy),
+                    d.driver.clone(),
+                )?;
+                pool.retention_begin()?;
+                e.insert(GraphPool {
                     pool,
-                    refs: 0,
+                    refs: 1,
                     live: 0,
-                },
-            );
-        }
-        if let Some(gp) = g.pools.get_mut(&id) {
-            gp.refs += 1;
+                });
+            }
         }
         g.pending.push(Pending {
             id,

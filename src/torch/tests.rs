@@ -1,6 +1,9 @@
 //! The PyTorch layer on the simulated driver: routing to graph pools, their life,
 //! stream order, out-of-memory, the mempool pool's exact accounting, configuration.
 
+// Test code: a failed expectation is the test failing (the crate denies these lints
+// for library code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use super::*;
 use crate::{CuResult, SimDriver};
 

@@ -553,9 +553,10 @@ def main():
             print(f"   ERROR: {e[:1500]}")
         print(f"   rc={r['rc']} ({r['seconds']} s)", flush=True)
     failed = [r["part"] for r in results if r.get("errors") or any(not c["ok"] for c in r.get("checks", {}).values()) or (r["rc"] not in (0,) and not r.get("skipped"))]
-    summary = {"parts": parts, "failed": failed, "results": results}
+    skipped = [r["part"] for r in results if r.get("skipped")]
+    summary = {"parts": parts, "failed": failed, "skipped": skipped, "results": results}
     (a.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    print(f"\nsummary: {len(parts) - len(failed)}/{len(parts)} parts passed" + (f"; failed: {failed}" if failed else ""))
+    print(f"\nsummary: {len(parts) - len(failed)}/{len(parts)} parts passed" + (f"; failed: {failed}" if failed else "") + (f"; skipped: {skipped}" if skipped else ""))
     print(f"results: {a.out}/summary.json and {a.out}/<part>.json, logs {a.out}/<part>.log")
     sys.exit(1 if failed else 0)
 

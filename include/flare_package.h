@@ -766,6 +766,19 @@ typedef struct FlareTagCensus {
     uint64_t offloaded_bytes;
 } FlareTagCensus;
 
+/**
+ * The function `flare_torch_alloc` calls instead of returning NULL when an
+ * allocation fails: it must not return (it throws a C++ exception that PyTorch turns
+ * into a Python exception). Its arguments, in the order of
+ * `c10::detail::torchCheckFail(const char *func, const char *file, uint32_t line,
+ * const char *msg)`: this function's name, its source file and line, and the
+ * message (NUL-terminated UTF-8, valid during the call only).
+ */
+typedef void (*FlareTorchOomHandler)(const char *func,
+                                     const char *file,
+                                     uint32_t line,
+                                     const char *msg);
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -1375,6 +1388,274 @@ enum FlareStatus flare_sim_end_capture(struct FlarePool *pool, FlareStream strea
  * `pool` is NULL or a live pool; `out_faults` is NULL or writable.
  */
 enum FlareStatus flare_sim_faults(const struct FlarePool *pool, uint64_t *out_faults);
+
+/**
+ * Sets the function `flare_torch_alloc` calls when an allocation fails, instead of
+ * returning NULL (which PyTorch's per-tensor path wraps in a tensor without
+ * checking, pytorch #133280). NULL: none (failures return NULL). The Python package
+ * passes PyTorch's own `c10::detail::torchCheckFail` (looked up in `libc10.so`),
+ * which throws `c10::Error`: Python sees a `RuntimeError` with our message (the
+ * request, the device, the pool's live and idle bytes), and PyTorch's allocator
+ * state is untouched (it records an allocation only after our function returns).
+ * Process-wide; thread-safe.
+ *
+ * # Safety
+ * `handler` is NULL or a function of that type that never returns normally, or
+ * returns (then NULL is returned); it may unwind (a C++ exception) through
+ * `flare_torch_alloc` into its caller, which must be C++ code prepared for it.
+ */
+void flare_torch_set_oom_handler(FlareTorchOomHandler handler);
+
+/**
+ * Per-tensor mode's allocation, PyTorch's `alloc_fn`
+ * (`void *(size_t size, int device, cudaStream_t stream)`): `size` bytes on
+ * `device` for use on `stream`, from the device's tensor pool (segments by
+ * default: 512-byte-rounded blocks of shared handles), or from the graph pool being
+ * captured into (see `flare_torch_begin_allocate_to_pool`). Stream-ordered: memory
+ * freed on `stream` is reused at once; memory freed on another stream once that
+ * stream's work up to the free completed.
+ *
+ * Returns the device address, or on failure (out of memory after releasing what
+ * may be released, request larger than the device, no driver, a bad environment
+ * variable, size 0): with an out-of-memory handler set, calls it (it throws; see
+ * `flare_torch_set_oom_handler`), else returns NULL. Either way the thread's last
+ * error holds the message: the request in bytes, the device, the error (with the
+ * driver call and code), and the tensor pool's live and idle bytes. Thread-safe.
+ *
+ * # Safety
+ * `stream` is NULL or a live stream of `device` (only passed to the driver). Any
+ * out-of-memory handler set must be safe to call here (see
+ * `flare_torch_set_oom_handler`).
+ */
+void *flare_torch_alloc(size_t size, int device, FlareStream stream);
+
+/**
+ * Per-tensor mode's free, PyTorch's `free_fn`
+ * (`void (void *ptr, size_t size, int device, cudaStream_t stream)`, with the
+ * allocation's device and stream): stream-ordered on `stream`, with no host
+ * synchronization: work still queued on `stream` may use the memory; it is reused by
+ * `stream` at once, by another stream or released only once `stream`'s work up to
+ * here has completed (and that of the streams given to
+ * `flare_torch_record_stream`). A graph pool's allocation goes back to its graph
+ * pool. `size` is not needed (the pool knows it). NULL: nothing. A failure (an
+ * unknown pointer) is recorded (`flare_torch_hook_failures`). Thread-safe.
+ *
+ * # Safety
+ * `ptr` is only compared, `stream` only passed to the driver.
+ */
+void flare_torch_free(void *ptr, size_t size, int device, FlareStream stream);
+
+/**
+ * Pool mode's allocation (`torch.cuda.MemPool(...)`): the same signature as
+ * `flare_torch_alloc`; PyTorch's caching allocator asks for its segments (2 MiB
+ * multiples), each served by a whole mapping of exactly the rounded size from the
+ * device's mempool pool. Returns NULL on failure (the message in the thread's last
+ * error): PyTorch's caching allocator turns NULL into its own out-of-memory path
+ * (`torch.OutOfMemoryError`). Thread-safe.
+ *
+ * # Safety
+ * As `flare_torch_alloc` (no handler is called).
+ */
+void *flare_torch_pool_alloc(size_t size, int device, FlareStream stream);
+
+/**
+ * Pool mode's free: PyTorch frees a segment once its blocks' events completed; the
+ * mapping is freed on `stream` and released now when `stream` is not being captured
+ * (its fence waited for, no device synchronize), so that the mempool pool's physical
+ * bytes are the segments PyTorch holds (`memory_reserved` of the pool). Failures
+ * are recorded (`flare_torch_hook_failures`). Thread-safe.
+ *
+ * # Safety
+ * As `flare_torch_free`.
+ */
+void flare_torch_pool_free(void *ptr, size_t size, int device, FlareStream stream);
+
+/**
+ * PyTorch's `record_stream_fn` (`void (void *ptr, cudaStream_t stream)`,
+ * `Tensor.record_stream`): the allocation at `ptr` is used on `stream` too; its free
+ * then waits for `stream`'s work up to the free before the memory is reused (on any
+ * stream) or released. NULL: nothing. Failures are recorded. Thread-safe.
+ *
+ * # Safety
+ * As `flare_torch_free`.
+ */
+void flare_torch_record_stream(void *ptr, FlareStream stream);
+
+/**
+ * PyTorch's `reset_fn` (`void ()`, called by `torch.cuda.empty_cache()`): releases
+ * what the tensor and mempool pools of every device hold idle (memory freed on
+ * streams once its fences completed, `cuEventSynchronize`), and destroys the graph
+ * pools PyTorch released whose allocations are all freed. Graph pools PyTorch still
+ * holds keep everything (their graphs replay into it). A device with a capture
+ * begun is skipped. Failures are recorded. Thread-safe.
+ */
+void flare_torch_reset(void);
+
+/**
+ * PyTorch's `begin_allocate_to_pool` hook (`void (int device, MempoolId_t id,
+ * std::function<bool(cudaStream_t)> filter)`, called by `torch.cuda.graph` before
+ * `cudaStreamBeginCapture`): allocations on a stream being captured, from now until
+ * `flare_torch_end_allocate_to_pool`, go to graph pool `(id0, id1)` of `device`
+ * (created on first use: a pool of its own, sharing nothing with the others). Memory
+ * it hands out, freed during the capture or later, is reused only by its own
+ * allocations and released only once `flare_torch_release_pool` dropped its last
+ * reference and nothing of it is live. `filter` (PyTorch's `std::function`, by
+ * reference) is not used. Failures are recorded. Thread-safe.
+ *
+ * # Safety
+ * `filter` is never dereferenced.
+ */
+void flare_torch_begin_allocate_to_pool(int device, uint64_t id0, uint64_t id1, const void *filter);
+
+/**
+ * PyTorch's `end_allocate_to_pool` hook (`void (int device, MempoolId_t id)`, after
+ * `cudaStreamEndCapture`): graph pool `(id0, id1)` takes no new allocations.
+ * Failures are recorded. Thread-safe.
+ */
+void flare_torch_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * PyTorch's `release_pool` hook (`void (int device, MempoolId_t id)`, when a graph
+ * using the pool is reset or destroyed): drops one reference; with none left and
+ * nothing of it live, the pool is destroyed (a device synchronize, then everything
+ * it holds released), or later, with its last allocation's free (or once no capture
+ * is begun on the device). Failures are recorded. Thread-safe.
+ */
+void flare_torch_release_pool(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * How many hook calls (`flare_torch_free`, `flare_torch_pool_free`,
+ * `flare_torch_record_stream`, `flare_torch_reset` and the graph-pool hooks) have
+ * failed in this process; each failure's message was the calling thread's last
+ * error. Thread-safe.
+ */
+uint64_t flare_torch_hook_failures(void);
+
+/**
+ * Makes the process's allocator use the simulated driver (`device_count` devices of
+ * `capacity_bytes` each; 0: 2 devices, 140 GiB) instead of reading
+ * `FLARE_TORCH_BACKEND`; the other `FLARE_TORCH_*` variables still apply. For tests
+ * without a GPU. Must come before any other `flare_torch_*` call.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` when the allocator was already made (by an earlier call), or a `FLARE_TORCH_*` variable is
+ * invalid. Thread-safe.
+ */
+enum FlareStatus flare_torch_use_simulated(uint64_t capacity_bytes,
+                                           uint32_t device_count);
+
+/**
+ * Copies the stats of `device` as a JSON object (UTF-8; see
+ * `TorchAllocator::stats_json`: the tensor and mempool pools' snapshot counters by
+ * name, each graph pool's, and `physical_bytes` over them all) into `buf`,
+ * NUL-terminated and truncated to `len - 1` bytes, and returns its full length
+ * (a return `>= len`: call again with a larger buffer). `buf` NULL or `len` 0:
+ * only the length. A device never used: `{"device":N,...,"created":false}`. When the
+ * allocator cannot be made (a bad `FLARE_TORCH_*` variable), the JSON is
+ * `{"error": "..."}`. Thread-safe.
+ *
+ * # Safety
+ * `buf` is NULL or points to at least `len` writable bytes.
+ */
+size_t flare_torch_stats(int device, char *buf, size_t len);
+
+/**
+ * Releases what `device`'s tensor and mempool pools hold idle now (`trim()` in
+ * Python; `flare_torch_reset` does it for every device).
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a device outside `0..64` or a bad
+ * `FLARE_TORCH_*` variable; `FLARE_STATUS_SCOPE_STATE` while a retention scope is
+ * open on the device; `FLARE_STATUS_DRIVER_ERROR` when a release step failed (kept
+ * and retried later). Thread-safe.
+ */
+enum FlareStatus flare_torch_trim(int device);
+
+/**
+ * Opens a retention scope on `device`'s tensor pool (`retention()` in Python):
+ * nothing freed is released until `flare_torch_retention_finish`.
+ *
+ * Errors: `FLARE_STATUS_SCOPE_STATE` when one is open; `FLARE_STATUS_INVALID_ARGUMENT`
+ * for a bad device or variable; `FLARE_STATUS_NO_DRIVER` without a driver.
+ * Thread-safe.
+ */
+enum FlareStatus flare_torch_retention_begin(int device);
+
+/**
+ * Closes `device`'s retention scope (`abort` non-zero: counted as aborted) and
+ * releases what is idle (one synchronize).
+ *
+ * Errors: `FLARE_STATUS_SCOPE_STATE` with none open; `FLARE_STATUS_DRIVER_ERROR`
+ * when a release step failed. Thread-safe.
+ */
+enum FlareStatus flare_torch_retention_finish(int device, int abort);
+
+/**
+ * Simulated backend only: creates a non-blocking stream on `device` and writes its
+ * handle to `*out_stream` (as `flare_sim_stream_create` does for a pool).
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL `out_stream` or a bad device;
+ * `FLARE_STATUS_NOT_SUPPORTED` on the CUDA backend. Thread-safe.
+ *
+ * # Safety
+ * `out_stream` is NULL or writable.
+ */
+enum FlareStatus flare_torch_sim_stream_create(int device, FlareStream *out_stream);
+
+/**
+ * Simulated backend only: queues work on `stream` of `device` that touches
+ * `[ptr, ptr + bytes)` until the stream completes (see `flare_sim_launch`).
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` when the simulated driver refuses (a
+ * range not mapped, a stream not of this device); `FLARE_STATUS_NOT_SUPPORTED` on
+ * the CUDA backend. Thread-safe.
+ *
+ * # Safety
+ * `ptr` is a device address, never dereferenced.
+ */
+enum FlareStatus flare_torch_sim_launch(int device,
+                                        FlareStream stream,
+                                        const void *ptr,
+                                        size_t bytes);
+
+/**
+ * Simulated backend only: the device completes the work queued on `stream` (see
+ * `flare_sim_stream_complete`).
+ *
+ * Errors: as `flare_torch_sim_launch`. Thread-safe.
+ */
+enum FlareStatus flare_torch_sim_stream_complete(int device, FlareStream stream);
+
+/**
+ * Simulated backend only: begins capturing `stream` on the calling thread, global
+ * mode (see `flare_sim_begin_capture`).
+ *
+ * Errors: as `flare_torch_sim_launch`. Thread-safe.
+ */
+enum FlareStatus flare_torch_sim_begin_capture(int device, FlareStream stream);
+
+/**
+ * Simulated backend only: ends the capture of `stream` and writes 1 to
+ * `*out_valid` when it ended valid, 0 when something invalidated it (see
+ * `flare_sim_end_capture`).
+ *
+ * Errors: as `flare_torch_sim_launch`, and a NULL `out_valid`. Thread-safe.
+ *
+ * # Safety
+ * `out_valid` is NULL or writable.
+ */
+enum FlareStatus flare_torch_sim_end_capture(int device, FlareStream stream, int *out_valid);
+
+/**
+ * Simulated backend only: writes to `*out_faults` the contract faults `device`'s
+ * simulated driver has seen (unmapping memory queued work touches, handing memory
+ * to a stream while another's work still touches it, breaking a capture); a
+ * correct allocator keeps it at 0.
+ *
+ * Errors: as `flare_torch_sim_launch`, and a NULL `out_faults`. Thread-safe.
+ *
+ * # Safety
+ * `out_faults` is NULL or writable.
+ */
+enum FlareStatus flare_torch_sim_faults(int device, uint64_t *out_faults);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -3,7 +3,8 @@
 # unit and integration tests (simulated driver, property tests, header check), the
 # loom models, the C and C++ programs against the static library (plain, under
 # AddressSanitizer + UndefinedBehaviorSanitizer, under valgrind, and through CMake),
-# and the replay of every shipped trace. Installs the system tools it needs
+# the Python package's tests (unittest, no PyTorch, no GPU) and the replay of every
+# shipped trace. Installs the system tools it needs
 # (cmake, valgrind) with apt-get when they are missing and it runs as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,7 @@ need=()
 command -v cmake >/dev/null || need+=(cmake)
 command -v valgrind >/dev/null || need+=(valgrind)
 command -v g++ >/dev/null || need+=(g++)
+command -v python3 >/dev/null || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "== installing ${need[*]}"
@@ -42,6 +44,9 @@ echo "== loom models (the whole workspace's tests under --cfg flare_loom: the mo
 RUSTFLAGS="--cfg flare_loom" CARGO_TARGET_DIR=target/loom cargo test --release --workspace -- --nocapture --test-threads=1
 echo "== C and C++ programs linking the static library"
 bash ffi-tests/run.sh
+echo "== the Python package (python/): loading, the missing-library error, the PyTorch entry points on the simulated driver (no torch, no GPU)"
+cargo build --release -p flare-package
+python3 -m unittest discover -s python/tests -v
 echo "== flare-replay on every shipped trace"
 cargo run --release --quiet --bin flare-replay -- tests/data/*.trace
 echo "all tests passed"

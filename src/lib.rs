@@ -11,6 +11,7 @@ pub mod driver;
 mod error;
 pub mod ffi;
 pub mod pool;
+pub mod torch;
 pub mod trace;
 
 pub(crate) mod sync;

@@ -24,7 +24,8 @@
 //! poisoning, the last error, NULL checks), then the functions: `pool` (configure,
 //! create, destroy), `memory` (allocate, free, the retention scope, trim, snapshot),
 //! `stream` (stream-ordered allocate and free, record a stream), `sim` (the simulated
-//! backend's fault and panic injection, its streams, captures and contract faults).
+//! backend's fault and panic injection, its streams, captures and contract faults),
+//! `torch` (PyTorch's allocator entry points and hooks, over `crate::torch`).
 //! The crate's `unsafe` code is in this module and in the CUDA backend
 //! (`driver::cuda`).
 
@@ -44,6 +45,8 @@ mod tags;
 mod boundary;
 
 mod sim;
+
+mod torch;
 
 // The loom build runs the loom models alone (these tests make pools outside a model).
 #[cfg(all(test, not(flare_loom)))]
@@ -67,6 +70,15 @@ pub use stream::{
 };
 pub use tags::{
     flare_package_allocate_tagged, flare_pool_sleep, flare_pool_tag_census, flare_pool_wake,
+};
+pub use torch::{
+    flare_torch_alloc, flare_torch_begin_allocate_to_pool, flare_torch_end_allocate_to_pool,
+    flare_torch_free, flare_torch_hook_failures, flare_torch_pool_alloc, flare_torch_pool_free,
+    flare_torch_record_stream, flare_torch_release_pool, flare_torch_reset,
+    flare_torch_retention_begin, flare_torch_retention_finish, flare_torch_set_oom_handler,
+    flare_torch_sim_begin_capture, flare_torch_sim_end_capture, flare_torch_sim_faults,
+    flare_torch_sim_launch, flare_torch_sim_stream_complete, flare_torch_sim_stream_create,
+    flare_torch_stats, flare_torch_trim, flare_torch_use_simulated, FlareTorchOomHandler,
 };
 pub use types::{
     FlareBackend, FlareCrossStreamReuse, FlareDestroyReport, FlareDriverCall, FlarePoolConfig,

@@ -1,0 +1,319 @@
+"""flare-package as PyTorch's CUDA allocator.
+
+Per tensor (every CUDA tensor of the process; call before any CUDA work)::
+
+    import flare_package
+    flare_package.install()
+
+As a private pool (PyTorch's caching allocator sub-allocates our mappings)::
+
+    pool = flare_package.mempool()          # one per device, kept alive here
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.empty(1 << 20, device="cuda")
+
+Also: ``retention()`` (a retention scope around warmup or capture), ``stats()``
+(the pools' snapshot counters as a dict), ``trim()`` (release what is idle).
+
+The package is pure Python over the shared library the Rust crate builds
+(``libflare_package.so``); ``library_path()`` says where it looks (the
+``FLARE_PACKAGE_LIB`` variable, the copy installed inside this package by
+``scripts/install-python.sh``, then ``target/release`` of the checkout this file
+is in) and raises ``LibraryNotFound`` naming every path it tried. The pools are
+configured with ``FLARE_TORCH_*`` environment variables, read at the first
+allocation (README, "PyTorch").
+"""
+
+import contextlib
+import ctypes
+import json
+import os
+import pathlib
+import warnings
+
+__all__ = [
+    "FlareError",
+    "LibraryNotFound",
+    "candidate_paths",
+    "hook_failures",
+    "install",
+    "last_error",
+    "library_path",
+    "load",
+    "mempool",
+    "oom_handler_installed",
+    "retention",
+    "stats",
+    "trim",
+    "use_simulated",
+]
+
+LIB_ENV = "FLARE_PACKAGE_LIB"
+LIB_NAME = "libflare_package.so"
+# c10::detail::torchCheckFail(const char*, const char*, uint32_t, const char*):
+# throws c10::Error, which PyTorch's bindings turn into a RuntimeError.
+TORCH_CHECK_FAIL = "_ZN3c106detail14torchCheckFailEPKcS2_jS2_"
+
+_lib = None
+_state = {"installed": None, "oom_handler": False, "mempools": {}, "keep": []}
+
+
+class LibraryNotFound(OSError):
+    """The shared library could not be found or loaded; the message lists every
+    path tried and how to build it."""
+
+
+class FlareError(RuntimeError):
+    """A flare_* call failed: ``status`` is the status name, the message the
+    library's detail (the call, the driver error, the sizes)."""
+
+    def __init__(self, call, status, message):
+        super().__init__(f"{call}: {status}: {message}")
+        self.status = status
+
+
+def candidate_paths():
+    """The paths ``library_path()`` tries, in order: ``$FLARE_PACKAGE_LIB`` (alone
+    when it is set), ``flare_package/lib/libflare_package.so`` (installed by
+    ``scripts/install-python.sh``), ``<checkout>/target/release/libflare_package.so``
+    (this file is ``<checkout>/python/flare_package/__init__.py``)."""
+    env = os.environ.get(LIB_ENV)
+    if env:
+        return [pathlib.Path(env)]
+    here = pathlib.Path(__file__).resolve().parent
+    return [
+        here / "lib" / LIB_NAME,
+        here.parent.parent / "target" / "release" / LIB_NAME,
+    ]
+
+
+def library_path():
+    """The shared library's path (resolved). Raises ``LibraryNotFound`` naming
+    every path tried when none exists."""
+    tried = candidate_paths()
+    for p in tried:
+        if p.is_file():
+            return p.resolve()
+    lines = "\n".join(f"  {p}" for p in tried)
+    how = (
+        f"{LIB_ENV} is set: it must name the library itself"
+        if os.environ.get(LIB_ENV)
+        else "build it with `cargo build --release -p flare-package` in the checkout, "
+        "install with `bash scripts/install-python.sh`, or set "
+        f"{LIB_ENV}=/path/to/{LIB_NAME}"
+    )
+    raise LibraryNotFound(f"flare_package: {LIB_NAME} not found; tried:\n{lines}\n{how}")
+
+
+def _sig(lib, name, restype, *argtypes):
+    f = getattr(lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+
+
+def load():
+    """Loads the shared library once (``ctypes.CDLL``) and returns it, with the
+    argument types of the functions this package calls set."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    path = library_path()
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise LibraryNotFound(f"flare_package: {path} exists but cannot be loaded: {e}") from e
+    vp, i, u32, u64, sz = (
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_uint32,
+        ctypes.c_uint64,
+        ctypes.c_size_t,
+    )
+    st = ctypes.c_int  # FlareStatus
+    _sig(lib, "flare_torch_alloc", vp, sz, i, vp)
+    _sig(lib, "flare_torch_free", None, vp, sz, i, vp)
+    _sig(lib, "flare_torch_pool_alloc", vp, sz, i, vp)
+    _sig(lib, "flare_torch_pool_free", None, vp, sz, i, vp)
+    _sig(lib, "flare_torch_record_stream", None, vp, vp)
+    _sig(lib, "flare_torch_reset", None)
+    _sig(lib, "flare_torch_begin_allocate_to_pool", None, i, u64, u64, vp)
+    _sig(lib, "flare_torch_end_allocate_to_pool", None, i, u64, u64)
+    _sig(lib, "flare_torch_release_pool", None, i, u64, u64)
+    _sig(lib, "flare_torch_hook_failures", u64)
+    _sig(lib, "flare_torch_set_oom_handler", None, vp)
+    _sig(lib, "flare_torch_use_simulated", st, u64, u32)
+    _sig(lib, "flare_torch_stats", sz, i, ctypes.c_char_p, sz)
+    _sig(lib, "flare_torch_trim", st, i)
+    _sig(lib, "flare_torch_retention_begin", st, i)
+    _sig(lib, "flare_torch_retention_finish", st, i, i)
+    _sig(lib, "flare_torch_sim_stream_create", st, i, ctypes.POINTER(vp))
+    _sig(lib, "flare_torch_sim_launch", st, i, vp, vp, sz)
+    _sig(lib, "flare_torch_sim_stream_complete", st, i, vp)
+    _sig(lib, "flare_torch_sim_begin_capture", st, i, vp)
+    _sig(lib, "flare_torch_sim_end_capture", st, i, vp, ctypes.POINTER(i))
+    _sig(lib, "flare_torch_sim_faults", st, i, ctypes.POINTER(u64))
+    _sig(lib, "flare_last_error_message", sz, ctypes.c_char_p, sz)
+    _sig(lib, "flare_status_name", ctypes.c_char_p, st)
+    _lib = lib
+    return lib
+
+
+def last_error():
+    """The calling thread's last error message from the library ('' if none)."""
+    lib = load()
+    n = lib.flare_last_error_message(None, 0)
+    buf = ctypes.create_string_buffer(n + 1)
+    lib.flare_last_error_message(buf, n + 1)
+    return buf.value.decode("utf-8", "replace")
+
+
+def _check(call, status):
+    if status != 0:
+        name = load().flare_status_name(status).decode()
+        raise FlareError(call, name, last_error())
+
+
+def hook_failures():
+    """How many hook calls (free, record_stream, reset, graph-pool hooks) failed in
+    this process (their messages went to the calling thread's last error)."""
+    return int(load().flare_torch_hook_failures())
+
+
+def use_simulated(capacity_bytes=0, device_count=0):
+    """Makes this process's pools use the simulated driver (no GPU; for tests).
+    Must come before any allocation. 0: the defaults (140 GiB, 2 devices)."""
+    _check("flare_torch_use_simulated", load().flare_torch_use_simulated(capacity_bytes, device_count))
+
+
+def _device(device):
+    if device is not None:
+        return int(device)
+    try:
+        import torch  # noqa: PLC0415
+
+        return torch.cuda.current_device()
+    except ImportError:
+        return 0
+
+
+def _addr(lib, name):
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+def _set_oom_handler(lib, torch):
+    """Points flare_torch_alloc's failure path at PyTorch's torchCheckFail (found in
+    libc10.so), so that an allocation that fails raises instead of handing PyTorch a
+    NULL pointer (pytorch #133280). FLARE_TORCH_OOM=null leaves it unset."""
+    if os.environ.get("FLARE_TORCH_OOM", "").strip() == "null":
+        return False
+    c10 = pathlib.Path(torch.__file__).resolve().parent / "lib" / "libc10.so"
+    try:
+        fail = getattr(ctypes.CDLL(str(c10)), TORCH_CHECK_FAIL)
+    except (OSError, AttributeError) as e:
+        warnings.warn(
+            f"flare_package: {TORCH_CHECK_FAIL} not found in {c10} ({e}): an allocation "
+            "that fails returns NULL to PyTorch (pytorch #133280)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    lib.flare_torch_set_oom_handler(ctypes.cast(fail, ctypes.c_void_p))
+    return True
+
+
+def oom_handler_installed():
+    """Whether install() set PyTorch's torchCheckFail as the failure path."""
+    return _state["oom_handler"]
+
+
+def install():
+    """Makes flare-package the allocator of every CUDA tensor of this process
+    (``torch.cuda.memory.change_current_allocator``; PyTorch allows it only before
+    the first CUDA allocation). Registers the hooks: record_stream, reset (called by
+    ``torch.cuda.empty_cache()``: trim), and the graph-pool hooks that keep each
+    CUDA graph's memory to itself (no scope call needed around captures). An
+    allocation that fails raises a RuntimeError naming the request and the pool's
+    live and idle bytes. Returns the ``CUDAPluggableAllocator``; a second call
+    returns the same one."""
+    if _state["installed"] is not None:
+        return _state["installed"]
+    import torch  # noqa: PLC0415
+
+    lib = load()
+    path = str(library_path())
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "flare_torch_alloc", "flare_torch_free")
+    a = alloc._allocator
+    a.set_record_stream_fn(_addr(lib, "flare_torch_record_stream"))
+    a.set_reset_fn(_addr(lib, "flare_torch_reset"))
+    a.set_begin_allocate_to_pool(_addr(lib, "flare_torch_begin_allocate_to_pool"))
+    a.set_end_allocate_to_pool_fn(_addr(lib, "flare_torch_end_allocate_to_pool"))
+    a.set_release_pool(_addr(lib, "flare_torch_release_pool"))
+    _state["oom_handler"] = _set_oom_handler(lib, torch)
+    torch.cuda.memory.change_current_allocator(alloc)
+    _state["installed"] = alloc
+    return alloc
+
+
+def mempool(device=None):
+    """A ``torch.cuda.MemPool`` over flare-package for ``device`` (default: the
+    current one): PyTorch's caching allocator sub-allocates whole mappings of ours,
+    each of exactly the segment's size, so our physical bytes are the pool's
+    reserved bytes. One pool per device, made once and kept alive by this module
+    for the whole process (a pool on another device asserts, pytorch #149802; a
+    tensor outliving its pool was freed with the wrong function, pytorch #146431).
+    Use it with ``torch.cuda.use_mem_pool(pool)`` or
+    ``torch.cuda.graph(g, pool=pool.id)``."""
+    import torch  # noqa: PLC0415
+
+    d = _device(device)
+    if d in _state["mempools"]:
+        return _state["mempools"][d]
+    load()
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(
+        str(library_path()), "flare_torch_pool_alloc", "flare_torch_pool_free"
+    )
+    with torch.cuda.device(d):
+        pool = torch.cuda.MemPool(alloc.allocator())
+    _state["keep"].append(alloc)
+    _state["mempools"][d] = pool
+    return pool
+
+
+@contextlib.contextmanager
+def retention(device=None):
+    """A retention scope on ``device``'s tensor pool: nothing freed inside is
+    released (freed memory is reused by later allocations that fit); at the end
+    what is idle is released (one synchronize; an exception aborts the scope, which
+    releases the same)."""
+    d = _device(device)
+    lib = load()
+    _check("flare_torch_retention_begin", lib.flare_torch_retention_begin(d))
+    try:
+        yield
+    except BaseException:
+        lib.flare_torch_retention_finish(d, 1)
+        raise
+    _check("flare_torch_retention_finish", lib.flare_torch_retention_finish(d, 0))
+
+
+def stats(device=None):
+    """The pools of ``device`` as a dict: ``tensor`` and ``mempool`` (every
+    snapshot counter by name: physical_bytes, live and idle bytes, block counts,
+    reuse hits...), ``graph_pools`` (one entry per CUDA graph pool: id, live
+    allocations, snapshot), ``physical_bytes`` (all of them), ``backend``,
+    ``created`` (False: the device was never used, nothing else)."""
+    lib = load()
+    d = _device(device)
+    n = lib.flare_torch_stats(d, None, 0)
+    buf = ctypes.create_string_buffer(n + 1)
+    lib.flare_torch_stats(d, buf, n + 1)
+    out = json.loads(buf.value.decode())
+    if "error" in out:
+        raise FlareError("flare_torch_stats", "FLARE_STATUS_INVALID_ARGUMENT", out["error"])
+    return out
+
+
+def trim(device=None):
+    """Releases what ``device``'s tensor and mempool pools hold idle (graph pools
+    keep their memory until PyTorch releases them). ``torch.cuda.empty_cache()``
+    does it for every device once ``install()`` ran."""
+    _check("flare_torch_trim", load().flare_torch_trim(_device(device)))

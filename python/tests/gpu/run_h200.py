@@ -1,0 +1,565 @@
+#!/usr/bin/env python3
+"""flare-package as PyTorch's allocator on a real GPU (issue 14): one command runs
+every part in its own process (the allocator is per process) and prints a summary.
+
+    cargo build --release -p flare-package
+    python3 python/tests/gpu/run_h200.py OUTDIR            # everything
+    python3 python/tests/gpu/run_h200.py OUTDIR --parts reference,tensor
+
+Parts (each a subprocess with a timeout; one failing does not stop the others):
+  reference   PyTorch's default allocator: eager and graph-replay logits of a
+              Llama-style model (random weights, fixed seeds, bf16, odd shapes),
+              saved; driver memory; decode-loop timing.
+  tensor      install() (per-tensor mode): outputs bitwise equal to the reference
+              (eager and replay), aliasing check after the captures, memory from
+              torch / the driver / our snapshot, out of memory (too large and
+              full now) raises and the next steps run, two streams with
+              record_stream, decode-loop timing; no hook failed.
+  mempool     flare_package.mempool(): eager and graphs (pool=pool.id) bitwise
+              equal, our physical bytes == the pool's reserved bytes, out of memory
+              in the pool raises torch.OutOfMemoryError and the next steps run.
+  sanitizer   a short per-tensor run under compute-sanitizer --tool memcheck.
+  two_gpu     two devices: a pool each (FLARE_TORCH_PEERS=0,1), the model on each,
+              peer copies; skipped with a message when one GPU is visible.
+Results: OUTDIR/<part>.json, OUTDIR/summary.json; exit 0 when no part failed.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = pathlib.Path(__file__).resolve()
+REPO = HERE.parents[3]
+sys.path.insert(0, str(REPO / "python"))
+
+PARTS = ["reference", "tensor", "mempool", "sanitizer", "two_gpu"]
+SHAPES = [(1, 1), (1, 7), (3, 33), (8, 128), (5, 257)]
+GIB = 1 << 30
+
+
+# ----------------------------------------------------------------------------- model
+def build_model(torch, device, blocks=4, hidden=1024, heads=16, kv_heads=4, inter=2816, vocab=8192):
+    """A Llama-style decoder (RMSNorm, rotary embeddings, grouped-query SDPA
+    attention, SwiGLU MLP), random weights from a fixed seed, bf16."""
+    nn, F = torch.nn, torch.nn.functional
+    head_dim = hidden // heads
+
+    class RMSNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(hidden))
+
+        def forward(self, x):
+            v = x.float().pow(2).mean(-1, keepdim=True)
+            return (x.float() * torch.rsqrt(v + 1e-5)).to(x.dtype) * self.w
+
+    def rope(x, pos):
+        inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=x.device).float() / head_dim))
+        f = pos.float()[:, None] * inv[None, :]
+        cos, sin = f.cos().to(x.dtype), f.sin().to(x.dtype)
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2 = RMSNorm(), RMSNorm()
+            self.q = nn.Linear(hidden, heads * head_dim, bias=False)
+            self.kv = nn.Linear(hidden, 2 * kv_heads * head_dim, bias=False)
+            self.o = nn.Linear(hidden, hidden, bias=False)
+            self.up = nn.Linear(hidden, 2 * inter, bias=False)
+            self.down = nn.Linear(inter, hidden, bias=False)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            h = self.n1(x)
+            q = self.q(h).view(b, s, heads, head_dim).transpose(1, 2)
+            k, v = self.kv(h).view(b, s, 2, kv_heads, head_dim).unbind(2)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+            pos = torch.arange(s, device=x.device)
+            q, k = rope(q, pos), rope(k, pos)
+            rep = heads // kv_heads
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.o(a.transpose(1, 2).reshape(b, s, hidden))
+            g, u = self.up(self.n2(x)).chunk(2, -1)
+            return x + self.down(F.silu(g) * u)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, hidden)
+            self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+            self.norm = RMSNorm()
+            self.head = nn.Linear(hidden, vocab, bias=False)
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            for blk in self.blocks:
+                x = blk(x)
+            return self.head(self.norm(x))
+
+    torch.manual_seed(0)
+    m = Model()  # weights made on the CPU: the same in every process
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p) * 0.02 + (1.0 if p.dim() == 1 else 0.0))
+    return m.to(device=device, dtype=torch.bfloat16).eval()
+
+
+def inputs(torch, shape, seed, device, vocab=8192):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, shape, generator=g).to(device)
+
+
+# ----------------------------------------------------------------------------- helpers
+class Result:
+    """A part's results: figures, checks (name -> bool, with a detail) and errors."""
+
+    def __init__(self, name):
+        self.d = {"part": name, "checks": {}, "figures": {}, "errors": [], "skipped": None}
+
+    def fig(self, k, v):
+        self.d["figures"][k] = v
+
+    def check(self, k, ok, detail=""):
+        self.d["checks"][k] = {"ok": bool(ok), "detail": str(detail)}
+
+    def guard(self, name, f):
+        """Runs f(); an exception is recorded as a failed check `name`."""
+        try:
+            return f()
+        except Exception as e:  # noqa: BLE001
+            self.check(name, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}")
+            return None
+
+
+def driver_used(torch, device=0):
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free
+
+
+def torch_counters(torch, device=0):
+    out = {}
+    for k, f in [
+        ("memory_allocated", torch.cuda.memory_allocated),
+        ("max_memory_allocated", torch.cuda.max_memory_allocated),
+        ("memory_reserved", torch.cuda.memory_reserved),
+        ("max_memory_reserved", torch.cuda.max_memory_reserved),
+    ]:
+        try:
+            out[k] = int(f(device))
+        except Exception as e:  # noqa: BLE001
+            out[k] = f"unsupported: {type(e).__name__}: {str(e)[:120]}"
+    return out
+
+
+def run_eager(torch, model, device, samples):
+    outs = {}
+    with torch.no_grad():
+        for i, shape in enumerate(SHAPES):
+            outs[str(shape)] = model(inputs(torch, shape, 100 + i, device)).cpu()
+            torch.cuda.synchronize(device)
+            samples.append(driver_used(torch, device))
+    return outs
+
+
+def capture_graphs(torch, model, device, pool=None):
+    """One CUDA graph per shape (side-stream warmup, then capture); returns
+    {shape: (graph, static_in, static_out)}."""
+    graphs = {}
+    with torch.no_grad():
+        for i, shape in enumerate(SHAPES):
+            static_in = inputs(torch, shape, 100 + i, device)
+            s = torch.cuda.Stream(device)
+            s.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(s):
+                for _ in range(2):
+                    model(static_in)
+            torch.cuda.current_stream(device).wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            kw = {"pool": pool} if pool is not None else {}
+            with torch.cuda.graph(g, **kw):
+                static_out = model(static_in)
+            graphs[str(shape)] = (g, static_in, static_out)
+    return graphs
+
+
+def replay_all(torch, graphs, device):
+    outs = {}
+    for i, (k, (g, static_in, static_out)) in enumerate(graphs.items()):
+        shape = tuple(static_in.shape)
+        static_in.copy_(inputs(torch, shape, 100 + i, device))
+        g.replay()
+        torch.cuda.synchronize(device)
+        outs[k] = static_out.cpu()
+    return outs
+
+
+def compare(torch, res, name, outs, ref):
+    bad = []
+    for k, v in ref.items():
+        o = outs.get(k)
+        if o is None or not torch.equal(o, v):
+            diff = None if o is None else (o.float() - v.float()).abs().max().item()
+            bad.append(f"{k}: max|diff|={diff}")
+    res.check(name, not bad, "; ".join(bad) or f"{len(ref)} shapes bitwise equal")
+
+
+def aliasing(torch, res, graphs, device, ref_graph):
+    """Tensors allocated and filled after the captures, every graph replayed, the
+    tensors compared with their saved values."""
+    g = torch.Generator(device="cpu").manual_seed(7)
+    live = []
+    for n in [1, 7, 512, 4096, 65536, 1 << 20, 3 << 20, 17 << 20]:
+        t = torch.randint(-(2**31), 2**31 - 1, (n,), generator=g, dtype=torch.int32)
+        live.append((t.to(device), t))
+    outs = replay_all(torch, graphs, device)
+    outs = replay_all(torch, graphs, device)  # twice: every graph ran after the fills
+    bad = [i for i, (d, h) in enumerate(live) if not torch.equal(d.cpu(), h)]
+    res.check("aliasing: live tensors intact after every replay", not bad, f"corrupted: {bad}" if bad else f"{len(live)} tensors intact")
+    compare(torch, res, "graph replay after the aliasing fills == reference", outs, ref_graph)
+
+
+def decode_loop(torch, model, device, steps=300, reps=5):
+    """A decode-like step: batch 4, one token, the model's many small tensors, plus
+    64 small scratch tensors; per-step host time (median of reps), ms."""
+    ids = inputs(torch, (4, 1), 5, device)
+    times = []
+    with torch.no_grad():
+        for _ in range(30):
+            model(ids)
+        torch.cuda.synchronize(device)
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                model(ids)
+                scratch = [torch.empty(64 * (j + 1), device=device) for j in range(64)]
+                del scratch
+            torch.cuda.synchronize(device)
+            times.append((time.perf_counter() - t0) / steps * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def load_ref(torch, out):
+    return torch.load(out / "ref.pt")
+
+
+# ----------------------------------------------------------------------------- parts
+def part_reference(torch, res, out, quick):
+    dev = 0
+    base = driver_used(torch, dev)
+    samples = []
+    model = build_model(torch, dev)
+    eager = run_eager(torch, model, dev, samples)
+    eager2 = run_eager(torch, model, dev, samples)
+    compare(torch, res, "reference is deterministic (two eager runs)", eager2, eager)
+    graphs = capture_graphs(torch, model, dev)
+    samples.append(driver_used(torch, dev))
+    graph = replay_all(torch, graphs, dev)
+    compare(torch, res, "reference: graph replay == eager", graph, eager)
+    aliasing(torch, res, graphs, dev, graph)
+    samples.append(driver_used(torch, dev))
+    torch.save({"eager": eager, "graph": graph}, out / "ref.pt")
+    res.fig("driver_peak_used_bytes_over_baseline", max(samples) - base)
+    res.fig("torch_counters", torch_counters(torch, dev))
+    res.fig("decode_step_ms", decode_loop(torch, model, dev, steps=100 if quick else 300))
+
+
+def part_tensor(torch, res, out, quick):
+    import flare_package as fp
+
+    fp.install()
+    dev = 0
+    res.fig("oom_handler_installed", fp.oom_handler_installed())
+    ref = load_ref(torch, out)
+    base = driver_used(torch, dev)
+    samples = []
+    model = build_model(torch, dev)
+    eager = run_eager(torch, model, dev, samples)
+    compare(torch, res, "eager == reference", eager, ref["eager"])
+    graphs = res.guard("capture", lambda: capture_graphs(torch, model, dev))
+    if graphs:
+        samples.append(driver_used(torch, dev))
+        compare(torch, res, "graph replay == reference", replay_all(torch, graphs, dev), ref["graph"])
+        aliasing(torch, res, graphs, dev, ref["graph"])
+        s = fp.stats(dev)
+        res.fig("graph_pools", [(g["id"], g["live"], g["snapshot"]["physical_bytes"]) for g in s["graph_pools"]])
+        res.check("one graph pool per captured graph", len(s["graph_pools"]) == len(SHAPES), len(s["graph_pools"]))
+    samples.append(driver_used(torch, dev))
+    peak = max(samples) - base
+    res.fig("driver_peak_used_bytes_over_baseline", peak)
+    s = fp.stats(dev)
+    res.fig("ours_physical_bytes", s["physical_bytes"])
+    res.fig("ours_tensor_peak_physical_bytes", s["tensor"]["peak_physical_bytes"])
+    res.fig("torch_counters", torch_counters(torch, dev))
+    res.check(
+        "driver used (over baseline) >= our physical bytes",
+        driver_used(torch, dev) - base >= s["physical_bytes"],
+        f"driver {driver_used(torch, dev) - base}, ours {s['physical_bytes']}",
+    )
+    ref_fig = json.loads((out / "reference.json").read_text())["figures"] if (out / "reference.json").exists() else {}
+    if "driver_peak_used_bytes_over_baseline" in ref_fig:
+        d = ref_fig["driver_peak_used_bytes_over_baseline"]
+        res.check("per-tensor peak driver memory <= default allocator's", peak <= d, f"ours {peak}, default {d}")
+
+    # Graphs released: their pools go back.
+    if graphs:
+        del graphs
+        import gc
+
+        gc.collect()
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+        res.fig("graph_pools_after_release", len(fp.stats(dev)["graph_pools"]))
+        res.check("graph pools destroyed once released", not fp.stats(dev)["graph_pools"], fp.stats(dev)["graph_pools"])
+
+    def oom():
+        for what, size in [("too large", 200 * GIB)]:
+            try:
+                torch.empty(size, dtype=torch.uint8, device=dev)
+                res.check(f"oom ({what}) raises", False, "no exception")
+            except Exception as e:  # noqa: BLE001
+                res.check(f"oom ({what}) raises", "request of" in str(e), f"{type(e).__name__}: {str(e)[:300]}")
+        chunks = []
+        try:
+            for _ in range(40):
+                chunks.append(torch.empty(10 * GIB, dtype=torch.uint8, device=dev))
+            res.check("oom (device full) raises", False, "40 x 10 GiB fitted")
+        except Exception as e:  # noqa: BLE001
+            res.check("oom (device full) raises", "request of" in str(e), f"after {len(chunks)} x 10 GiB: {type(e).__name__}: {str(e)[:300]}")
+        del chunks
+        torch.cuda.empty_cache()
+        compare(torch, res, "eager after the out-of-memory == reference", run_eager(torch, model, dev, []), ref["eager"])
+
+    res.guard("oom", oom)
+
+    def two_streams():
+        s1, s2 = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+        n = 16 << 20
+        with torch.cuda.stream(s1):
+            x = torch.ones(n, dtype=torch.float32, device=dev)
+        y = torch.empty(n, dtype=torch.float32, device=dev)
+        s2.wait_stream(s1)
+        with torch.cuda.stream(s2):
+            torch.cuda._sleep(int(2e9))  # about a second of queued work on s2
+            y.copy_(x)
+        x.record_stream(s2)
+        xp = x.data_ptr()
+        del x  # freed on s1 while s2's copy is queued
+        with torch.cuda.stream(s1):
+            z = torch.full((n,), 2.0, dtype=torch.float32, device=dev)
+        zp = z.data_ptr()
+        torch.cuda.synchronize(dev)
+        ok = bool((y == 1).all().item())
+        res.check("two streams: record_stream memory not reused before s2 completes", ok and zp != xp, f"y intact: {ok}, reused address: {zp == xp}")
+
+    res.guard("two streams", two_streams)
+    res.fig("decode_step_ms", decode_loop(torch, model, dev, steps=100 if quick else 300))
+    if "decode_step_ms" in ref_fig:
+        r = res.d["figures"]["decode_step_ms"] / ref_fig["decode_step_ms"]
+        res.fig("decode_step_ratio_ours_over_default", r)
+        res.check("decode loop not slower than the default allocator (<= 1.03x, timing noise)", r <= 1.03, f"{r:.3f}")
+    res.fig("stats_tensor", {k: v for k, v in fp.stats(dev)["tensor"].items() if k.endswith(("bytes", "count", "hits"))})
+    res.check("no hook failed", fp.hook_failures() == 0, f"{fp.hook_failures()} failures; last error: {fp.last_error()}")
+
+
+def part_tensor_short(torch, res, out, quick):
+    """For compute-sanitizer: install, a small model, eager, one graph, frees."""
+    global SHAPES
+    import flare_package as fp
+
+    fp.install()
+    model = build_model(torch, 0, blocks=2, hidden=256, heads=4, kv_heads=2, inter=512, vocab=1024)
+    with torch.no_grad():
+        for shape in SHAPES[:3]:
+            model(inputs(torch, shape, 1, 0, vocab=1024))
+    saved, SHAPES = SHAPES, SHAPES[:2]
+    try:
+        graphs = capture_graphs(torch, model, 0)
+        for g, _, _ in graphs.values():
+            g.replay()
+        torch.cuda.synchronize()
+        del graphs
+    finally:
+        SHAPES = saved
+    torch.cuda.empty_cache()
+    res.check("no hook failed", fp.hook_failures() == 0, fp.last_error())
+
+
+def part_mempool(torch, res, out, quick):
+    import flare_package as fp
+
+    dev = 0
+    ref = load_ref(torch, out)
+    pool = fp.mempool(dev)
+
+    def reserved():
+        return sum(seg["total_size"] for seg in pool.snapshot())
+
+    def exact(when):
+        ours = fp.stats(dev)["mempool"]["physical_bytes"]
+        res.check(f"mempool: our physical == pool reserved ({when})", ours == reserved(), f"ours {ours}, reserved {reserved()}")
+
+    with torch.cuda.use_mem_pool(pool):
+        model = build_model(torch, dev)
+        eager = run_eager(torch, model, dev, [])
+    compare(torch, res, "mempool: eager == reference", eager, ref["eager"])
+    exact("after eager")
+    graphs = res.guard("capture", lambda: capture_graphs(torch, model, dev, pool=pool.id))
+    if graphs:
+        exact("after captures")
+        compare(torch, res, "mempool: graph replay == reference", replay_all(torch, graphs, dev), ref["graph"])
+        with torch.cuda.use_mem_pool(pool):
+            aliasing(torch, res, graphs, dev, ref["graph"])
+    res.fig("pool_reserved_bytes", reserved())
+    res.fig("ours", {k: v for k, v in fp.stats(dev)["mempool"].items() if k.endswith("bytes")})
+
+    def oom():
+        try:
+            with torch.cuda.use_mem_pool(pool):
+                torch.empty(200 * GIB, dtype=torch.uint8, device=dev)
+            res.check("mempool: oom raises torch.OutOfMemoryError", False, "no exception")
+        except Exception as e:  # noqa: BLE001
+            res.check("mempool: oom raises torch.OutOfMemoryError", isinstance(e, torch.OutOfMemoryError), f"{type(e).__name__}: {str(e)[:300]}")
+        with torch.cuda.use_mem_pool(pool):
+            compare(torch, res, "mempool: eager after the out-of-memory == reference", run_eager(torch, model, dev, []), ref["eager"])
+        exact("after the out-of-memory")
+
+    res.guard("oom", oom)
+    res.check("no hook failed", fp.hook_failures() == 0, fp.last_error())
+
+
+def part_two_gpu(torch, res, out, quick):
+    import flare_package as fp
+
+    if torch.cuda.device_count() < 2:
+        res.d["skipped"] = f"only {torch.cuda.device_count()} GPU visible: the two-GPU part needs 2"
+        return
+    fp.install()
+    ref = load_ref(torch, out)
+    for dev in (0, 1):
+        with torch.cuda.device(dev):
+            model = build_model(torch, dev)
+            compare(torch, res, f"device {dev}: eager == reference", run_eager(torch, model, dev, []), ref["eager"])
+            del model
+    a = torch.randn(64 << 20, device=0)
+    b = a.to(1)
+    c = b.to(0)
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    res.check("peer copy 0 -> 1 -> 0", torch.equal(a, c) and torch.equal(a.cpu(), b.cpu()), f"peer access 0->1: {torch.cuda.can_device_access_peer(0, 1)}")
+    k = torch.empty_like(b)
+    k.copy_(a)  # device 1 <- device 0 through copy_
+    torch.cuda.synchronize(1)
+    res.check("copy_ across devices", torch.equal(k.cpu(), a.cpu()))
+    s0, s1 = fp.stats(0), fp.stats(1)
+    res.check("one pool per device", s0["created"] and s1["created"] and s0["physical_bytes"] > 0 and s1["physical_bytes"] > 0, f"physical {s0['physical_bytes']}, {s1['physical_bytes']}")
+    res.fig("physical_bytes", [s0["physical_bytes"], s1["physical_bytes"]])
+    res.check("no hook failed", fp.hook_failures() == 0, fp.last_error())
+
+
+PART_FUNCS = {
+    "reference": part_reference,
+    "tensor": part_tensor,
+    "tensor_short": part_tensor_short,
+    "mempool": part_mempool,
+    "two_gpu": part_two_gpu,
+}
+
+
+def child(part, out, quick):
+    res = Result(part)
+    try:
+        import torch
+
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        res.fig("torch", torch.__version__)
+        res.fig("gpu", torch.cuda.get_device_name(0))
+        PART_FUNCS[part](torch, res, out, quick)
+    except Exception as e:  # noqa: BLE001
+        res.d["errors"].append(f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}")
+    (out / f"{part}.json").write_text(json.dumps(res.d, indent=1, default=str))
+    failed = res.d["errors"] or any(not c["ok"] for c in res.d["checks"].values())
+    sys.exit(1 if failed else 0)
+
+
+# ----------------------------------------------------------------------------- driver
+def run_part(part, out, quick, timeout, env):
+    t0 = time.time()
+    if part == "sanitizer":
+        cs = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+        if not os.path.exists(cs):
+            return {"part": part, "skipped": "compute-sanitizer not found (PATH, /usr/local/cuda/bin)", "checks": {}, "figures": {}, "errors": [], "rc": 0, "seconds": 0}
+        sub = out / "sanitizer"
+        sub.mkdir(exist_ok=True)
+        cmd = [cs, "--tool", "memcheck", "--error-exitcode", "99", sys.executable, str(HERE), str(sub), "--child", "tensor_short"]
+    else:
+        cmd = [sys.executable, str(HERE), str(out), "--child", part] + (["--quick"] if quick else [])
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        rc, log = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, log = "timeout", f"timed out after {timeout} s\n{(e.stdout or b'')[-4000:]!r}{(e.stderr or b'')[-4000:]!r}"
+    (out / f"{part}.log").write_text(log)
+    if part == "sanitizer":
+        ok = rc == 0 and "ERROR SUMMARY: 0 errors" in log
+        r = {"part": part, "checks": {"memcheck clean": {"ok": ok, "detail": f"rc={rc}; " + "\n".join(log.splitlines()[-15:])}}, "figures": {}, "errors": []}
+    else:
+        f = out / f"{part}.json"
+        r = json.loads(f.read_text()) if f.exists() else {"part": part, "checks": {}, "figures": {}, "errors": [f"no result (rc={rc}): {log[-3000:]}"]}
+    r["rc"], r["seconds"] = rc, round(time.time() - t0, 1)
+    (out / f"{part}.json").write_text(json.dumps(r, indent=1, default=str))
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=pathlib.Path, help="directory for the results (created)")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {PARTS}")
+    ap.add_argument("--timeout", type=int, default=540, help="seconds per part (default 540)")
+    ap.add_argument("--quick", action="store_true", help="shorter timing loops")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    if a.child:
+        child(a.child, a.out, a.quick)
+    env = dict(os.environ)
+    env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    env["PYTHONPATH"] = str(REPO / "python") + os.pathsep + env.get("PYTHONPATH", "")
+    parts = [p for p in a.parts.split(",") if p]
+    results = []
+    for part in parts:
+        penv = dict(env)
+        if part == "two_gpu":
+            penv.setdefault("FLARE_TORCH_PEERS", "0,1")
+        print(f"== {part}", flush=True)
+        r = run_part(part, a.out, a.quick, a.timeout, penv)
+        results.append(r)
+        if r.get("skipped"):
+            print(f"   SKIPPED: {r['skipped']}")
+        for k, c in r.get("checks", {}).items():
+            print(f"   [{'PASS' if c['ok'] else 'FAIL'}] {k}: {c['detail'].splitlines()[0][:200] if c['detail'] else ''}")
+        for k, v in r.get("figures", {}).items():
+            print(f"   {k}: {json.dumps(v, default=str)[:300]}")
+        for e in r.get("errors", []):
+            print(f"   ERROR: {e[:1500]}")
+        print(f"   rc={r['rc']} ({r['seconds']} s)", flush=True)
+    failed = [r["part"] for r in results if r.get("errors") or any(not c["ok"] for c in r.get("checks", {}).values()) or (r["rc"] not in (0,) and not r.get("skipped"))]
+    skipped = [r["part"] for r in results if r.get("skipped")]
+    summary = {"parts": parts, "failed": failed, "skipped": skipped, "results": results}
+    (a.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    print(f"\nsummary: {len(parts) - len(failed)}/{len(parts)} parts passed" + (f"; failed: {failed}" if failed else "") + (f"; skipped: {skipped}" if skipped else ""))
+    print(f"results: {a.out}/summary.json and {a.out}/<part>.json, logs {a.out}/<part>.log")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

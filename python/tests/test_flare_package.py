@@ -1,0 +1,227 @@
+"""CI tests of the Python package that need neither PyTorch nor a GPU: the library
+is found and loaded, a missing one is reported with every path tried, and the
+PyTorch entry points are driven through ctypes on the simulated driver (as PyTorch
+would call them: alloc/free with streams, the graph-pool hooks around a capture,
+record_stream, reset), with stats, trim, retention and the out-of-memory path.
+
+Run: python3 -m unittest discover -s python/tests -t python (after
+`cargo build --release -p flare-package`).
+"""
+
+import ctypes
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import flare_package as fp  # noqa: E402
+
+MIB = 1 << 20
+CAPACITY = 1 << 30  # each simulated device: 1 GiB
+
+
+def setUpModule():
+    fp.use_simulated(CAPACITY, 2)
+
+
+def stream(lib, device):
+    s = ctypes.c_void_p()
+    fp._check("stream_create", lib.flare_torch_sim_stream_create(device, ctypes.byref(s)))
+    return s.value
+
+
+def faults(lib, device):
+    n = ctypes.c_uint64()
+    fp._check("faults", lib.flare_torch_sim_faults(device, ctypes.byref(n)))
+    return n.value
+
+
+class Loading(unittest.TestCase):
+    def test_loads_the_checkout_library_with_every_entry_point(self):
+        path = fp.library_path()
+        self.assertEqual(path.name, "libflare_package.so")
+        lib = fp.load()
+        for name in (
+            "flare_torch_alloc",
+            "flare_torch_free",
+            "flare_torch_record_stream",
+            "flare_torch_reset",
+            "flare_torch_begin_allocate_to_pool",
+            "flare_torch_end_allocate_to_pool",
+            "flare_torch_release_pool",
+            "flare_torch_pool_alloc",
+            "flare_torch_pool_free",
+        ):
+            self.assertTrue(fp._addr(lib, name), name)
+
+    def test_a_missing_library_names_every_path_tried(self):
+        # The package copied where no library is, FLARE_PACKAGE_LIB unset.
+        with tempfile.TemporaryDirectory() as tmp:
+            pkg = pathlib.Path(tmp) / "a" / "b" / "flare_package"
+            shutil.copytree(pathlib.Path(fp.__file__).parent, pkg, ignore=shutil.ignore_patterns("lib", "__pycache__"))
+            env = {k: v for k, v in os.environ.items() if k != fp.LIB_ENV}
+            r = subprocess.run(
+                [sys.executable, "-c", "import flare_package; flare_package.load()"],
+                cwd=pkg.parent, env=env, capture_output=True, text=True,
+            )
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("LibraryNotFound", r.stderr)
+            self.assertIn(str(pkg / "lib" / "libflare_package.so"), r.stderr)
+            self.assertIn(str(pathlib.Path(tmp) / "a" / "target" / "release" / "libflare_package.so"), r.stderr)
+            self.assertIn("cargo build --release -p flare-package", r.stderr)
+
+    def test_the_variable_names_the_library_alone(self):
+        old = os.environ.get(fp.LIB_ENV)
+        os.environ[fp.LIB_ENV] = "/nonexistent/libflare_package.so"
+        try:
+            with self.assertRaises(fp.LibraryNotFound) as cm:
+                fp.library_path()
+            self.assertIn("/nonexistent/libflare_package.so", str(cm.exception))
+            self.assertIn("FLARE_PACKAGE_LIB is set", str(cm.exception))
+        finally:
+            if old is None:
+                del os.environ[fp.LIB_ENV]
+            else:
+                os.environ[fp.LIB_ENV] = old
+
+
+class Simulated(unittest.TestCase):
+    """Device 0 and 1 of the simulated driver; each test leaves its device's pools
+    empty."""
+
+    def setUp(self):
+        self.lib = fp.load()
+
+    def tearDown(self):
+        self.lib.flare_torch_reset()
+
+    def test_per_tensor_blocks_share_a_handle_and_trim_releases_them(self):
+        lib = self.lib
+        ptrs = [lib.flare_torch_alloc(4096, 0, None) for _ in range(100)]
+        self.assertTrue(all(ptrs))
+        self.assertEqual(len(set(ptrs)), 100)
+        s = fp.stats(0)
+        self.assertTrue(s["created"])
+        self.assertEqual(s["backend"], "sim")
+        # Segments: 100 blocks of 4 KiB in one 2 MiB handle.
+        self.assertEqual(s["tensor"]["physical_bytes"], 2 * MIB)
+        self.assertEqual(s["tensor"]["block_live_bytes"], 100 * 4096)
+        for p in ptrs:
+            lib.flare_torch_free(p, 4096, 0, None)
+        # Freed memory stays cached (release threshold max) until trim.
+        self.assertEqual(fp.stats(0)["tensor"]["block_live_count"], 0)
+        self.assertEqual(fp.stats(0)["tensor"]["physical_bytes"], 2 * MIB)
+        fp.trim(0)
+        self.assertEqual(fp.stats(0)["physical_bytes"], 0)
+
+    def test_frees_are_stream_ordered_and_record_stream_is_honoured(self):
+        lib = self.lib
+        s, t = stream(lib, 0), stream(lib, 0)
+        p = lib.flare_torch_alloc(MIB, 0, s)
+        fp._check("launch", lib.flare_torch_sim_launch(0, t, p, MIB))  # used on t
+        lib.flare_torch_record_stream(p, t)
+        lib.flare_torch_free(p, MIB, 0, s)
+        fp._check("complete", lib.flare_torch_sim_stream_complete(0, s))
+        q = lib.flare_torch_alloc(MIB, 0, s)
+        self.assertNotEqual(q, p, "reused while t's kernel still uses it")
+        self.assertEqual(faults(lib, 0), 0)
+        fp._check("complete", lib.flare_torch_sim_stream_complete(0, t))
+        lib.flare_torch_free(q, MIB, 0, s)
+
+    def test_graph_pool_hooks_keep_capture_memory_to_the_graph(self):
+        lib = self.lib
+        s = stream(lib, 0)
+        failures = fp.hook_failures()
+        lib.flare_torch_begin_allocate_to_pool(0, 11, 0, None)
+        fp._check("begin", lib.flare_torch_sim_begin_capture(0, s))
+        tmp = lib.flare_torch_alloc(3 * MIB, 0, s)
+        out = lib.flare_torch_alloc(MIB, 0, s)
+        lib.flare_torch_free(tmp, 3 * MIB, 0, s)
+        valid = ctypes.c_int()
+        fp._check("end", lib.flare_torch_sim_end_capture(0, s, ctypes.byref(valid)))
+        self.assertEqual(valid.value, 1, "the capture stayed valid")
+        lib.flare_torch_end_allocate_to_pool(0, 11, 0)
+        graphs = fp.stats(0)["graph_pools"]
+        self.assertEqual([(g["id"], g["live"]) for g in graphs], [([11, 0], 1)])
+        self.assertEqual(fp.stats(0)["tensor"]["block_live_count"], 0)
+        # Eager allocations never get the graph's memory, before or after the
+        # graph's output is freed; empty_cache (reset) keeps it.
+        lib.flare_torch_free(out, MIB, 0, s)
+        eager = [lib.flare_torch_alloc(n, 0, s) for n in (MIB, 3 * MIB)]
+        self.assertFalse({tmp, out} & set(eager))
+        for p in eager:
+            lib.flare_torch_free(p, 0, 0, s)
+        lib.flare_torch_reset()
+        self.assertGreaterEqual(fp.stats(0)["graph_pools"][0]["snapshot"]["physical_bytes"], 4 * MIB)
+        # PyTorch releases the pool: destroyed, everything back to the device.
+        lib.flare_torch_release_pool(0, 11, 0)
+        self.assertEqual(fp.stats(0)["graph_pools"], [])
+        self.assertEqual(fp.stats(0)["physical_bytes"], 0)
+        self.assertEqual(fp.hook_failures(), failures)
+        self.assertEqual(faults(lib, 0), 0)
+
+    def test_mempool_functions_hold_exactly_the_segments(self):
+        lib = self.lib
+        a = lib.flare_torch_pool_alloc(2 * MIB, 1, None)
+        b = lib.flare_torch_pool_alloc(20 * MIB, 1, None)
+        self.assertEqual(fp.stats(1)["mempool"]["physical_bytes"], 22 * MIB)
+        lib.flare_torch_pool_free(b, 20 * MIB, 1, None)
+        self.assertEqual(fp.stats(1)["mempool"]["physical_bytes"], 2 * MIB)
+        lib.flare_torch_pool_free(a, 2 * MIB, 1, None)
+        self.assertEqual(fp.stats(1)["mempool"]["physical_bytes"], 0)
+
+    def test_out_of_memory_reports_the_request_and_the_pool_stays_usable(self):
+        lib = self.lib
+        held = lib.flare_torch_alloc(600 * MIB, 0, None)
+        self.assertTrue(held)
+        self.assertIsNone(lib.flare_torch_alloc(600 * MIB, 0, None))
+        msg = fp.last_error()
+        self.assertIn(f"request of {600 * MIB} bytes on device 0", msg)
+        self.assertIn("out of memory", msg)
+        self.assertIn(f"{600 * MIB} bytes live", msg)
+        self.assertIn("bytes idle", msg)
+        # With a handler set, it is called (PyTorch's would throw) with the message.
+        seen = []
+        handler_t = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_char_p)
+        handler = handler_t(lambda func, file, line, m: seen.append((func, m.decode())))
+        lib.flare_torch_set_oom_handler(ctypes.cast(handler, ctypes.c_void_p))
+        try:
+            self.assertIsNone(lib.flare_torch_alloc(4 << 30, 0, None))
+        finally:
+            lib.flare_torch_set_oom_handler(None)
+        self.assertEqual(len(seen), 1)
+        self.assertEqual(seen[0][0], b"flare_torch_alloc")
+        self.assertIn(f"request of {4 << 30} bytes", seen[0][1])
+        self.assertIn("request too large", seen[0][1])
+        lib.flare_torch_free(held, 0, 0, None)
+        again = lib.flare_torch_alloc(900 * MIB, 0, None)
+        self.assertTrue(again, "the pool serves the next request")
+        lib.flare_torch_free(again, 0, 0, None)
+
+    def test_retention_scope_and_errors(self):
+        lib = self.lib
+        with fp.retention(1):
+            p = lib.flare_torch_alloc(8 * MIB, 1, None)
+            lib.flare_torch_free(p, 0, 1, None)
+            with self.assertRaises(fp.FlareError) as cm:
+                fp.trim(1)
+            self.assertEqual(cm.exception.status, "FLARE_STATUS_SCOPE_STATE")
+        self.assertEqual(fp.stats(1)["tensor"]["physical_bytes"], 0)
+        self.assertEqual(fp.stats(1)["tensor"]["scopes_finished"], 1)
+        failures = fp.hook_failures()
+        lib.flare_torch_free(0xDEAD000, 0, 1, None)  # not ours
+        self.assertEqual(fp.hook_failures(), failures + 1)
+        self.assertIn("unknown pointer", fp.last_error())
+        self.assertIsNone(lib.flare_torch_alloc(MIB, 64, None))
+        self.assertIn("device ordinal 64", fp.last_error())
+        with self.assertRaises(fp.FlareError):
+            fp.use_simulated()  # already made
+        self.assertFalse(fp.stats(7)["created"])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,597 @@
+//! PyTorch's entry points (issue 14): the functions `CUDAPluggableAllocator` and
+//! its hooks call, over one process-wide [`TorchAllocator`] made on first use from
+//! the environment ([`TorchConfig::from_env`]: `FLARE_TORCH_*`), and the functions
+//! the Python package (`python/flare_package`) calls through ctypes: stats, trim,
+//! retention, the out-of-memory handler, the simulated backend's controls.
+//!
+//! ABI: PyTorch stores each function as a C++ `std::function` of the type its
+//! `CUDAPluggableAllocator.h` declares and calls it with the Itanium C++ ABI, which
+//! for these argument types is the C ABI: `size_t`, `int`, pointers and
+//! `cudaStream_t` (a pointer) as such; `c10::cuda::MempoolId_t`
+//! (`std::pair<unsigned long long, unsigned long long>`, trivially copyable) by value
+//! as a struct of two `u64`, which on x86-64 System V (and AArch64) is passed in two
+//! integer registers exactly like two `u64` arguments, so the hooks take `id0, id1`;
+//! the `std::function<bool(cudaStream_t)>` filter of `beginAllocateToPool` has a
+//! non-trivial destructor and is passed by invisible reference (a pointer), taken
+//! here as an opaque pointer and never touched (we decide which allocations belong
+//! to the pool ourselves: `torch.rs`).
+//!
+//! Hooks return nothing, so failures are recorded: the thread's last error
+//! (`flare_last_error_message`) and a process-wide count
+//! (`flare_torch_hook_failures`). No panic crosses into PyTorch: each body runs
+//! under `catch_unwind`. The one exception on purpose is the out-of-memory handler
+//! (`flare_torch_set_oom_handler`), which throws a C++ exception through
+//! `flare_torch_alloc` (declared `extern "C-unwind"` for that reason).
+
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use super::boundary::{boundary, check_out, set_last_error};
+use super::stream::stream_of;
+use super::types::{FlareStatus, FlareStream};
+use crate::driver::sim::SimConfig;
+use crate::driver::{CaptureMode, CuResult, DevicePtr, DriverCall, DriverError};
+use crate::pool::Backend;
+use crate::torch::{TorchAllocator, TorchConfig};
+use crate::{Error, SimDriver};
+
+/// The process's allocator: made on first use from the environment, or by
+/// `flare_torch_use_simulated`. A configuration error is kept and returned by every
+/// call.
+static ALLOCATOR: OnceLock<Result<TorchAllocator, Error>> = OnceLock::new();
+
+/// Failures of the hooks that return nothing (`flare_torch_free` and the others).
+static HOOK_FAILURES: AtomicU64 = AtomicU64::new(0);
+
+/// The out-of-memory handler's address (0: none).
+static OOM_HANDLER: AtomicUsize = AtomicUsize::new(0);
+
+fn allocator() -> Result<&'static TorchAllocator, Error> {
+    ALLOCATOR
+        .get_or_init(|| TorchConfig::from_env().map(TorchAllocator::new))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// Runs a hook's body: a failure (error or panic) is recorded and counted.
+fn hook(name: &'static str, f: impl FnOnce() -> Result<(), Error>) {
+    if boundary(name, f) != FlareStatus::FLARE_STATUS_SUCCESS {
+        HOOK_FAILURES.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn addr(ptr: *mut c_void) -> DevicePtr {
+    ptr as usize as DevicePtr
+}
+
+/// A device address as a pointer (CUDA's addresses fit a pointer on its 64-bit
+/// targets; a wider one is refused).
+fn as_ptr(ptr: DevicePtr) -> Result<*mut c_void, Error> {
+    usize::try_from(ptr)
+        .map(|a| a as *mut c_void)
+        .map_err(|_| Error::NotSupported("device address wider than a pointer"))
+}
+
+/// The function `flare_torch_alloc` calls instead of returning NULL when an
+/// allocation fails: it must not return (it throws a C++ exception that PyTorch turns
+/// into a Python exception). Its arguments, in the order of
+/// `c10::detail::torchCheckFail(const char *func, const char *file, uint32_t line,
+/// const char *msg)`: this function's name, its source file and line, and the
+/// message (NUL-terminated UTF-8, valid during the call only).
+pub type FlareTorchOomHandler = Option<
+    unsafe extern "C-unwind" fn(
+        func: *const c_char,
+        file: *const c_char,
+        line: u32,
+        msg: *const c_char,
+    ),
+>;
+
+/// Sets the function `flare_torch_alloc` calls when an allocation fails, instead of
+/// returning NULL (which PyTorch's per-tensor path wraps in a tensor without
+/// checking, pytorch #133280). NULL: none (failures return NULL). The Python package
+/// passes PyTorch's own `c10::detail::torchCheckFail` (looked up in `libc10.so`),
+/// which throws `c10::Error`: Python sees a `RuntimeError` with our message (the
+/// request, the device, the pool's live and idle bytes), and PyTorch's allocator
+/// state is untouched (it records an allocation only after our function returns).
+/// Process-wide; thread-safe.
+///
+/// # Safety
+/// `handler` is NULL or a function of that type that never returns normally, or
+/// returns (then NULL is returned); it may unwind (a C++ exception) through
+/// `flare_torch_alloc` into its caller, which must be C++ code prepared for it.
+#[no_mangle]
+pub unsafe extern "C" fn flare_torch_set_oom_handler(handler: FlareTorchOomHandler) {
+    OOM_HANDLER.store(handler.map_or(0, |f| f as usize), Ordering::Release);
+}
+
+/// The message of a failed `flare_torch_alloc`: the request, then the pool's figures.
+fn alloc_failure(size: usize, device: c_int, e: &Error) -> String {
+    let (live, idle) = allocator().map_or((0, 0), |a| a.live_idle_bytes(device));
+    format!(
+        "flare_torch_alloc: request of {size} bytes on device {device} failed: {e} \
+         (flare-package tensor pool: {live} bytes live, {idle} bytes idle)"
+    )
+}
+
+/// Per-tensor mode's allocation, PyTorch's `alloc_fn`
+/// (`void *(size_t size, int device, cudaStream_t stream)`): `size` bytes on
+/// `device` for use on `stream`, from the device's tensor pool (segments by
+/// default: 512-byte-rounded blocks of shared handles), or from the graph pool being
+/// captured into (see `flare_torch_begin_allocate_to_pool`). Stream-ordered: memory
+/// freed on `stream` is reused at once; memory freed on another stream once that
+/// stream's work up to the free completed.
+///
+/// Returns the device address, or on failure (out of memory after releasing what
+/// may be released, request larger than the device, no driver, a bad environment
+/// variable, size 0): with an out-of-memory handler set, calls it (it throws; see
+/// `flare_torch_set_oom_handler`), else returns NULL. Either way the thread's last
+/// error holds the message: the request in bytes, the device, the error (with the
+/// driver call and code), and the tensor pool's live and idle bytes. Thread-safe.
+///
+/// # Safety
+/// `stream` is NULL or a live stream of `device` (only passed to the driver). Any
+/// out-of-memory handler set must be safe to call here (see
+/// `flare_torch_set_oom_handler`).
+#[no_mangle]
+pub unsafe extern "C-unwind" fn flare_torch_alloc(
+    size: usize,
+    device: c_int,
+    stream: FlareStream,
+) -> *mut c_void {
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let ptr = allocator()?.alloc(size as u64, device, stream_of(stream))?;
+        as_ptr(ptr)
+    }));
+    let message = match result {
+        Ok(Ok(ptr)) => return ptr,
+        Ok(Err(e)) => alloc_failure(size, device, &e),
+        Err(_) => format!(
+            "flare_torch_alloc: internal error (a panic was caught) for a request of \
+             {size} bytes on device {device}"
+        ),
+    };
+    set_last_error(message.clone());
+    let handler = OOM_HANDLER.load(Ordering::Acquire);
+    if handler != 0 {
+        let msg = CString::new(message.replace('\0', " ")).unwrap_or_default();
+        // SAFETY: the address was stored by `flare_torch_set_oom_handler` from a
+        // function of type `FlareTorchOomHandler` (non-NULL), whose caller vouched
+        // that it may be called here and may unwind through this `C-unwind` frame.
+        // No lock is held and nothing but `msg` (dropped by the unwind, after the
+        // handler copied it) is live in this frame.
+        unsafe {
+            let f: unsafe extern "C-unwind" fn(*const c_char, *const c_char, u32, *const c_char) =
+                std::mem::transmute(handler);
+            f(
+                c"flare_torch_alloc".as_ptr(),
+                c"src/ffi/torch.rs".as_ptr(),
+                line!(),
+                msg.as_ptr(),
+            );
+        }
+    }
+    ptr::null_mut()
+}
+
+/// Per-tensor mode's free, PyTorch's `free_fn`
+/// (`void (void *ptr, size_t size, int device, cudaStream_t stream)`, with the
+/// allocation's device and stream): stream-ordered on `stream`, with no host
+/// synchronization: work still queued on `stream` may use the memory; it is reused by
+/// `stream` at once, by another stream or released only once `stream`'s work up to
+/// here has completed (and that of the streams given to
+/// `flare_torch_record_stream`). A graph pool's allocation goes back to its graph
+/// pool. `size` is not needed (the pool knows it). NULL: nothing. A failure (an
+/// unknown pointer) is recorded (`flare_torch_hook_failures`). Thread-safe.
+///
+/// # Safety
+/// `ptr` is only compared, `stream` only passed to the driver.
+#[no_mangle]
+pub unsafe extern "C" fn flare_torch_free(
+    ptr: *mut c_void,
+    size: usize,
+    device: c_int,
+    stream: FlareStream,
+) {
+    let _ = size;
+    if ptr.is_null() {
+        return;
+    }
+    hook("flare_torch_free", || {
+        allocator()?.free(addr(ptr), device, stream_of(stream))
+    });
+}
+
+/// Pool mode's allocation (`torch.cuda.MemPool(...)`): the same signature as
+/// `flare_torch_alloc`; PyTorch's caching allocator asks for its segments (2 MiB
+/// multiples), each served by a whole mapping of exactly the rounded size from the
+/// device's mempool pool. Returns NULL on failure (the message in the thread's last
+/// error): PyTorch's caching allocator turns NULL into its own out-of-memory path
+/// (`torch.OutOfMemoryError`). Thread-safe.
+///
+/// # Safety
+/// As `flare_torch_alloc` (no handler is called).
+#[no_mangle]
+pub unsafe extern "C" fn flare_torch_pool_alloc(
+    size: usize,
+    device: c_int,
+    stream: FlareStream,
+) -> *mut c_void {
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let ptr = allocator()?.pool_alloc(size as u64, device, stream_of(stream))?;
+        as_ptr(ptr)
+    }));
+    match result {
+        Ok(Ok(ptr)) => ptr,
+        Ok(Err(e)) => {
+            set_last_error(format!(
+                "flare_torch_pool_alloc: request of {size} bytes on device {device} failed: {e}"
+            ));
+            ptr::null_mut()
+        }
+        Err(_) => {
+            set_last_error("flare_torch_pool_alloc: internal error (a panic was caught)".into());
+            ptr::null_mut()
+        }
+    }
+}
+
+/// Pool mode's free: PyTorch frees a segment once its blocks' events completed; the
+/// mapping is freed on `stream` and released now when `stream` is not being captured
+/// (its fence waited for, no device synchronize), so that the mempool pool's physical
+/// bytes are the segments PyTorch holds (`memory_reserved` of the pool). Failures
+/// are recorded (`flare_torch_hook_failures`). Thread-safe.
+///
+/// # Safety
+/// As `flare_torch_free`.
+#[no_mangle]
+pub unsafe extern "C" fn flare_torch_pool_free(
+    ptr: *mut c_void,
+    size: usize,
+    device: c_int,
+    stream: FlareStream,
+) {
+    let _ = size;
+    if ptr.is_null() {
+        return;
+    }
+    hook("flare_torch_pool_free", || {
+        allocator()?.pool_free(addr(ptr), device, stream_of(stream))
+    });
+}
+
+/// PyTorch's `record_stream_fn` (`void (void *ptr, cudaStream_t stream)`,
+/// `Tensor.record_stream`): the allocation at `ptr` is used on `stream` too; its free
+/// then waits for `stream`'s work up to the free before the memory is reused (on any
+/// stream) or released. NULL: nothing. Failures are recorded. Thread-safe.
+///
+/// # Safety
+/// As `flare_torch_free`.
+#[no_mangle]
+pub unsafe extern "C" fn flare_torch_record_stream(ptr: *mut c_void, stream: FlareStream) {
+    if ptr.is_null() {
+        return;
+    }
+    hook("flare_torch_record_stream", || {
+        allocator()?.record_stream(addr(ptr), stream_of(stream))
+    });
+}
+
+/// PyTorch's `reset_fn` (`void ()`, called by `torch.cuda.empty_cache()`): releases
+/// what the tensor and mempool pools of every device hold idle (memory freed on
+/// streams once its fences completed, `cuEventSynchronize`), and destroys the graph
+/// pools PyTorch released whose allocations are all freed. Graph pools PyTorch still
+/// holds keep everything (their graphs replay into it). A device with a capture
+/// begun is skipped. Failures are recorded. Thread-safe.
+#[no_mangle]
+pub extern "C" fn flare_torch_reset() {
+    hook("flare_torch_reset", || allocator()?.reset());
+}
+
+/// PyTorch's `begin_allocate_to_pool` hook (`void (int device, MempoolId_t id,
+/// std::function<bool(cudaStream_t)> filter)`, called by `torch.cuda.graph` before
+/// `cudaStreamBeginCapture`): allocations on a stream being captured, from now until
+/// `flare_torch_end_allocate_to_pool`, go to graph pool `(id0, id1)` of `device`
+/// (created on first use: a pool of its own, sharing nothing with the others). Memory
+/// it hands out, freed during the capture or later, is reused only by its own
+/// allocations and released only once `flare_torch_release_pool` dropped its last
+/// reference and nothing of it is live. `filter` (PyTorch's `std::function`, by
+/// reference) is not used. Failures are recorded. Thread-safe.
+///
+/// # Safety
+/// `filter` is never dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn flare_torch_begin_allocate_to_pool(
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    filter: *const c_void,
+) {
+    let _ = filter;
+    hook("flare_torch_begin_allocate_to_pool", || {
+        allocator()?.begin_allocate_to_pool(device, (id0, id1))
+    });
+}
+
+/// PyTorch's `end_allocate_to_pool` hook (`void (int device, MempoolId_t id)`, after
+/// `cudaStreamEndCapture`): graph pool `(id0, id1)` takes no new allocations.
+/// Failures are recorded. Thread-safe.
+#[no_mangle]
+pub extern "C" fn flare_torch_end_allocate_to_pool(device: c_int, id0: u64, id1: u64) {
+    hook("flare_torch_end_allocate_to_pool", || {
+        allocator()?.end_allocate_to_pool(device, (id0, id1))
+    });
+}
+
+/// PyTorch's `release_pool` hook (`void (int device, MempoolId_t id)`, when a graph
+/// using the pool is reset or destroyed): drops one reference; with none left and
+/// nothing of it live, the pool is destroyed (a device synchronize, then everything
+/// it holds released), or later, with its last allocation's free (or once no capture
+/// is begun on the device). Failures are recorded. Thread-safe.
+#[no_mangle]
+pub extern "C" fn flare_torch_release_pool(device: c_int, id0: u64, id1: u64) {
+    hook("flare_torch_release_pool", || {
+        allocator()?.release_pool(device, (id0, id1))
+    });
+}
+
+/// How many hook calls (`flare_torch_free`, `flare_torch_pool_free`,
+/// `flare_torch_record_stream`, `flare_torch_reset` and the graph-pool hooks) have
+/// failed in this process; each failure's message was the calling thread's last
+/// error. Thread-safe.
+#[no_mangle]
+pub extern "C" fn flare_torch_hook_failures() -> u64 {
+    HOOK_FAILURES.load(Ordering::Relaxed)
+}
+
+/// Makes the process's allocator use the simulated driver (`device_count` devices of
+/// `capacity_bytes` each; 0: 2 devices, 140 GiB) instead of reading
+/// `FLARE_TORCH_BACKEND`; the other `FLARE_TORCH_*` variables still apply. For tests
+/// without a GPU. Must come before any other `flare_torch_*` call.
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` when the allocator was already made (by an earlier call), or a `FLARE_TORCH_*` variable is
+/// invalid. Thread-safe.
+#[no_mangle]
+pub extern "C" fn flare_torch_use_simulated(capacity_bytes: u64, device_count: u32) -> FlareStatus {
+    boundary("flare_torch_use_simulated", || {
+        let mut config = TorchConfig::from_env()?;
+        let defaults = SimConfig::default();
+        config.backend = Backend::Simulated(SimConfig {
+            capacity_bytes: if capacity_bytes == 0 {
+                defaults.capacity_bytes
+            } else {
+                capacity_bytes
+            },
+            device_count: if device_count == 0 { 2 } else { device_count },
+            ..defaults
+        });
+        ALLOCATOR.set(Ok(TorchAllocator::new(config))).map_err(|_| {
+            Error::InvalidArgument(
+                "the PyTorch allocator is already made (a flare_torch_* call came first)".into(),
+            )
+        })
+    })
+}
+
+/// Copies the stats of `device` as a JSON object (UTF-8; see
+/// `TorchAllocator::stats_json`: the tensor and mempool pools' snapshot counters by
+/// name, each graph pool's, and `physical_bytes` over them all) into `buf`,
+/// NUL-terminated and truncated to `len - 1` bytes, and returns its full length
+/// (a return `>= len`: call again with a larger buffer). `buf` NULL or `len` 0:
+/// only the length. A device never used: `{"device":N,...,"created":false}`. When the
+/// allocator cannot be made (a bad `FLARE_TORCH_*` variable), the JSON is
+/// `{"error": "..."}`. Thread-safe.
+///
+/// # Safety
+/// `buf` is NULL or points to at least `len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn flare_torch_stats(device: c_int, buf: *mut c_char, len: usize) -> usize {
+    catch_unwind(AssertUnwindSafe(|| {
+        let json = match allocator() {
+            Ok(a) => a.stats_json(device),
+            Err(e) => format!("{{\"error\":{:?}}}", e.to_string()),
+        };
+        let bytes = json.as_bytes();
+        if !buf.is_null() && len > 0 {
+            let n = bytes.len().min(len - 1);
+            // SAFETY: the caller guarantees `len` writable bytes at `buf`; `n + 1 <=
+            // len`; `json` is a separate Rust allocation.
+            unsafe {
+                ptr::copy_nonoverlapping(bytes.as_ptr().cast::<c_char>(), buf, n);
+                buf.add(n).write(0);
+            }
+        }
+        bytes.len()
+    }))
+    .unwrap_or(0)
+}
+
+/// Releases what `device`'s tensor and mempool pools hold idle now (`trim()` in
+/// Python; `flare_torch_reset` does it for every device).
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a device outside `0..64` or a bad
+/// `FLARE_TORCH_*` variable; `FLARE_STATUS_SCOPE_STATE` while a retention scope is
+/// open on the device; `FLARE_STATUS_DRIVER_ERROR` when a release step failed (kept
+/// and retried later). Thread-safe.
+#[no_mangle]
+pub extern "C" fn flare_torch_trim(device: c_int) -> FlareStatus {
+    boundary("flare_torch_trim", || allocator()?.trim(device))
+}
+
+/// Opens a retention scope on `device`'s tensor pool (`retention()` in Python):
+/// nothing freed is released until `flare_torch_retention_finish`.
+///
+/// Errors: `FLARE_STATUS_SCOPE_STATE` when one is open; `FLARE_STATUS_INVALID_ARGUMENT`
+/// for a bad device or variable; `FLARE_STATUS_NO_DRIVER` without a driver.
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn flare_torch_retention_begin(device: c_int) -> FlareStatus {
+    boundary("flare_torch_retention_begin", || {
+        allocator()?.retention_begin(device)
+    })
+}
+
+/// Closes `device`'s retention scope (`abort` non-zero: counted as aborted) and
+/// releases what is idle (one synchronize).
+///
+/// Errors: `FLARE_STATUS_SCOPE_STATE` with none open; `FLARE_STATUS_DRIVER_ERROR`
+/// when a release step failed. Thread-safe.
+#[no_mangle]
+pub extern "C" fn flare_torch_retention_finish(device: c_int, abort: c_int) -> FlareStatus {
+    boundary("flare_torch_retention_finish", || {
+        allocator()?.retention_finish(device, abort != 0)
+    })
+}
+
+/// The simulated driver of `device`.
+fn sim(device: c_int) -> Result<Arc<SimDriver>, Error> {
+    allocator()?.sim_driver(device)
+}
+
+/// `Ok` for `CUDA_SUCCESS`, else the invalid-argument error naming `call`.
+fn sim_refused(call: &str, code: CuResult) -> Result<(), Error> {
+    if code.is_success() {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "{call}: the simulated driver refused it with {code}"
+        )))
+    }
+}
+
+/// Simulated backend only: creates a non-blocking stream on `device` and writes its
+/// handle to `*out_stream` (as `flare_sim_stream_create` does for a pool).
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL `out_stream` or a bad device;
+/// `FLARE_STATUS_NOT_SUPPORTED` on the CUDA backend. Thread-safe.
+///
+/// # Safety
+/// `out_stream` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn flare_torch_sim_stream_create(
+    device: c_int,
+    out_stream: *mut FlareStream,
+) -> FlareStatus {
+    boundary("flare_torch_sim_stream_create", || {
+        check_out(out_stream, "out_stream")?;
+        let sim = sim(device)?;
+        let previous = sim.ctx_get_device();
+        let switched = sim.ctx_set_current(device);
+        let created = sim.stream_create();
+        if switched.is_success() {
+            let _ = sim.ctx_set_current(previous);
+        }
+        let stream = created.map_err(|code| Error::Driver {
+            source: DriverError::new(DriverCall::StreamCreate, code),
+            bytes: 0,
+        })?;
+        // SAFETY: non-NULL, aligned, and writable by the caller's contract.
+        unsafe { out_stream.write(stream as usize as FlareStream) };
+        Ok(())
+    })
+}
+
+/// Simulated backend only: queues work on `stream` of `device` that touches
+/// `[ptr, ptr + bytes)` until the stream completes (see `flare_sim_launch`).
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` when the simulated driver refuses (a
+/// range not mapped, a stream not of this device); `FLARE_STATUS_NOT_SUPPORTED` on
+/// the CUDA backend. Thread-safe.
+///
+/// # Safety
+/// `ptr` is a device address, never dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn flare_torch_sim_launch(
+    device: c_int,
+    stream: FlareStream,
+    ptr: *const c_void,
+    bytes: usize,
+) -> FlareStatus {
+    boundary("flare_torch_sim_launch", || {
+        let code = sim(device)?.launch(stream as usize as u64, ptr as usize as u64, bytes as u64);
+        sim_refused("cuLaunchKernel", code)
+    })
+}
+
+/// Simulated backend only: the device completes the work queued on `stream` (see
+/// `flare_sim_stream_complete`).
+///
+/// Errors: as `flare_torch_sim_launch`. Thread-safe.
+#[no_mangle]
+pub extern "C" fn flare_torch_sim_stream_complete(
+    device: c_int,
+    stream: FlareStream,
+) -> FlareStatus {
+    boundary("flare_torch_sim_stream_complete", || {
+        let code = sim(device)?.stream_complete(stream as usize as u64);
+        sim_refused("stream completion", code)
+    })
+}
+
+/// Simulated backend only: begins capturing `stream` on the calling thread, global
+/// mode (see `flare_sim_begin_capture`).
+///
+/// Errors: as `flare_torch_sim_launch`. Thread-safe.
+#[no_mangle]
+pub extern "C" fn flare_torch_sim_begin_capture(device: c_int, stream: FlareStream) -> FlareStatus {
+    boundary("flare_torch_sim_begin_capture", || {
+        let code = sim(device)?.stream_begin_capture(stream as usize as u64, CaptureMode::Global);
+        sim_refused("cuStreamBeginCapture", code)
+    })
+}
+
+/// Simulated backend only: ends the capture of `stream` and writes 1 to
+/// `*out_valid` when it ended valid, 0 when something invalidated it (see
+/// `flare_sim_end_capture`).
+///
+/// Errors: as `flare_torch_sim_launch`, and a NULL `out_valid`. Thread-safe.
+///
+/// # Safety
+/// `out_valid` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn flare_torch_sim_end_capture(
+    device: c_int,
+    stream: FlareStream,
+    out_valid: *mut c_int,
+) -> FlareStatus {
+    boundary("flare_torch_sim_end_capture", || {
+        check_out(out_valid, "out_valid")?;
+        let code = sim(device)?.stream_end_capture(stream as usize as u64);
+        let valid: c_int = match code {
+            CuResult::STREAM_CAPTURE_INVALIDATED => 0,
+            code => {
+                sim_refused("cuStreamEndCapture", code)?;
+                1
+            }
+        };
+        // SAFETY: non-NULL, aligned, and writable by the caller's contract.
+        unsafe { out_valid.write(valid) };
+        Ok(())
+    })
+}
+
+/// Simulated backend only: writes to `*out_faults` the contract faults `device`'s
+/// simulated driver has seen (unmapping memory queued work touches, handing memory
+/// to a stream while another's work still touches it, breaking a capture); a
+/// correct allocator keeps it at 0.
+///
+/// Errors: as `flare_torch_sim_launch`, and a NULL `out_faults`. Thread-safe.
+///
+/// # Safety
+/// `out_faults` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn flare_torch_sim_faults(
+    device: c_int,
+    out_faults: *mut u64,
+) -> FlareStatus {
+    boundary("flare_torch_sim_faults", || {
+        check_out(out_faults, "out_faults")?;
+        let faults = sim(device)?.contract_faults();
+        // SAFETY: non-NULL, aligned, and writable by the caller's contract.
+        unsafe { out_faults.write(faults) };
+        Ok(())
+    })
+}

@@ -118,6 +118,25 @@ class Simulated(unittest.TestCase):
         fp.trim(0)
         self.assertEqual(fp.stats(0)["physical_bytes"], 0)
 
+    def test_zero_bytes_is_null_without_an_error_and_its_free_is_nothing(self):
+        # PyTorch asks for 0 bytes (an empty tensor's storage) and frees the NULL it
+        # got: PyTorch's own allocator returns NULL there, and no handler may throw.
+        lib = self.lib
+        seen = []
+        handler_t = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_char_p)
+        handler = handler_t(lambda func, file, line, m: seen.append(m))
+        lib.flare_torch_set_oom_handler(ctypes.cast(handler, ctypes.c_void_p))
+        try:
+            before = fp.stats(0)["tensor"]
+            self.assertIsNone(lib.flare_torch_alloc(0, 0, None))
+            lib.flare_torch_free(None, 0, 0, None)
+        finally:
+            lib.flare_torch_set_oom_handler(None)
+        self.assertEqual(seen, [])
+        after = fp.stats(0)["tensor"]
+        self.assertEqual(after["allocations"], before["allocations"])
+        self.assertEqual(after["frees"], before["frees"])
+
     def test_frees_are_stream_ordered_and_record_stream_is_honoured(self):
         lib = self.lib
         s, t = stream(lib, 0), stream(lib, 0)

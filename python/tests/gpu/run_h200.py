@@ -480,6 +480,13 @@ def child(part, out, quick):
     try:
         import torch
 
+        if part.startswith("tensor") or part == "two_gpu":
+            # Before anything touches CUDA: PyTorch swaps its allocator only before
+            # it is initialised, and asking for the device's name initialises it
+            # ("Can't swap an already initialized allocator", seen on the H200).
+            import flare_package as fp
+
+            fp.install()
         torch.use_deterministic_algorithms(True, warn_only=True)
         res.fig("torch", torch.__version__)
         res.fig("gpu", torch.cuda.get_device_name(0))

@@ -170,13 +170,13 @@ def run_eager(torch, model, device, samples):
     return outs
 
 
-def capture_graphs(torch, model, device, pool=None):
+def capture_graphs(torch, model, device, pool=None, vocab=8192):
     """One CUDA graph per shape (side-stream warmup, then capture); returns
     {shape: (graph, static_in, static_out)}."""
     graphs = {}
     with torch.no_grad():
         for i, shape in enumerate(SHAPES):
-            static_in = inputs(torch, shape, 100 + i, device)
+            static_in = inputs(torch, shape, 100 + i, device, vocab=vocab)
             s = torch.cuda.Stream(device)
             s.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(s):
@@ -318,8 +318,20 @@ def part_tensor(torch, res, out, quick):
         gc.collect()
         torch.cuda.synchronize(dev)
         torch.cuda.empty_cache()
-        res.fig("graph_pools_after_release", len(fp.stats(dev)["graph_pools"]))
-        res.check("graph pools destroyed once released", not fp.stats(dev)["graph_pools"], fp.stats(dev)["graph_pools"])
+        left = fp.stats(dev)["graph_pools"]
+        res.fig("graph_pools_after_release", len(left))
+        # What may stay: PyTorch keeps a cuBLAS workspace per (handle, stream) for
+        # the process's life, and the first capture on the capture stream allocates
+        # it inside that graph's pool (32 MiB on Hopper: 4096 KiB x 8, PyTorch's
+        # default CUBLAS_WORKSPACE_CONFIG). The default allocator keeps it in that
+        # graph's private pool just the same. Every other released pool is gone.
+        workspace = 32 << 20
+        kept = [p for p in left if p["live"] == 1 and p["snapshot"]["live_requested_bytes"] == workspace]
+        res.check(
+            "graph pools destroyed once released (but one holding PyTorch's cuBLAS workspace)",
+            len(left) <= 1 and len(kept) == len(left),
+            left,
+        )
 
     def oom():
         for what, size in [("too large", 200 * GIB)]:
@@ -383,7 +395,9 @@ def part_tensor_short(torch, res, out, quick):
             model(inputs(torch, shape, 1, 0, vocab=1024))
     saved, SHAPES = SHAPES, SHAPES[:2]
     try:
-        graphs = capture_graphs(torch, model, 0)
+        # The model's vocabulary is 1024: inputs drawn from the default 8192 made
+        # the embedding assert (index out of range) under compute-sanitizer.
+        graphs = capture_graphs(torch, model, 0, vocab=1024)
         for g, _, _ in graphs.values():
             g.replay()
         torch.cuda.synchronize()

@@ -1415,9 +1415,14 @@ void flare_torch_set_oom_handler(FlareTorchOomHandler handler);
  * freed on `stream` is reused at once; memory freed on another stream once that
  * stream's work up to the free completed.
  *
+ * A request of 0 bytes (PyTorch asks for them: an empty tensor's storage) returns
+ * NULL with no error and no handler call, as PyTorch's own caching allocator does;
+ * PyTorch later frees that NULL, which `flare_torch_free` ignores (seen on the
+ * H200: a model's first forward asked for 0 bytes).
+ *
  * Returns the device address, or on failure (out of memory after releasing what
  * may be released, request larger than the device, no driver, a bad environment
- * variable, size 0): with an out-of-memory handler set, calls it (it throws; see
+ * variable): with an out-of-memory handler set, calls it (it throws; see
  * `flare_torch_set_oom_handler`), else returns NULL. Either way the thread's last
  * error holds the message: the request in bytes, the device, the error (with the
  * driver call and code), and the tensor pool's live and idle bytes. Thread-safe.

@@ -89,7 +89,7 @@ fn pool_with(config: PoolConfig) -> (Pool, Arc<SimDriver>) {
     simulated_pool(140 << 30, config)
 }
 
-/// A best-fit pool, release threshold 0, default thread caches (32 entries, 64 MiB).
+/// A best-fit pool, release threshold 0, default thread caches (32 entries, 1 GiB).
 fn default_pool() -> (Pool, Arc<SimDriver>) {
     pool_with(PoolConfig::default())
 }
@@ -1068,4 +1068,124 @@ fn snapshots_while_eight_threads_run_pairs() {
     println!("{checks} snapshots checked while running");
     pool.retention_finish().unwrap();
     released_once(&pool, &sim);
+}
+
+/// A remote list is bounded like the cache (`thread_cache_entries`,
+/// `thread_cache_bytes`): with one entry per cache, of four allocations of this
+/// thread freed by another, one goes on this thread's remote list, one into the
+/// freeing thread's own cache, and two to the books. (Unbounded, all four sat on the
+/// remote list of a thread that did not allocate again.)
+#[test]
+fn the_remote_list_is_bounded_like_the_cache() {
+    let (pool, sim) = pool_with(PoolConfig {
+        thread_cache_entries: 1,
+        ..PoolConfig::default()
+    });
+    pool.retention_begin().unwrap();
+    let ptrs: Vec<DevicePtr> = (0..4)
+        .map(|_| pool.allocate_raw(2 * MIB).unwrap())
+        .collect();
+    thread::scope(|t| {
+        t.spawn(|| {
+            for &p in &ptrs {
+                pool.free_raw(p).unwrap();
+            }
+            let s = check(&pool);
+            assert_eq!(s.remote_frees, 1);
+            assert_eq!((s.thread_cache_count, s.thread_cache_bytes), (2, 4 * MIB));
+            assert_eq!((s.idle_count, s.live_count), (4, 0));
+        })
+        .join()
+        .unwrap();
+    });
+    // The remote entry comes back to this thread first.
+    let q = pool.allocate_raw(2 * MIB).unwrap();
+    assert_eq!(
+        q, ptrs[0],
+        "the first free, pushed on this thread's remote list"
+    );
+    assert_eq!(check(&pool).thread_cache_hits, 1);
+    pool.free_raw(q).unwrap();
+    pool.retention_finish().unwrap();
+    released_once(&pool, &sim);
+}
+
+/// The same bound in bytes: with 2 MiB per cache, a 2 MiB free fills the remote
+/// list and the next goes elsewhere.
+#[test]
+fn the_remote_list_is_bounded_in_bytes() {
+    let (pool, sim) = pool_with(PoolConfig {
+        thread_cache_bytes: 2 * MIB,
+        ..PoolConfig::default()
+    });
+    pool.retention_begin().unwrap();
+    let ptrs: Vec<DevicePtr> = (0..3)
+        .map(|_| pool.allocate_raw(2 * MIB).unwrap())
+        .collect();
+    thread::scope(|t| {
+        t.spawn(|| {
+            for &p in &ptrs {
+                pool.free_raw(p).unwrap();
+            }
+        })
+        .join()
+        .unwrap();
+    });
+    let s = check(&pool);
+    assert_eq!(s.remote_frees, 1);
+    // One on the remote list, one in the exited thread's cache, one in the books.
+    assert_eq!((s.thread_cache_count, s.thread_cache_bytes), (2, 4 * MIB));
+    assert_eq!(s.idle_count, 3);
+    pool.retention_finish().unwrap();
+    released_once(&pool, &sim);
+}
+
+/// Segment blocks too small one by one still serve a larger request once they
+/// coalesce: 512 blocks of 4 KiB fill one 2 MiB handle; another thread frees them,
+/// every 16th first (they go on the allocating thread's remote list, 32 entries, and
+/// split the heap's free space into runs of 60 KiB), then the rest. A third thread's
+/// 1 MiB request must not grow the heap: its miss takes every cached block back to
+/// the heap, where the 2 MiB coalesce. (Before, only entries of at least 1 MiB were
+/// taken, and the heap grew by a handle.)
+#[test]
+fn seg_cached_small_blocks_coalesce_before_a_growth() {
+    let (pool, sim) = seg_pool();
+    pool.retention_begin().unwrap();
+    let ptrs: Vec<DevicePtr> = (0..512).map(|_| pool.allocate_raw(4096).unwrap()).collect();
+    let s = check(&pool);
+    assert_eq!((s.segment_handles, s.physical_bytes), (1, 2 * MIB));
+    thread::scope(|t| {
+        t.spawn(|| {
+            let (every16, rest): (Vec<_>, Vec<_>) =
+                ptrs.iter().enumerate().partition(|(i, _)| i % 16 == 0);
+            for (_, &p) in every16.into_iter().chain(rest) {
+                pool.free_raw(p).unwrap();
+            }
+        })
+        .join()
+        .unwrap();
+    });
+    let s = check(&pool);
+    assert_eq!(
+        s.remote_frees, 32,
+        "the remote list holds 32 (the entry bound)"
+    );
+    let big = thread::scope(|t| t.spawn(|| pool.allocate_raw(MIB).unwrap()).join().unwrap());
+    let s = check(&pool);
+    assert_eq!(
+        (s.segment_handles, s.physical_bytes),
+        (1, 2 * MIB),
+        "no growth: {s:#?}"
+    );
+    assert_eq!(s.block_live_bytes, MIB);
+    pool.free_raw(big).unwrap();
+    pool.retention_finish().unwrap();
+    // Segment mode keeps its reservation; every handle is released once.
+    let s = check(&pool);
+    assert_eq!(
+        (s.physical_bytes, s.segment_handles, s.thread_cache_count),
+        (0, 0, 0)
+    );
+    assert_eq!(s.mappings_released, s.mappings_created);
+    assert_eq!(sim.call_count(DriverCall::Release), s.mappings_created);
 }

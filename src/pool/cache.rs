@@ -243,6 +243,12 @@ pub(super) struct ThreadCache {
     /// Head of the remote list: the address of the latest entry freed by another
     /// thread (0: empty), linked through [`Entry::next`].
     remote: AtomicU64,
+    /// Entries and bytes on the remote list (raised before a push, lowered by the
+    /// owner after it took the list): the list is bounded like the cache, so what
+    /// other threads free of this thread's memory cannot pile up while it does not
+    /// allocate (a review found 2048 entries, 4 GiB, in a cache of 1 entry).
+    remote_len: AtomicUsize,
+    remote_bytes: AtomicU64,
     /// Its thread exited: the next thread to need a cache adopts it.
     orphan: AtomicBool,
     /// Its pool's count of orphaned caches (raised when this one's thread exits).
@@ -408,6 +414,8 @@ impl Caches {
                 id: u16::try_from(i + 1).ok()?,
                 inner: Mutex::new(Inner::default()),
                 remote: AtomicU64::new(0),
+                remote_len: AtomicUsize::new(0),
+                remote_bytes: AtomicU64::new(0),
                 orphan: AtomicBool::new(false),
                 orphans: Arc::clone(&self.orphans),
                 dead: AtomicBool::new(false),
@@ -510,26 +518,13 @@ impl Caches {
     /// Moves the remote list of `c` (held as `g`) into its entries; what does not
     /// fit its bounds goes to the books.
     fn take_remote(&self, c: &ThreadCache, g: &mut Inner, state: &Mutex<State>) {
-        let mut p = c.remote.swap(0, Ordering::Acquire);
         let mut spill = Vec::new();
-        while p != 0 {
-            let Some(entry) = self.table.get(p) else {
-                break;
-            };
-            let next = entry.next.load(Ordering::Relaxed);
-            let (slot, block) = entry.slot();
-            let e = Held {
-                ptr: p,
-                slot,
-                size: entry.size.load(Ordering::Relaxed),
-                block,
-            };
+        for e in self.take_remote_list(c) {
             if self.fits(g, e.size) {
                 g.push(e);
             } else {
                 spill.push(e);
             }
-            p = next;
         }
         if !spill.is_empty() {
             let mut st = lock(state);
@@ -577,7 +572,7 @@ impl Caches {
                     let (e, owner) = claim(entry, ptr, id)?;
                     let requested = entry.requested.load(Ordering::Relaxed);
                     let remote = if open && owner != c.id {
-                        self.cache(owner)
+                        self.cache(owner).filter(|o| self.reserve_remote(o, e.size))
                     } else {
                         None
                     };
@@ -694,6 +689,9 @@ impl Caches {
         }
         // Then what every cache holds that fits (before the pool creates memory,
         // which costs a driver call anyway); the other entries stay where they are.
+        // For a block, every cached block: blocks too small one by one coalesce in
+        // their heap into a fit (a review: 512 blocks of 4 KiB freed by another
+        // thread made a 1 MiB request grow the heap by a handle).
         let (_registry, mut guards) = self.lock_all();
         let mut st = lock(state);
         let mut moved = false;
@@ -702,7 +700,7 @@ impl Caches {
             let mut i = 0;
             while i < g.entries.len() {
                 let e = g.entries[i];
-                if g.fits_want(&e, w) {
+                if g.fits_want(&e, w) || (w.block && e.block) {
                     g.entries.swap_remove(i);
                     g.bytes -= e.size;
                     g.d.held(e.size, false);
@@ -723,21 +721,49 @@ impl Caches {
     /// Moves the remote list of `c` (held as `g`) into its entries, whatever its
     /// bounds (they are drained next).
     fn take_remote_all(&self, c: &ThreadCache, g: &mut Inner) {
+        for e in self.take_remote_list(c) {
+            g.push(e);
+        }
+    }
+
+    /// Takes the whole remote list of `c` (one swap) and lowers its counts by what
+    /// it held.
+    fn take_remote_list(&self, c: &ThreadCache) -> Vec<Held> {
         let mut p = c.remote.swap(0, Ordering::Acquire);
+        let mut out = Vec::new();
+        let mut bytes = 0u64;
         while p != 0 {
             let Some(entry) = self.table.get(p) else {
                 break;
             };
             let next = entry.next.load(Ordering::Relaxed);
             let (slot, block) = entry.slot();
-            g.push(Held {
+            let size = entry.size.load(Ordering::Relaxed);
+            bytes += size;
+            out.push(Held {
                 ptr: p,
                 slot,
-                size: entry.size.load(Ordering::Relaxed),
+                size,
                 block,
             });
             p = next;
         }
+        c.remote_len.fetch_sub(out.len(), Ordering::Relaxed);
+        c.remote_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        out
+    }
+
+    /// Reserves room for one entry of `size` bytes on the remote list of `o`
+    /// within the cache's bounds; false (nothing reserved) when it is full.
+    fn reserve_remote(&self, o: &ThreadCache, size: u64) -> bool {
+        let n = o.remote_len.fetch_add(1, Ordering::Relaxed);
+        let b = o.remote_bytes.fetch_add(size, Ordering::Relaxed);
+        if n < self.max_entries && b.saturating_add(size) <= self.max_bytes {
+            return true;
+        }
+        o.remote_len.fetch_sub(1, Ordering::Relaxed);
+        o.remote_bytes.fetch_sub(size, Ordering::Relaxed);
+        false
     }
 
     /// Moves every idle entry of `c` (held as `g`), remote list included, to the

@@ -746,8 +746,17 @@ impl Pool {
 /// waste bound of `percent` (of `rounded`): saturates at `u64::MAX`, so a larger
 /// percent never gives a smaller bound.
 fn max_fit(rounded: u64, percent: u64) -> u64 {
-    let waste = u128::from(rounded) * u128::from(percent) / 100;
-    rounded.saturating_add(u64::try_from(waste).unwrap_or(u64::MAX))
+    // floor(rounded * percent / 100) in u64: with rounded = 100 q + r it is
+    // q * percent + floor(r * percent / 100), saturating. (A u128 division here
+    // made valgrind report a conditional jump on uninitialised bits inside
+    // compiler-builtins' `__udivti3`, a false positive that failed the C tests
+    // under valgrind.) `percent` comes from a u32, so `r * percent` cannot overflow.
+    let (q, r) = (rounded / 100, rounded % 100);
+    let waste = q
+        .checked_mul(percent)
+        .and_then(|w| w.checked_add(r.saturating_mul(percent) / 100))
+        .unwrap_or(u64::MAX);
+    rounded.saturating_add(waste)
 }
 
 fn validate_devices(config: &PoolConfig) -> Result<()> {
@@ -816,5 +825,23 @@ mod tests {
             }
         }
         assert_eq!(max_fit(2 << 20, 30), (2 << 20) + (2 << 20) * 30 / 100);
+        // Exactly floor(rounded * (100 + percent) / 100), saturating, as computed
+        // in 128 bits, including sizes that are not multiples of 100.
+        for rounded in [
+            1u64,
+            99,
+            512,
+            1000,
+            2 << 20,
+            (2 << 20) + 512,
+            1 << 62,
+            u64::MAX,
+        ] {
+            for p in [0u64, 1, 30, 99, 100, 101, 12345, u64::from(u32::MAX)] {
+                let exact = u128::from(rounded) * u128::from(100 + p) / 100;
+                let want = u64::try_from(exact).unwrap_or(u64::MAX);
+                assert_eq!(max_fit(rounded, p), want, "rounded {rounded}, percent {p}");
+            }
+        }
     }
 }

@@ -212,7 +212,9 @@ versioned_struct! {
         /// `segment_whole_threshold_bytes` (`sizeof` grew from 80 to 96): an older
         /// caller's `struct_size` of 80 leaves it at its default.
         pub thread_cache_entries: u32,
-        /// Bytes each thread's cache may hold; a free over it goes to the books.
+        /// Bytes each thread's cache may hold; a free over it goes to the books. Its
+        /// remote list (frees by other threads of what this thread allocated) is
+        /// bounded by the same two settings, so a cache holds at most twice them.
         /// Memory idle in one thread's cache serves another thread only after a drain
         /// (a miss of the pool drains every cache before it creates memory; a scope's
         /// end, trim and an out-of-memory drain them too). `flare_pool_config_init`

@@ -264,7 +264,9 @@ pub struct PoolConfig {
     /// is `u64::MAX`), and never under [`ReusePolicy::None`].
     pub thread_cache_entries: u32,
     /// Bytes each thread's cache may hold (default [`DEFAULT_THREAD_CACHE_BYTES`]);
-    /// a free over it goes to the books. Memory idle in one thread's cache is
+    /// a free over it goes to the books. The cache's remote list (frees by other
+    /// threads of what this thread allocated) is bounded by the same entries and
+    /// bytes, so a cache holds at most twice these bounds. Memory idle in one thread's cache is
     /// reused by another thread only after a drain (a miss of the pool drains every
     /// cache before it creates memory, and every release point drains them).
     pub thread_cache_bytes: u64,

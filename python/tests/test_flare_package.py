@@ -4,7 +4,7 @@ PyTorch entry points are driven through ctypes on the simulated driver (as PyTor
 would call them: alloc/free with streams, the graph-pool hooks around a capture,
 record_stream, reset), with stats, trim, retention and the out-of-memory path.
 
-Run: python3 -m unittest discover -s python/tests -t python (after
+Run: python3 -m unittest discover -s python/tests (after
 `cargo build --release -p flare-package`).
 """
 

@@ -181,12 +181,24 @@ def hook_failures():
 def use_simulated(capacity_bytes=0, device_count=0):
     """Makes this process's pools use the simulated driver (no GPU; for tests).
     Must come before any allocation. 0: the defaults (140 GiB, 2 devices)."""
+    capacity_bytes = _int_in("capacity_bytes", capacity_bytes, 0, 2**64 - 1)
+    device_count = _int_in("device_count", device_count, 0, 2**32 - 1)
     _check("flare_torch_use_simulated", load().flare_torch_use_simulated(capacity_bytes, device_count))
+
+
+def _int_in(name, value, lo, hi):
+    """``value`` as an int in ``lo..=hi``; ValueError otherwise (ctypes would wrap
+    it silently: device 2**32 became device 0)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} {value} is out of range ({lo} to {hi})")
+    return value
 
 
 def _device(device):
     if device is not None:
-        return int(device)
+        return _int_in("device", device, 0, 2**31 - 1)
     try:
         import torch  # noqa: PLC0415
 

@@ -118,6 +118,26 @@ class Simulated(unittest.TestCase):
         fp.trim(0)
         self.assertEqual(fp.stats(0)["physical_bytes"], 0)
 
+    def test_out_of_range_devices_and_sizes_are_refused_not_wrapped(self):
+        # ctypes wraps ints silently (device 2**32 was device 0, 1.7 was device 1).
+        for bad in (2**32, 2**31, -1):
+            with self.assertRaises(ValueError):
+                fp.stats(bad)
+            with self.assertRaises(ValueError):
+                fp.trim(bad)
+            with self.assertRaises(ValueError):
+                with fp.retention(bad):
+                    pass
+        for bad in (1.7, "0", True):
+            with self.assertRaises(TypeError):
+                fp.stats(bad)
+        with self.assertRaises(ValueError):
+            fp.use_simulated(-1)
+        with self.assertRaises(ValueError):
+            fp.use_simulated(2**64)
+        with self.assertRaises(ValueError):
+            fp.use_simulated(0, 2**32)
+
     def test_zero_bytes_is_null_without_an_error_and_its_free_is_nothing(self):
         # PyTorch asks for 0 bytes (an empty tensor's storage) and frees the NULL it
         # got: PyTorch's own allocator returns NULL there, and no handler may throw.

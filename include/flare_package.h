@@ -723,7 +723,8 @@ typedef void *FlareStream;
 /**
  * What one tag holds (`flare_pool_tag_census`; issue 15). Bytes are the pool's
  * sizes: a whole mapping's (the request rounded to the granularity), a block's
- * (rounded to 512 bytes).
+ * (rounded to 512 bytes); except `offloaded_bytes`, the requested bytes (what is
+ * copied).
  *
  * Versioning: as for `FlareSnapshot`, the caller sets `struct_size` to
  * `sizeof(FlareTagCensus)`; only the fields lying wholly inside `struct_size`
@@ -763,7 +764,8 @@ typedef struct FlareTagCensus {
     uint64_t physical_bytes;
     /**
      * Bytes of pinned host memory holding the tag's contents while it sleeps in
-     * `FLARE_SLEEP_OFFLOAD`.
+     * `FLARE_SLEEP_OFFLOAD`: the sum of its live allocations' requested bytes
+     * (what was asked, not the rounded sizes: only those bytes are copied).
      */
     uint64_t offloaded_bytes;
 } FlareTagCensus;
@@ -1114,7 +1116,8 @@ enum FlareStatus flare_package_free_async(struct FlarePool *pool, void *ptr, Fla
  *
  * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool;
  * `FLARE_STATUS_UNKNOWN_POINTER` for a pointer that is not a live allocation of this
- * pool (interior, freed, another pool's; nothing changes); `FLARE_STATUS_INTERNAL` on a
+ * pool (interior, freed, another pool's; nothing changes); `FLARE_STATUS_TAG_STATE`
+ * while its tag sleeps (its memory is unmapped); `FLARE_STATUS_INTERNAL` on a
  * poisoned pool. Thread-safe.
  *
  * # Safety

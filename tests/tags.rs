@@ -159,6 +159,11 @@ fn offload_sleep_and_wake_keep_addresses_and_bytes() {
             pool.sleep(1, SleepMode::Discard),
             Err(Error::TagState { tag: 1, .. })
         ));
+        // Nor may a stream be recorded on its unmapped memory.
+        assert!(matches!(
+            pool.record_stream(t1[0], common::stream(&sim)),
+            Err(Error::TagState { tag: 1, .. })
+        ));
         let other = pool.allocate_tagged_raw(MIB, None, 2).unwrap();
         pool.free_raw(other).unwrap();
         let untagged = pool.allocate_raw(MIB).unwrap();

@@ -165,7 +165,8 @@ pub unsafe extern "C" fn flare_package_free_async(
 ///
 /// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool;
 /// `FLARE_STATUS_UNKNOWN_POINTER` for a pointer that is not a live allocation of this
-/// pool (interior, freed, another pool's; nothing changes); `FLARE_STATUS_INTERNAL` on a
+/// pool (interior, freed, another pool's; nothing changes); `FLARE_STATUS_TAG_STATE`
+/// while its tag sleeps (its memory is unmapped); `FLARE_STATUS_INTERNAL` on a
 /// poisoned pool. Thread-safe.
 ///
 /// # Safety

@@ -269,7 +269,8 @@ snapshot_counters!(c_snapshot! {
 versioned_struct! {
     /// What one tag holds (`flare_pool_tag_census`; issue 15). Bytes are the pool's
     /// sizes: a whole mapping's (the request rounded to the granularity), a block's
-    /// (rounded to 512 bytes).
+    /// (rounded to 512 bytes); except `offloaded_bytes`, the requested bytes (what is
+    /// copied).
     ///
     /// Versioning: as for `FlareSnapshot`, the caller sets `struct_size` to
     /// `sizeof(FlareTagCensus)`; only the fields lying wholly inside `struct_size`
@@ -294,7 +295,8 @@ versioned_struct! {
         /// driver refused to release a handle).
         pub physical_bytes: u64,
         /// Bytes of pinned host memory holding the tag's contents while it sleeps in
-        /// `FLARE_SLEEP_OFFLOAD`.
+        /// `FLARE_SLEEP_OFFLOAD`: the sum of its live allocations' requested bytes
+        /// (what was asked, not the rounded sizes: only those bytes are copied).
         pub offloaded_bytes: u64,
     }
 }

@@ -369,11 +369,15 @@ impl Pool {
     /// nothing. A synchronous `free` ignores it (its release synchronizes the device).
     ///
     /// Errors: [`Error::UnknownPointer`] for a pointer that is not a live allocation
-    /// of this pool.
+    /// of this pool; [`Error::TagState`] while its tag sleeps (its memory is
+    /// unmapped).
     pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
         self.settle_if_cached(ptr);
         let mut st = lock(&self.state);
         let slot = *st.live.get(&ptr).ok_or(Error::UnknownPointer { ptr })?;
+        // A sleeping tag's memory is unmapped: no stream may use it (a review found
+        // the call accepted while the free was refused).
+        st.tag_usable(st.mref(slot).tag)?;
         let list = st.recorded.entry(slot).or_default();
         if !list.contains(&stream) {
             list.push(stream);

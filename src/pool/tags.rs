@@ -57,7 +57,8 @@ pub struct TagCensus {
     /// releases are the pool's, in no tag.
     pub physical_bytes: u64,
     /// Bytes of pinned host memory holding the tag's contents while it sleeps in
-    /// [`SleepMode::Offload`].
+    /// [`SleepMode::Offload`]: the sum of its live allocations' requested bytes (not
+    /// the rounded sizes: only what was asked is copied).
     pub offloaded_bytes: u64,
 }
 
@@ -179,8 +180,9 @@ impl State {
         t.peak_live_bytes = t.peak_live_bytes.max(t.live_bytes);
     }
 
-    /// Error unless tag `tag` may allocate and free now.
-    fn tag_usable(&self, tag: u32) -> Result<()> {
+    /// Error unless tag `tag` may allocate and free now (and have streams
+    /// recorded on its allocations).
+    pub(super) fn tag_usable(&self, tag: u32) -> Result<()> {
         match self.tags.get(&tag) {
             Some(t) if t.blocked() => Err(Error::TagState {
                 tag,

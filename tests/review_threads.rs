@@ -727,7 +727,12 @@ fn threads_exit_holding_cached_memory() {
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
         let s = check(&pool);
-        assert_eq!(s.thread_cache_count, 17);
+        // 4 entries per exited thread, and the main thread's: with whole mappings it
+        // stays cached (7 units is more than 30% above any request); in segment mode
+        // the threads' first misses take every cached small block (the main thread's
+        // included) back to its heap before a growth, where it coalesces.
+        let main_cached = u64::from(!policy.is_segments());
+        assert_eq!(s.thread_cache_count, 16 + main_cached, "{policy:?}");
         assert_eq!(s.thread_cache_hits, 4);
         assert_eq!(s.live_count, 4);
         let created = s.mappings_created;
@@ -737,7 +742,8 @@ fn threads_exit_holding_cached_memory() {
         }
         let s = check(&pool);
         assert_eq!(
-            s.thread_cache_count, 21,
+            s.thread_cache_count,
+            20 + main_cached,
             "remote frees to the exited threads' caches"
         );
         assert_eq!(s.remote_frees, 4);

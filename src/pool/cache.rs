@@ -689,8 +689,8 @@ impl Caches {
         }
         // Then what every cache holds that fits (before the pool creates memory,
         // which costs a driver call anyway); the other entries stay where they are.
-        // For a block, every cached block: blocks too small one by one coalesce in
-        // their heap into a fit (a review: 512 blocks of 4 KiB freed by another
+        // For a block of the small class (cached blocks are all of it), every
+        // cached block: blocks too small one by one coalesce in their heap into a fit (a review: 512 blocks of 4 KiB freed by another
         // thread made a 1 MiB request grow the heap by a handle).
         let (_registry, mut guards) = self.lock_all();
         let mut st = lock(state);
@@ -700,7 +700,9 @@ impl Caches {
             let mut i = 0;
             while i < g.entries.len() {
                 let e = g.entries[i];
-                if g.fits_want(&e, w) || (w.block && e.block) {
+                if g.fits_want(&e, w)
+                    || (w.block && e.block && w.rounded <= SEGMENT_SMALL_MAX_BYTES)
+                {
                     g.entries.swap_remove(i);
                     g.bytes -= e.size;
                     g.d.held(e.size, false);

@@ -19,6 +19,8 @@ Parts (each a subprocess with a timeout; one failing does not stop the others):
               equal, our physical bytes == the pool's reserved bytes, out of memory
               in the pool raises torch.OutOfMemoryError and the next steps run.
   sanitizer   a short per-tensor run under compute-sanitizer --tool memcheck.
+  decode      a decode-like loop timed in alternating processes of the default
+              allocator and ours (4 each): median over median must be <= 1.
   two_gpu     two devices: a pool each (FLARE_TORCH_PEERS=0,1), the model on each,
               peer copies; skipped with a message when one GPU is visible.
 Results: OUTDIR/<part>.json, OUTDIR/summary.json; exit 0 when no part failed.
@@ -38,7 +40,11 @@ HERE = pathlib.Path(__file__).resolve()
 REPO = HERE.parents[3]
 sys.path.insert(0, str(REPO / "python"))
 
-PARTS = ["reference", "tensor", "mempool", "sanitizer", "two_gpu"]
+PARTS = ["reference", "tensor", "mempool", "sanitizer", "decode", "two_gpu"]
+# The decode part alternates processes of each allocator this many times (one
+# process each measured the reference's step at 4.6 to 9.3 ms in four runs on the
+# H200: a single pair of processes says nothing about a few percent).
+DECODE_ROUNDS = 4
 SHAPES = [(1, 1), (1, 7), (3, 33), (8, 128), (5, 257)]
 GIB = 1 << 30
 
@@ -378,7 +384,7 @@ def part_tensor(torch, res, out, quick):
     if "decode_step_ms" in ref_fig:
         r = res.d["figures"]["decode_step_ms"] / ref_fig["decode_step_ms"]
         res.fig("decode_step_ratio_ours_over_default", r)
-        res.check("decode loop not slower than the default allocator (<= 1.03x, timing noise)", r <= 1.03, f"{r:.3f}")
+        # Informative only: one process each. The check is the decode part's.
     res.fig("stats_tensor", {k: v for k, v in fp.stats(dev)["tensor"].items() if k.endswith(("bytes", "count", "hits"))})
     res.check("no hook failed", fp.hook_failures() == 0, f"{fp.hook_failures()} failures; last error: {fp.last_error()}")
 
@@ -406,6 +412,42 @@ def part_tensor_short(torch, res, out, quick):
         SHAPES = saved
     torch.cuda.empty_cache()
     res.check("no hook failed", fp.hook_failures() == 0, fp.last_error())
+
+
+def part_decode(torch, res, out, quick):
+    """One decode-loop measurement in this process (the allocator installed by
+    child() for decode_flare, PyTorch's default for decode_default)."""
+    model = build_model(torch, 0)
+    res.fig("decode_step_ms", decode_loop(torch, model, 0, steps=100 if quick else 300))
+
+
+def run_decode(out, quick, timeout, env):
+    """Alternates DECODE_ROUNDS processes of the default allocator and of ours on
+    the same loop; ours must not be slower: median over median <= 1.0, with the
+    spread of each side reported."""
+    t0 = time.time()
+    ms = {"decode_default": [], "decode_flare": []}
+    errors = []
+    for _ in range(DECODE_ROUNDS):
+        for part in ms:
+            r = run_part(part, out, quick, timeout, env)
+            v = r.get("figures", {}).get("decode_step_ms")
+            if v is None:
+                errors.append(f"{part}: {r.get('errors')} rc={r.get('rc')}")
+            else:
+                ms[part].append(v)
+    res = {"part": "decode", "checks": {}, "figures": {k: sorted(v) for k, v in ms.items()}, "errors": errors, "rc": 0}
+    if all(ms.values()):
+        med = {k: sorted(v)[len(v) // 2] for k, v in ms.items()}
+        ratio = med["decode_flare"] / med["decode_default"]
+        res["figures"]["median_ratio_ours_over_default"] = ratio
+        res["checks"]["decode loop not slower than the default allocator (median of alternating processes)"] = {
+            "ok": ratio <= 1.0,
+            "detail": f"{ratio:.3f} (ours {med['decode_flare']:.3f} ms, default {med['decode_default']:.3f} ms)",
+        }
+    res["seconds"] = round(time.time() - t0, 1)
+    (out / "decode.json").write_text(json.dumps(res, indent=1, default=str))
+    return res
 
 
 def part_mempool(torch, res, out, quick):
@@ -486,6 +528,8 @@ PART_FUNCS = {
     "tensor_short": part_tensor_short,
     "mempool": part_mempool,
     "two_gpu": part_two_gpu,
+    "decode_default": part_decode,
+    "decode_flare": part_decode,
 }
 
 
@@ -494,7 +538,7 @@ def child(part, out, quick):
     try:
         import torch
 
-        if part.startswith("tensor") or part == "two_gpu":
+        if part.startswith("tensor") or part in ("two_gpu", "decode_flare"):
             # Before anything touches CUDA: PyTorch swaps its allocator only before
             # it is initialised, and asking for the device's name initialises it
             # ("Can't swap an already initialized allocator", seen on the H200).
@@ -524,6 +568,8 @@ def run_part(part, out, quick, timeout, env):
         cmd = [cs, "--tool", "memcheck", "--error-exitcode", "99", sys.executable, str(HERE), str(sub), "--child", "tensor_short"]
     else:
         cmd = [sys.executable, str(HERE), str(out), "--child", part] + (["--quick"] if quick else [])
+    # A part run again (the decode rounds) must not read the previous run's result.
+    (out / f"{part}.json").unlink(missing_ok=True)
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         rc, log = p.returncode, p.stdout + p.stderr
@@ -562,7 +608,10 @@ def main():
         if part == "two_gpu":
             penv.setdefault("FLARE_TORCH_PEERS", "0,1")
         print(f"== {part}", flush=True)
-        r = run_part(part, a.out, a.quick, a.timeout, penv)
+        if part == "decode":
+            r = run_decode(a.out, a.quick, a.timeout, penv)
+        else:
+            r = run_part(part, a.out, a.quick, a.timeout, penv)
         results.append(r)
         if r.get("skipped"):
             print(f"   SKIPPED: {r['skipped']}")

@@ -75,6 +75,35 @@ fn copy_pages(src: Option<&Pages>, from: u64, dst: &mut Pages, to: u64, len: u64
 }
 
 impl Inner {
+    /// The checks of a copy between device address `dev` and host buffer `host` at
+    /// byte `offset` (`call` counted, its injected failure returned): the device
+    /// pieces `(handle, offset, length)` of `size` bytes, or
+    /// `CUDA_ERROR_INVALID_VALUE` when a byte is not mapped with access or the host
+    /// range is not inside a live buffer.
+    fn host_copy(
+        &mut self,
+        call: DriverCall,
+        dev: DevicePtr,
+        host: u64,
+        offset: u64,
+        size: u64,
+    ) -> Result<Vec<(u64, u64, u64)>, CuResult> {
+        if let Some(code) = self.begin(call) {
+            return Err(code);
+        }
+        let pieces = self.pieces(dev, size).ok_or(CuResult::INVALID_VALUE)?;
+        let fits = self
+            .content
+            .host
+            .get(&host)
+            .is_some_and(|h| offset.checked_add(size).is_some_and(|e| e <= h.size));
+        if fits {
+            Ok(pieces)
+        } else {
+            Err(CuResult::INVALID_VALUE)
+        }
+    }
+
     /// The pieces of `[ptr, ptr + size)`: (handle, offset in it, length), when every
     /// byte is mapped with access granted to some device; `None` otherwise.
     fn pieces(&self, ptr: DevicePtr, size: u64) -> Option<Vec<(u64, u64, u64)>> {
@@ -196,20 +225,10 @@ impl SimDriver {
     /// with access granted, or the host range is not inside a live buffer.
     pub fn memcpy_dtoh(&self, host: u64, offset: u64, src: DevicePtr, size: u64) -> CuResult {
         let mut st = lock(&self.inner);
-        if let Some(code) = st.begin(DriverCall::MemcpyDtoH) {
-            return code;
-        }
-        let Some(pieces) = st.pieces(src, size) else {
-            return CuResult::INVALID_VALUE;
+        let pieces = match st.host_copy(DriverCall::MemcpyDtoH, src, host, offset, size) {
+            Ok(p) => p,
+            Err(code) => return code,
         };
-        let fits = st
-            .content
-            .host
-            .get(&host)
-            .is_some_and(|h| offset.checked_add(size).is_some_and(|e| e <= h.size));
-        if !fits {
-            return CuResult::INVALID_VALUE;
-        }
         let Content {
             device,
             host: hosts,
@@ -231,20 +250,10 @@ impl SimDriver {
     /// [`SimDriver::memcpy_dtoh`].
     pub fn memcpy_htod(&self, dst: DevicePtr, host: u64, offset: u64, size: u64) -> CuResult {
         let mut st = lock(&self.inner);
-        if let Some(code) = st.begin(DriverCall::MemcpyHtoD) {
-            return code;
-        }
-        let Some(pieces) = st.pieces(dst, size) else {
-            return CuResult::INVALID_VALUE;
+        let pieces = match st.host_copy(DriverCall::MemcpyHtoD, dst, host, offset, size) {
+            Ok(p) => p,
+            Err(code) => return code,
         };
-        let fits = st
-            .content
-            .host
-            .get(&host)
-            .is_some_and(|h| offset.checked_add(size).is_some_and(|e| e <= h.size));
-        if !fits {
-            return CuResult::INVALID_VALUE;
-        }
         let Content {
             device,
             host: hosts,

@@ -16,6 +16,39 @@ pub(crate) fn stream_of(stream: FlareStream) -> Stream {
     Stream::from_raw(stream as usize)
 }
 
+/// The body of the stream-ordered allocations (`flare_package_allocate_async`,
+/// `flare_package_allocate_tagged`): checks `out_ptr`, allocates with `alloc` on
+/// `stream`, passes the injected-panic point, and writes the address to `*out_ptr`
+/// (an address wider than a pointer, impossible on CUDA's targets, is freed again
+/// and refused).
+///
+/// # Safety
+/// `out_ptr` is NULL or writable.
+pub(crate) unsafe fn allocate_on_stream(
+    pool: &FlarePool,
+    stream: FlareStream,
+    out_ptr: *mut *mut c_void,
+    alloc: impl FnOnce(&crate::Pool, Stream) -> crate::Result<u64>,
+) -> crate::Result<()> {
+    check_out(out_ptr, "out_ptr")?;
+    let stream = stream_of(stream);
+    let result = alloc(&pool.pool, stream);
+    pool.injected_panic_point();
+    let ptr = result?;
+    let addr = match usize::try_from(ptr) {
+        Ok(addr) => addr,
+        Err(_) => {
+            // Cannot happen on the 64-bit targets CUDA supports; give it back.
+            let _ = pool.pool.free_async_raw(ptr, stream);
+            return Err(Error::NotSupported("device address wider than a pointer"));
+        }
+    };
+    // SAFETY: non-NULL (checked above), aligned, and writable by the caller's
+    // contract.
+    unsafe { out_ptr.write(addr as *mut c_void) };
+    Ok(())
+}
+
 /// Allocates `size` bytes of device memory for use on `stream`, stream-ordered (as
 /// `cuMemAllocAsync`), and writes its device address (a `CUdeviceptr`, aligned to the
 /// granularity; in `FLARE_REUSE_SEGMENTS`, a block's address, aligned to 512 bytes) to
@@ -81,22 +114,12 @@ pub unsafe extern "C" fn flare_package_allocate_async(
         "flare_package_allocate_async",
         unsafe { pool_ref(pool) },
         |pool| {
-            check_out(out_ptr, "out_ptr")?;
-            let stream = stream_of(stream);
-            let result = pool.pool.allocate_async_raw(size as u64, stream);
-            pool.injected_panic_point();
-            let ptr = result?;
-            let addr = match usize::try_from(ptr) {
-                Ok(addr) => addr,
-                Err(_) => {
-                    // Cannot happen on the 64-bit targets CUDA supports; give it back.
-                    let _ = pool.pool.free_async_raw(ptr, stream);
-                    return Err(Error::NotSupported("device address wider than a pointer"));
-                }
-            };
-            // SAFETY: non-NULL, aligned, and writable by the caller's contract.
-            unsafe { out_ptr.write(addr as *mut c_void) };
-            Ok(())
+            // SAFETY: `out_ptr` by the caller's contract.
+            unsafe {
+                allocate_on_stream(pool, stream, out_ptr, |p, s| {
+                    p.allocate_async_raw(size as u64, s)
+                })
+            }
         },
     )
 }

@@ -2,14 +2,14 @@
 
 use std::ffi::c_void;
 
-use super::boundary::{check_out, pool_boundary, pool_ref};
+use super::boundary::{pool_boundary, pool_ref};
 use super::pool::FlarePool;
-use super::stream::stream_of;
+use super::stream::allocate_on_stream;
 use super::types::{
     out_prefix, write_prefix, FlareSleepMode, FlareStatus, FlareStream, FlareTagCensus,
     RawSleepMode,
 };
-use crate::{Error, SleepMode};
+use crate::SleepMode;
 
 /// Allocates `size` bytes for tag `tag`, stream-ordered on `stream` (as
 /// `flare_package_allocate_async`; NULL is the legacy stream), and writes its device
@@ -40,24 +40,12 @@ pub unsafe extern "C" fn flare_package_allocate_tagged(
         "flare_package_allocate_tagged",
         unsafe { pool_ref(pool) },
         |pool| {
-            check_out(out_ptr, "out_ptr")?;
-            let stream = stream_of(stream);
-            let result = pool
-                .pool
-                .allocate_tagged_raw(size as u64, Some(stream), tag);
-            pool.injected_panic_point();
-            let ptr = result?;
-            let addr = match usize::try_from(ptr) {
-                Ok(addr) => addr,
-                Err(_) => {
-                    // Cannot happen on the 64-bit targets CUDA supports; give it back.
-                    let _ = pool.pool.free_async_raw(ptr, stream);
-                    return Err(Error::NotSupported("device address wider than a pointer"));
-                }
-            };
-            // SAFETY: non-NULL, aligned, and writable by the caller's contract.
-            unsafe { out_ptr.write(addr as *mut c_void) };
-            Ok(())
+            // SAFETY: `out_ptr` by the caller's contract.
+            unsafe {
+                allocate_on_stream(pool, stream, out_ptr, |p, s| {
+                    p.allocate_tagged_raw(size as u64, Some(s), tag)
+                })
+            }
         },
     )
 }

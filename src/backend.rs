@@ -62,6 +62,32 @@ pub fn open(config: &PoolConfig) -> Result<Arc<dyn Driver>> {
 /// most [`SIM_MAX_DEVICES`](crate::driver::sim::SIM_MAX_DEVICES) devices, and the
 /// device and every peer among them.
 fn validate_sim(config: &PoolConfig, sim: &SimConfig) -> Result<()> {
+    validate_sim_machine(sim)?;
+    let count = sim.device_count;
+    let missing = std::iter::once(("device", config.device))
+        .chain(config.peer_devices.iter().map(|&p| ("peer device", p)))
+        .find(|&(_, d)| d as u32 >= count);
+    if let Some((what, d)) = missing {
+        return Err(Error::InvalidArgument(format!(
+            "{what} {d} does not exist: the simulated machine has {count} device(s) \
+             (SimConfig::device_count)"
+        )));
+    }
+    Ok(())
+}
+
+/// The machine half of [`validate_sim`] (no pool yet: the PyTorch entry points check
+/// their simulated machine when it is configured, before any pool exists): a
+/// capacity of at least one granule, a power-of-two granularity, at least one and at
+/// most [`SIM_MAX_DEVICES`](crate::driver::sim::SIM_MAX_DEVICES) devices.
+///
+/// Errors: [`Error::InvalidArgument`] naming the value and the rule it breaks.
+pub(crate) fn validate_sim_machine(sim: &SimConfig) -> Result<()> {
+    if sim.device_count == 0 {
+        return Err(Error::InvalidArgument(
+            "the simulated machine has 0 devices".into(),
+        ));
+    }
     if sim.capacity_bytes == 0 {
         return Err(Error::InvalidArgument(
             "the simulated device's capacity is 0 bytes".into(),
@@ -91,16 +117,6 @@ fn validate_sim(config: &PoolConfig, sim: &SimConfig) -> Result<()> {
             "the simulated machine has {} devices: at most {max} can be simulated \
              (SIM_MAX_DEVICES)",
             sim.device_count
-        )));
-    }
-    let count = sim.device_count;
-    let missing = std::iter::once(("device", config.device))
-        .chain(config.peer_devices.iter().map(|&p| ("peer device", p)))
-        .find(|&(_, d)| d as u32 >= count);
-    if let Some((what, d)) = missing {
-        return Err(Error::InvalidArgument(format!(
-            "{what} {d} does not exist: the simulated machine has {count} device(s) \
-             (SimConfig::device_count)"
         )));
     }
     Ok(())

@@ -205,6 +205,12 @@ impl TorchConfig {
                         ))
                     })?;
                 }
+                crate::backend::validate_sim_machine(&sim).map_err(|e| match e {
+                    Error::InvalidArgument(m) => Error::InvalidArgument(format!(
+                        "FLARE_TORCH_SIM_CAPACITY / FLARE_TORCH_SIM_DEVICES: {m}"
+                    )),
+                    e => e,
+                })?;
                 c.backend = Backend::Simulated(sim);
             }
             Some(other) => {
@@ -429,6 +435,26 @@ impl TorchAllocator {
                     "device ordinal {device} is outside 0..{MAX_DEVICES}"
                 ))
             })
+    }
+
+    /// [`TorchAllocator::slot`], and on the simulated backend the check that the
+    /// machine has the device (the calls that do not create a device, trim, stats and
+    /// a scope's finish, refuse a device that does not exist as the ones that create
+    /// it do; on CUDA a device that was never used is only known to exist once it is
+    /// created: those calls find nothing to do there).
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming the ordinal.
+    fn known(&self, device: i32) -> Result<&OnceLock<Device>> {
+        let slot = self.slot(device)?;
+        if let Backend::Simulated(sim) = &self.config.backend {
+            if device as u32 >= sim.device_count {
+                return Err(Error::InvalidArgument(format!(
+                    "device {device} does not exist: the simulated machine has {} device(s)",
+                    sim.device_count
+                )));
+            }
+        }
+        Ok(slot)
     }
 
     /// The device's state, created on first use (its driver, tensor and mempool
@@ -727,12 +753,11 @@ impl TorchAllocator {
     /// Trims one device's tensor and mempool pools ([`TorchAllocator::reset`] for
     /// one device). A device never used: nothing to do.
     ///
-    /// Errors: [`Error::InvalidArgument`] for a device outside `0..MAX_DEVICES`;
-    /// [`Error::ScopeState`] while a retention scope is open on the tensor pool; a
-    /// trim's driver failure.
+    /// Errors: [`Error::InvalidArgument`] for a device outside `0..MAX_DEVICES` (or,
+    /// simulated, one the machine does not have); [`Error::ScopeState`] while a
+    /// retention scope is open on the tensor pool; a trim's driver failure.
     pub fn trim(&self, device: i32) -> Result<()> {
-        self.slot(device)?;
-        match self.existing(device) {
+        match self.known(device)?.get() {
             None => Ok(()),
             Some(d) => d.tensor.trim().and(d.mempool.trim()),
         }
@@ -776,10 +801,13 @@ impl TorchAllocator {
     /// Closes the scope [`TorchAllocator::retention_begin`] opened and releases
     /// what is idle (one synchronize). `abort` counts it as aborted.
     ///
-    /// Errors: [`Error::ScopeState`] with none open; the release's driver failure.
+    /// Errors: [`Error::InvalidArgument`] for a device that does not exist (as
+    /// [`TorchAllocator::trim`]); [`Error::ScopeState`] with none open; the release's
+    /// driver failure.
     pub fn retention_finish(&self, device: i32, abort: bool) -> Result<()> {
         let d = self
-            .existing(device)
+            .known(device)?
+            .get()
             .ok_or(Error::ScopeState("no retention scope is open"))?;
         if abort {
             d.tensor.retention_abort()
@@ -823,14 +851,21 @@ impl TorchAllocator {
     /// `backend` (`"cuda"` / `"sim"`), `created` (false: nothing else), `tensor` and
     /// `mempool` (every snapshot counter by name), `graph_pools` (a list of
     /// `{"id": [a, b], "live": n, "snapshot": {...}}`) and `physical_bytes` (the sum
-    /// over all the device's pools).
+    /// over all the device's pools). A device outside `0..MAX_DEVICES` (or, simulated,
+    /// one the machine does not have) gives `{"error": "..."}`.
     pub fn stats_json(&self, device: i32) -> String {
         let backend = match self.config.backend {
             Backend::Cuda => "cuda",
             Backend::Simulated(_) => "sim",
         };
-        let Some(d) = self.existing(device) else {
-            return format!("{{\"device\":{device},\"backend\":\"{backend}\",\"created\":false}}");
+        let d = match self.known(device).map(OnceLock::get) {
+            Ok(Some(d)) => d,
+            Ok(None) => {
+                return format!(
+                    "{{\"device\":{device},\"backend\":\"{backend}\",\"created\":false}}"
+                )
+            }
+            Err(e) => return format!("{{\"error\":{:?}}}", e.to_string()),
         };
         let tensor = d.tensor.snapshot();
         let mempool = d.mempool.snapshot();

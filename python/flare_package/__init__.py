@@ -105,7 +105,14 @@ def library_path():
 
 
 def _sig(lib, name, restype, *argtypes):
-    f = getattr(lib, name)
+    try:
+        f = getattr(lib, name)
+    except AttributeError as e:
+        raise LibraryNotFound(
+            f"flare_package: {lib._name} has no function {name}: it is not "
+            f"{LIB_NAME}, or one older than this package (rebuild it with "
+            "`cargo build --release -p flare-package`)"
+        ) from e
     f.restype = restype
     f.argtypes = list(argtypes)
 

@@ -89,6 +89,23 @@ class Loading(unittest.TestCase):
                 os.environ[fp.LIB_ENV] = old
 
 
+    def test_a_library_that_is_not_ours_is_named_not_an_attribute_error(self):
+        # FLARE_PACKAGE_LIB pointing at a real shared library without our functions
+        # (the C library: loads fine, has no flare_torch_alloc).
+        found = [p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6", "/lib64/libc.so.6", "/usr/lib64/libc.so.6") if os.path.exists(p)]
+        self.assertTrue(found, "no libc.so.6 at the usual paths")
+        path = found[0]
+        env = dict(os.environ, **{fp.LIB_ENV: path})
+        r = subprocess.run(
+            [sys.executable, "-c", "import flare_package; flare_package.load()"],
+            cwd=pathlib.Path(fp.__file__).parent.parent, env=env, capture_output=True, text=True,
+        )
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("LibraryNotFound", r.stderr)
+        self.assertIn("has no function flare_torch_alloc", r.stderr)
+        self.assertNotIn("AttributeError:", r.stderr.splitlines()[-1])
+
+
 class Simulated(unittest.TestCase):
     """Device 0 and 1 of the simulated driver; each test leaves its device's pools
     empty."""
@@ -137,6 +154,24 @@ class Simulated(unittest.TestCase):
             fp.use_simulated(2**64)
         with self.assertRaises(ValueError):
             fp.use_simulated(0, 2**32)
+        # In range for ctypes, impossible for a machine: refused by the library
+        # before it looks at whether the allocator is made (1 byte holds no 2 MiB
+        # granule; the simulator has at most 128 devices).
+        with self.assertRaisesRegex(fp.FlareError, "less than one granule"):
+            fp.use_simulated(1, 2)
+        with self.assertRaisesRegex(fp.FlareError, "at most 128"):
+            fp.use_simulated(0, 129)
+
+    def test_a_device_the_machine_lacks_is_refused_by_every_call_alike(self):
+        # The simulated machine has 2 devices (setUpModule): device 5 is in range for
+        # the library (0..64) but does not exist; stats and trim, which create no
+        # pool, refuse it as retention (which does) does, and create nothing.
+        for call in (lambda: fp.stats(5), lambda: fp.trim(5)):
+            with self.assertRaisesRegex(fp.FlareError, "device 5 does not exist"):
+                call()
+        with self.assertRaisesRegex(fp.FlareError, "device 5 does not exist"):
+            with fp.retention(5):
+                pass
 
     def test_zero_bytes_is_null_without_an_error_and_its_free_is_nothing(self):
         # PyTorch asks for 0 bytes (an empty tensor's storage) and frees the NULL it
@@ -259,7 +294,6 @@ class Simulated(unittest.TestCase):
         self.assertIn("device ordinal 64", fp.last_error())
         with self.assertRaises(fp.FlareError):
             fp.use_simulated()  # already made
-        self.assertFalse(fp.stats(7)["created"])
 
 
 if __name__ == "__main__":

@@ -104,8 +104,51 @@ fn sim_of(pool: &FlarePool) -> Result<Arc<SimDriver>, Error> {
     ))
 }
 
+/// Creates a stream of `sim` on `device` (the simulated driver creates streams on
+/// the calling thread's current device, `cuCtxSetCurrent`: switch to it and back).
+/// `after` runs between the creation and the error check (a pool's injected panic
+/// point).
+///
+/// Errors: [`Error::Driver`] (`cuStreamCreate`) when the simulated driver refuses.
+pub(super) fn create_stream_on(
+    sim: &SimDriver,
+    device: i32,
+    after: impl FnOnce(),
+) -> Result<FlareStream, Error> {
+    let previous = sim.ctx_get_device();
+    let switched = sim.ctx_set_current(device);
+    let created = sim.stream_create();
+    if switched.is_success() {
+        let _ = sim.ctx_set_current(previous);
+    }
+    after();
+    let stream = created.map_err(|code| Error::Driver {
+        source: DriverError::new(DriverCall::StreamCreate, code),
+        bytes: 0,
+    })?;
+    Ok(stream as usize as FlareStream)
+}
+
+/// Ends the capture of `stream` on `sim`: 1 when it ended valid, 0 when something
+/// invalidated it (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`). `after` runs between
+/// the call and the check.
+///
+/// Errors: [`refused`]'s, for every other failure.
+pub(super) fn end_capture_on(
+    sim: &SimDriver,
+    stream: FlareStream,
+    after: impl FnOnce(),
+) -> Result<c_int, Error> {
+    let code = sim.stream_end_capture(handle(stream));
+    after();
+    match code {
+        CuResult::STREAM_CAPTURE_INVALIDATED => Ok(0),
+        code => refused("cuStreamEndCapture", stream, code).map(|()| 1),
+    }
+}
+
 /// A simulated stream handle as C passes it.
-fn handle(stream: FlareStream) -> u64 {
+pub(super) fn handle(stream: FlareStream) -> u64 {
     stream as usize as u64
 }
 
@@ -114,7 +157,7 @@ fn handle(stream: FlareStream) -> u64 {
 /// and what it means there. Every refusal of these test controls comes from the
 /// caller's use of them (a handle that is no stream, a range not mapped, a capture in
 /// the wrong state), and changes nothing.
-fn refused(call: &str, stream: FlareStream, code: CuResult) -> Result<(), Error> {
+pub(super) fn refused(call: &str, stream: FlareStream, code: CuResult) -> Result<(), Error> {
     if code.is_success() {
         return Ok(());
     }
@@ -166,21 +209,9 @@ pub unsafe extern "C" fn flare_sim_stream_create(
         |pool| {
             check_out(out_stream, "out_stream")?;
             let sim = sim_of(pool)?;
-            // On the pool's device: the simulated driver creates streams on the calling
-            // thread's current device (`cuCtxSetCurrent`), so switch to it and back.
-            let previous = sim.ctx_get_device();
-            let switched = sim.ctx_set_current(pool.device);
-            let created = sim.stream_create();
-            if switched.is_success() {
-                let _ = sim.ctx_set_current(previous);
-            }
-            pool.injected_panic_point();
-            let stream = created.map_err(|code| Error::Driver {
-                source: DriverError::new(DriverCall::StreamCreate, code),
-                bytes: 0,
-            })?;
+            let stream = create_stream_on(&sim, pool.device, || pool.injected_panic_point())?;
             // SAFETY: non-NULL, aligned, and writable by the caller's contract.
-            unsafe { out_stream.write(stream as usize as FlareStream) };
+            unsafe { out_stream.write(stream) };
             Ok(())
         },
     )
@@ -321,15 +352,7 @@ pub unsafe extern "C" fn flare_sim_end_capture(
     pool_boundary("flare_sim_end_capture", unsafe { pool_ref(pool) }, |pool| {
         check_out(out_valid, "out_valid")?;
         let sim = sim_of(pool)?;
-        let code = sim.stream_end_capture(handle(stream));
-        pool.injected_panic_point();
-        let valid: c_int = match code {
-            CuResult::STREAM_CAPTURE_INVALIDATED => 0,
-            code => {
-                refused("cuStreamEndCapture", stream, code)?;
-                1
-            }
-        };
+        let valid = end_capture_on(&sim, stream, || pool.injected_panic_point())?;
         // SAFETY: non-NULL, aligned, and writable by the caller's contract.
         unsafe { out_valid.write(valid) };
         Ok(())

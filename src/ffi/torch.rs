@@ -30,10 +30,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::boundary::{boundary, check_out, set_last_error};
+use super::sim::{create_stream_on, end_capture_on, handle, refused};
 use super::stream::stream_of;
 use super::types::{FlareStatus, FlareStream};
 use crate::driver::sim::SimConfig;
-use crate::driver::{CaptureMode, CuResult, DevicePtr, DriverCall, DriverError};
+use crate::driver::{CaptureMode, DevicePtr};
 use crate::pool::Backend;
 use crate::torch::{TorchAllocator, TorchConfig};
 use crate::{Error, SimDriver};
@@ -108,13 +109,26 @@ pub unsafe extern "C" fn flare_torch_set_oom_handler(handler: FlareTorchOomHandl
     OOM_HANDLER.store(handler.map_or(0, |f| f as usize), Ordering::Release);
 }
 
-/// The message of a failed `flare_torch_alloc`: the request, then the pool's figures.
-fn alloc_failure(size: usize, device: c_int, e: &Error) -> String {
-    let (live, idle) = allocator().map_or((0, 0), |a| a.live_idle_bytes(device));
-    format!(
-        "flare_torch_alloc: request of {size} bytes on device {device} failed: {e} \
-         (flare-package tensor pool: {live} bytes live, {idle} bytes idle)"
-    )
+/// Runs an allocation entry point's body (`call` names it): the address, or the
+/// failure's message (the request in bytes, the device, the error; a caught panic
+/// named as one). Both allocation functions share it; what they do with a failure
+/// differs.
+fn try_alloc(
+    call: &str,
+    size: usize,
+    device: c_int,
+    f: impl FnOnce(&TorchAllocator) -> Result<DevicePtr, Error>,
+) -> Result<*mut c_void, String> {
+    match catch_unwind(AssertUnwindSafe(|| as_ptr(f(allocator()?)?))) {
+        Ok(Ok(ptr)) => Ok(ptr),
+        Ok(Err(e)) => Err(format!(
+            "{call}: request of {size} bytes on device {device} failed: {e}"
+        )),
+        Err(_) => Err(format!(
+            "{call}: internal error (a panic was caught) for a request of {size} bytes \
+             on device {device}"
+        )),
+    }
 }
 
 /// Per-tensor mode's allocation, PyTorch's `alloc_fn`
@@ -150,18 +164,16 @@ pub unsafe extern "C-unwind" fn flare_torch_alloc(
     if size == 0 {
         return ptr::null_mut();
     }
-    let result = catch_unwind(AssertUnwindSafe(|| {
-        let ptr = allocator()?.alloc(size as u64, device, stream_of(stream))?;
-        as_ptr(ptr)
-    }));
-    let message = match result {
-        Ok(Ok(ptr)) => return ptr,
-        Ok(Err(e)) => alloc_failure(size, device, &e),
-        Err(_) => format!(
-            "flare_torch_alloc: internal error (a panic was caught) for a request of \
-             {size} bytes on device {device}"
-        ),
+    let failure = match try_alloc("flare_torch_alloc", size, device, |a| {
+        a.alloc(size as u64, device, stream_of(stream))
+    }) {
+        Ok(ptr) => return ptr,
+        Err(failure) => failure,
     };
+    // Then the pool's figures.
+    let (live, idle) = allocator().map_or((0, 0), |a| a.live_idle_bytes(device));
+    let message =
+        format!("{failure} (flare-package tensor pool: {live} bytes live, {idle} bytes idle)");
     set_last_error(message.clone());
     let handler = OOM_HANDLER.load(Ordering::Acquire);
     if handler != 0 {
@@ -228,23 +240,13 @@ pub unsafe extern "C" fn flare_torch_pool_alloc(
     device: c_int,
     stream: FlareStream,
 ) -> *mut c_void {
-    let result = catch_unwind(AssertUnwindSafe(|| {
-        let ptr = allocator()?.pool_alloc(size as u64, device, stream_of(stream))?;
-        as_ptr(ptr)
-    }));
-    match result {
-        Ok(Ok(ptr)) => ptr,
-        Ok(Err(e)) => {
-            set_last_error(format!(
-                "flare_torch_pool_alloc: request of {size} bytes on device {device} failed: {e}"
-            ));
-            ptr::null_mut()
-        }
-        Err(_) => {
-            set_last_error("flare_torch_pool_alloc: internal error (a panic was caught)".into());
-            ptr::null_mut()
-        }
-    }
+    try_alloc("flare_torch_pool_alloc", size, device, |a| {
+        a.pool_alloc(size as u64, device, stream_of(stream))
+    })
+    .unwrap_or_else(|message| {
+        set_last_error(message);
+        ptr::null_mut()
+    })
 }
 
 /// Pool mode's free: PyTorch frees a segment once its blocks' events completed; the
@@ -367,7 +369,7 @@ pub extern "C" fn flare_torch_use_simulated(capacity_bytes: u64, device_count: u
     boundary("flare_torch_use_simulated", || {
         let mut config = TorchConfig::from_env()?;
         let defaults = SimConfig::default();
-        config.backend = Backend::Simulated(SimConfig {
+        let sim = SimConfig {
             capacity_bytes: if capacity_bytes == 0 {
                 defaults.capacity_bytes
             } else {
@@ -375,7 +377,9 @@ pub extern "C" fn flare_torch_use_simulated(capacity_bytes: u64, device_count: u
             },
             device_count: if device_count == 0 { 2 } else { device_count },
             ..defaults
-        });
+        };
+        crate::backend::validate_sim_machine(&sim)?;
+        config.backend = Backend::Simulated(sim);
         ALLOCATOR.set(Ok(TorchAllocator::new(config))).map_err(|_| {
             Error::InvalidArgument(
                 "the PyTorch allocator is already made (a flare_torch_* call came first)".into(),
@@ -459,17 +463,6 @@ fn sim(device: c_int) -> Result<Arc<SimDriver>, Error> {
     allocator()?.sim_driver(device)
 }
 
-/// `Ok` for `CUDA_SUCCESS`, else the invalid-argument error naming `call`.
-fn sim_refused(call: &str, code: CuResult) -> Result<(), Error> {
-    if code.is_success() {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!(
-            "{call}: the simulated driver refused it with {code}"
-        )))
-    }
-}
-
 /// Simulated backend only: creates a non-blocking stream on `device` and writes its
 /// handle to `*out_stream` (as `flare_sim_stream_create` does for a pool).
 ///
@@ -485,19 +478,9 @@ pub unsafe extern "C" fn flare_torch_sim_stream_create(
 ) -> FlareStatus {
     boundary("flare_torch_sim_stream_create", || {
         check_out(out_stream, "out_stream")?;
-        let sim = sim(device)?;
-        let previous = sim.ctx_get_device();
-        let switched = sim.ctx_set_current(device);
-        let created = sim.stream_create();
-        if switched.is_success() {
-            let _ = sim.ctx_set_current(previous);
-        }
-        let stream = created.map_err(|code| Error::Driver {
-            source: DriverError::new(DriverCall::StreamCreate, code),
-            bytes: 0,
-        })?;
+        let stream = create_stream_on(&*sim(device)?, device, || ())?;
         // SAFETY: non-NULL, aligned, and writable by the caller's contract.
-        unsafe { out_stream.write(stream as usize as FlareStream) };
+        unsafe { out_stream.write(stream) };
         Ok(())
     })
 }
@@ -519,8 +502,8 @@ pub unsafe extern "C" fn flare_torch_sim_launch(
     bytes: usize,
 ) -> FlareStatus {
     boundary("flare_torch_sim_launch", || {
-        let code = sim(device)?.launch(stream as usize as u64, ptr as usize as u64, bytes as u64);
-        sim_refused("cuLaunchKernel", code)
+        let code = sim(device)?.launch(handle(stream), ptr as usize as u64, bytes as u64);
+        refused("cuLaunchKernel", stream, code)
     })
 }
 
@@ -534,8 +517,8 @@ pub extern "C" fn flare_torch_sim_stream_complete(
     stream: FlareStream,
 ) -> FlareStatus {
     boundary("flare_torch_sim_stream_complete", || {
-        let code = sim(device)?.stream_complete(stream as usize as u64);
-        sim_refused("stream completion", code)
+        let code = sim(device)?.stream_complete(handle(stream));
+        refused("stream completion", stream, code)
     })
 }
 
@@ -546,8 +529,8 @@ pub extern "C" fn flare_torch_sim_stream_complete(
 #[no_mangle]
 pub extern "C" fn flare_torch_sim_begin_capture(device: c_int, stream: FlareStream) -> FlareStatus {
     boundary("flare_torch_sim_begin_capture", || {
-        let code = sim(device)?.stream_begin_capture(stream as usize as u64, CaptureMode::Global);
-        sim_refused("cuStreamBeginCapture", code)
+        let code = sim(device)?.stream_begin_capture(handle(stream), CaptureMode::Global);
+        refused("cuStreamBeginCapture", stream, code)
     })
 }
 
@@ -567,14 +550,7 @@ pub unsafe extern "C" fn flare_torch_sim_end_capture(
 ) -> FlareStatus {
     boundary("flare_torch_sim_end_capture", || {
         check_out(out_valid, "out_valid")?;
-        let code = sim(device)?.stream_end_capture(stream as usize as u64);
-        let valid: c_int = match code {
-            CuResult::STREAM_CAPTURE_INVALIDATED => 0,
-            code => {
-                sim_refused("cuStreamEndCapture", code)?;
-                1
-            }
-        };
+        let valid = end_capture_on(&*sim(device)?, stream, || ())?;
         // SAFETY: non-NULL, aligned, and writable by the caller's contract.
         unsafe { out_valid.write(valid) };
         Ok(())

@@ -94,6 +94,25 @@ fn config_defaults_and_environment() {
         let text = err.to_string();
         assert!(text.contains(name) && text.contains(value), "{text}");
     }
+
+    // A simulated machine no engine could run on is refused when configured, not at
+    // the first allocation: 1 byte holds no 2 MiB granule; 0 devices, or more than
+    // the simulator has, name no device to allocate on.
+    for (name, value, rule) in [
+        ("FLARE_TORCH_SIM_CAPACITY", "1", "less than one granule"),
+        ("FLARE_TORCH_SIM_DEVICES", "0", "0 devices"),
+        ("FLARE_TORCH_SIM_DEVICES", "129", "at most 128"),
+    ] {
+        let env = |n: &str| match n {
+            "FLARE_TORCH_BACKEND" => Some("sim".to_string()),
+            n if n == name => Some(value.to_string()),
+            _ => None,
+        };
+        let text = TorchConfig::from_lookup(env)
+            .expect_err("impossible machine")
+            .to_string();
+        assert!(text.contains(name) && text.contains(rule), "{text}");
+    }
 }
 
 #[test]
@@ -370,10 +389,20 @@ fn devices_have_their_own_pools() {
     let json = a.stats_json(1);
     assert!(json.starts_with("{\"device\":1,\"backend\":\"sim\",\"created\":true"));
     assert!(json.contains("\"block_live_count\":0"));
+    // The machine has 2 devices: 5 is an error, as it is for an allocation on it;
+    // a device that exists but was never used is reported as not created.
+    assert!(a.stats_json(5).contains("device 5 does not exist"));
+    assert!(matches!(
+        a.alloc(MIB, 5, Stream::LEGACY),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(a.trim(5), Err(Error::InvalidArgument(_))));
+    let fresh = sim_allocator(140 << 30);
     assert_eq!(
-        a.stats_json(5),
-        "{\"device\":5,\"backend\":\"sim\",\"created\":false}"
+        fresh.stats_json(1),
+        "{\"device\":1,\"backend\":\"sim\",\"created\":false}"
     );
+    assert!(fresh.trim(1).is_ok());
 }
 
 #[test]

@@ -166,13 +166,27 @@ def torch_counters(torch, device=0):
     return out
 
 
+# Diagnostics beside each driver-memory sample: (driver used, the allocator's own
+# bytes), the allocator's bytes from ALLOCATOR_BYTES (torch's reserved bytes for
+# the default allocator, our physical bytes for ours).
+ALLOCATOR_BYTES = None
+DIAG = []
+
+
+def sample(torch, device, samples):
+    used = driver_used(torch, device)
+    samples.append(used)
+    if ALLOCATOR_BYTES is not None:
+        DIAG.append((used, ALLOCATOR_BYTES(device)))
+
+
 def run_eager(torch, model, device, samples):
     outs = {}
     with torch.no_grad():
         for i, shape in enumerate(SHAPES):
             outs[str(shape)] = model(inputs(torch, shape, 100 + i, device)).cpu()
             torch.cuda.synchronize(device)
-            samples.append(driver_used(torch, device))
+            sample(torch, device, samples)
     return outs
 
 
@@ -260,7 +274,9 @@ def load_ref(torch, out):
 
 # ----------------------------------------------------------------------------- parts
 def part_reference(torch, res, out, quick):
+    global ALLOCATOR_BYTES
     dev = 0
+    ALLOCATOR_BYTES = torch.cuda.memory_reserved
     base = driver_used(torch, dev)
     samples = []
     model = build_model(torch, dev)
@@ -268,22 +284,30 @@ def part_reference(torch, res, out, quick):
     eager2 = run_eager(torch, model, dev, samples)
     compare(torch, res, "reference is deterministic (two eager runs)", eager2, eager)
     graphs = capture_graphs(torch, model, dev)
-    samples.append(driver_used(torch, dev))
+    sample(torch, dev, samples)
     graph = replay_all(torch, graphs, dev)
     compare(torch, res, "reference: graph replay == eager", graph, eager)
     aliasing(torch, res, graphs, dev, graph)
-    samples.append(driver_used(torch, dev))
+    sample(torch, dev, samples)
     torch.save({"eager": eager, "graph": graph}, out / "ref.pt")
     res.fig("driver_peak_used_bytes_over_baseline", max(samples) - base)
+    res.fig("samples_driver_over_baseline_and_reserved", [(u - base, r) for u, r in DIAG])
     res.fig("torch_counters", torch_counters(torch, dev))
     res.fig("decode_step_ms", decode_loop(torch, model, dev, steps=100 if quick else 300))
 
 
 def part_tensor(torch, res, out, quick):
+    global ALLOCATOR_BYTES
     import flare_package as fp
 
     fp.install()
     dev = 0
+
+    def ours(d):
+        st = fp.stats(d)
+        return (st["physical_bytes"], st["tensor"]["physical_bytes"], [g["snapshot"]["physical_bytes"] for g in st["graph_pools"]])
+
+    ALLOCATOR_BYTES = ours
     res.fig("oom_handler_installed", fp.oom_handler_installed())
     ref = load_ref(torch, out)
     base = driver_used(torch, dev)
@@ -293,15 +317,16 @@ def part_tensor(torch, res, out, quick):
     compare(torch, res, "eager == reference", eager, ref["eager"])
     graphs = res.guard("capture", lambda: capture_graphs(torch, model, dev))
     if graphs:
-        samples.append(driver_used(torch, dev))
+        sample(torch, dev, samples)
         compare(torch, res, "graph replay == reference", replay_all(torch, graphs, dev), ref["graph"])
         aliasing(torch, res, graphs, dev, ref["graph"])
         s = fp.stats(dev)
         res.fig("graph_pools", [(g["id"], g["live"], g["snapshot"]["physical_bytes"]) for g in s["graph_pools"]])
         res.check("one graph pool per captured graph", len(s["graph_pools"]) == len(SHAPES), len(s["graph_pools"]))
-    samples.append(driver_used(torch, dev))
+    sample(torch, dev, samples)
     peak = max(samples) - base
     res.fig("driver_peak_used_bytes_over_baseline", peak)
+    res.fig("samples_driver_over_baseline_and_physical", [(u - base, r) for u, r in DIAG])
     s = fp.stats(dev)
     res.fig("ours_physical_bytes", s["physical_bytes"])
     res.fig("ours_tensor_peak_physical_bytes", s["tensor"]["peak_physical_bytes"])

@@ -1,14 +1,17 @@
-//! `flare-replay`: replays flare-trace v1 files on a fresh pool per reuse policy and
+//! `flare-replay`: replays flare-trace v1 files (and PyTorch memory snapshots, imported
+//! as flare-traces by `flare_tools::torch_snapshot`) on a fresh pool per reuse policy and
 //! prints, per trace, its reference figures (lower bound, no reuse) and a table of
 //! peak and final physical memory, mappings created, reuse hits, the out-of-memory
 //! line and the allocations still live at the end of the trace (which the replay
 //! releases); `--json` prints one object per (trace, policy) instead. `--help` says
-//! what every figure, policy and JSON key means.
+//! what every figure, policy and JSON key means. `--convert OUT SNAPSHOT` writes a
+//! snapshot's flare-trace instead of replaying it.
 //!
 //! Exit status: 0 when every replay ran (running out of memory is a result, shown in
 //! the table), 1 when a pool could not be created, a replay or writing the output
-//! failed, 2 for bad input (arguments, a missing or malformed trace). When standard output is closed
-//! early (`flare-replay ... | head -1`), it stops replaying and exits 0, quietly.
+//! failed, 2 for bad input (arguments, a missing or malformed trace or snapshot). When
+//! standard output is closed early (`flare-replay ... | head -1`), it stops replaying
+//! and exits 0, quietly.
 
 use std::cell::Cell;
 use std::io::{IsTerminal, Write};
@@ -23,17 +26,19 @@ use serde::Serialize;
 
 use flare_package::trace::{self, Excerpt, ReplayReport, Trace};
 use flare_package::{fmt_bytes, Pool, PoolConfig, ReusePolicy, SimConfig};
+use flare_tools::torch_snapshot::{self, Level, Summary};
 
 /// What `-h` says after the options.
 const AFTER_HELP: &str = "\
-Trace format: docs/trace-format.md in the flare-package source. `--help` says what
-the policies, the table's figures and the --json keys mean.
+Trace format: docs/trace-format.md in the flare-package source. An input that is a
+pickle (or named *.pickle, *.pkl) is read as a PyTorch memory snapshot. `--help` says
+what the policies, the table's figures and the --json keys mean.
 
 Exit status:
   0  every replay ran (running out of memory is a result, shown in the table)
   1  a pool could not be created, a replay failed, or writing the output failed
      (other than a closed pipe)
-  2  bad input: arguments, a missing or malformed trace";
+  2  bad input: arguments, a missing or malformed trace or snapshot";
 
 /// What `--help` says after the options.
 const AFTER_LONG_HELP: &str = "\
@@ -44,6 +49,24 @@ allocation, TAG 0 to 4294967295), `f ID` (free), `begin`,
 reads a trace from standard input (once; it is called <stdin> in the output). Every
 trace is parsed before any is replayed. A trace with no scope lines is replayed
 inside one retention scope.
+
+PyTorch memory snapshots (the pickle of torch.cuda.memory._dump_snapshot after
+torch.cuda.memory._record_memory_history): an input whose first byte is 0x80 (a
+pickle) or whose name ends in .pickle or .pkl is imported as a flare-trace of one
+device's events (--device) and replayed like one (docs/trace-format.md, \"Importing
+PyTorch memory snapshots\"). --torch-events chooses the events:
+  tensor   the allocation trace (default): alloc -> `a` of the allocation's block
+           size (the caching allocator's blocks are rebuilt from the events),
+           free_requested -> `f` (free_completed only keeps the block layout)
+  segment  the segment events: segment_alloc and segment_map -> `a`,
+           segment_free and segment_unmap -> `f`
+Ids are the addresses in hex. The table's heading then says which events were
+used, the `a` and `f` lines, the block sizes that had to be rounded requests (no
+free block at the address: allocated before recording, or a setting such as
+expandable segments), the frees skipped (not live: allocated before recording) and
+the peak of live bytes. `--convert OUT SNAPSHOT` writes the snapshot's flare-trace
+to OUT (`-`: standard output), the same summary as its comments, and replays
+nothing; the trace replays exactly as the snapshot does.
 
 Reuse policies (each replay runs on a fresh pool):
   none      never reuse: a freed mapping is kept (retained) until its retention
@@ -100,7 +123,7 @@ Exit status:
      also when standard output is closed early (`| head`): the tool stops quietly
   1  a pool could not be created, a replay failed, or writing the output failed
      (other than a closed pipe)
-  2  bad input: arguments, a missing or malformed trace";
+  2  bad input: arguments, a missing or malformed trace or snapshot";
 
 /// `--help` on `--capacity`.
 const CAPACITY_HELP: &str = "\
@@ -123,7 +146,7 @@ reads 0 there.) Ignored by the other policies.";
 #[command(
     name = "flare-replay",
     version,
-    about = "Replay flare-trace v1 allocation traces on flare-package pools, one fresh pool per reuse policy",
+    about = "Replay flare-trace v1 allocation traces (or PyTorch memory snapshots) on flare-package pools, one fresh pool per reuse policy",
     after_help = AFTER_HELP,
     after_long_help = AFTER_LONG_HELP
 )]
@@ -154,9 +177,46 @@ struct Args {
     #[arg(long)]
     json: bool,
 
-    /// Trace files (flare-trace v1); `-` is standard input.
+    /// PyTorch snapshots only: which events to replay (default tensor).
+    #[arg(long, value_enum, value_name = "EVENTS")]
+    torch_events: Option<TorchEvents>,
+
+    /// PyTorch snapshots only: the device whose events to replay (index in the
+    /// snapshot's device_traces; default: the one device that has events).
+    #[arg(long, value_name = "N")]
+    device: Option<usize>,
+
+    /// Write the flare-trace of the one input, a PyTorch snapshot, to OUT (`-`:
+    /// standard output) instead of replaying it.
+    #[arg(
+        long,
+        value_name = "OUT",
+        conflicts_with_all = ["json", "backend", "capacity", "policy", "best_fit_waste_percent"]
+    )]
+    convert: Option<PathBuf>,
+
+    /// Trace files (flare-trace v1) or PyTorch memory snapshots; `-` is standard
+    /// input.
     #[arg(required = true, value_name = "TRACE")]
     traces: Vec<PathBuf>,
+}
+
+/// `--torch-events`: which events of a PyTorch snapshot become the trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum TorchEvents {
+    /// The allocation trace (per-tensor events): alloc, free_requested.
+    Tensor,
+    /// The segment events: segment_alloc, segment_free (segment_map, segment_unmap).
+    Segment,
+}
+
+impl From<TorchEvents> for Level {
+    fn from(e: TorchEvents) -> Level {
+        match e {
+            TorchEvents::Tensor => Level::Tensor,
+            TorchEvents::Segment => Level::Segment,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -371,15 +431,36 @@ fn run(args: &Args) -> Result<(), Stop> {
             "`-` (standard input) can be given only once".into(),
         ));
     }
-    // Every trace is parsed before anything is replayed: bad input runs nothing.
+    if args.convert.is_some() && args.traces.len() != 1 {
+        return Err(Stop::Failed(
+            EXIT_BAD_INPUT,
+            format!(
+                "--convert takes exactly one input (a PyTorch snapshot), not {}",
+                args.traces.len()
+            ),
+        ));
+    }
+    let options = torch_snapshot::Options {
+        level: args.torch_events.map_or(Level::Tensor, Level::from),
+        device: args.device,
+    };
+    // Every trace is parsed (every snapshot imported) before anything is replayed:
+    // bad input runs nothing.
     let mut traces = Vec::with_capacity(args.traces.len());
     for path in &args.traces {
-        let parsed = if is_stdin(path) {
-            trace::parse_reader(STDIN_NAME, std::io::stdin().lock())
-        } else {
-            trace::parse(path)
-        };
-        traces.push(parsed.map_err(|e| (EXIT_BAD_INPUT, e.to_string()))?);
+        traces.push(read_input(path, is_stdin(path), &options)?);
+    }
+    if (args.torch_events.is_some() || args.device.is_some())
+        && traces.iter().all(|i| i.snapshot.is_none())
+    {
+        return Err(Stop::Failed(
+            EXIT_BAD_INPUT,
+            "--torch-events and --device apply to PyTorch snapshots only, and no input is one"
+                .into(),
+        ));
+    }
+    if let Some(out) = &args.convert {
+        return convert(out, &traces);
     }
     let config = match args.backend {
         BackendArg::Sim => PoolConfig::simulated(SimConfig {
@@ -393,7 +474,10 @@ fn run(args: &Args) -> Result<(), Stop> {
         ..config
     };
     let show_progress = !args.json && std::io::stderr().is_terminal();
-    for t in &traces {
+    for Input {
+        trace: t, snapshot, ..
+    } in &traces
+    {
         let mut rows: Vec<(ReusePolicy, ReplayReport)> = Vec::new();
         let mut census: Vec<(ReusePolicy, Vec<trace::TagReplay>)> = Vec::new();
         let mut granularity = 0;
@@ -434,13 +518,120 @@ fn run(args: &Args) -> Result<(), Stop> {
             rows.push((policy, report));
         }
         if !args.json {
-            emit(&render_table(t, granularity, &rows))?;
+            emit(&render_table(t, snapshot.as_ref(), granularity, &rows))?;
             if t.has_tags() {
                 emit(&render_census(&census))?;
             }
         }
     }
     Ok(())
+}
+
+/// One input, read and parsed: a flare-trace, or a PyTorch snapshot imported as one.
+struct Input {
+    trace: Trace,
+    /// The flare-trace text of an imported snapshot.
+    text: Option<String>,
+    /// What the import of a snapshot did; `None` for a flare-trace.
+    snapshot: Option<Summary>,
+}
+
+/// Whether `path` is named as a pickle (`*.pickle`, `*.pkl`): such an input is read as a
+/// PyTorch snapshot even when it does not start as a pickle (and is then "not a
+/// pickle").
+fn named_as_pickle(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("pickle") || e.eq_ignore_ascii_case("pkl"))
+}
+
+/// Reads the input at `path` (standard input when `stdin`): a PyTorch snapshot when it
+/// starts as a pickle or is named as one ([`named_as_pickle`]), imported with
+/// `options`; else a flare-trace. Its name in reports is the path as given, or
+/// `<stdin>`.
+///
+/// Errors (status 2): the input cannot be read, the trace does not parse, the snapshot
+/// cannot be imported. Status 1 if an imported snapshot's trace does not parse (a bug
+/// of the importer).
+fn read_input(path: &Path, stdin: bool, options: &torch_snapshot::Options) -> Result<Input, Stop> {
+    let name = if stdin {
+        STDIN_NAME.to_string()
+    } else {
+        path.display().to_string()
+    };
+    let read = if stdin {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut bytes).map(|_| bytes)
+    } else {
+        std::fs::read(path)
+    };
+    let bytes = read.map_err(|source| {
+        let e = trace::TraceError::Io {
+            file: name.clone(),
+            source,
+        };
+        (EXIT_BAD_INPUT, e.to_string())
+    })?;
+    let snapshot = torch_snapshot::looks_like_pickle(&bytes) || (!stdin && named_as_pickle(path));
+    if !snapshot {
+        let trace =
+            trace::parse_reader(&name, &bytes[..]).map_err(|e| (EXIT_BAD_INPUT, e.to_string()))?;
+        return Ok(Input {
+            trace,
+            text: None,
+            snapshot: None,
+        });
+    }
+    let imported = torch_snapshot::import(&name, &bytes, options)
+        .map_err(|e| (EXIT_BAD_INPUT, format!("{name}: {e}")))?;
+    let trace = trace::parse_str(&name, &imported.text).map_err(|e| {
+        (
+            EXIT_FAILED,
+            format!("the trace imported from {name} does not parse (an importer bug): {e}"),
+        )
+    })?;
+    Ok(Input {
+        trace,
+        text: Some(imported.text),
+        snapshot: Some(imported.summary),
+    })
+}
+
+/// `--convert OUT`: writes the flare-trace of the one input, a snapshot, to `out`
+/// (standard output for `-`); for a file, then prints the import's summary and what
+/// was written.
+///
+/// Errors: status 2 when the input is not a snapshot; 1 when writing fails.
+fn convert(out: &Path, inputs: &[Input]) -> Result<(), Stop> {
+    let Some(Input {
+        trace: t,
+        text: Some(text),
+        snapshot: Some(summary),
+    }) = inputs.first()
+    else {
+        let name = inputs.first().map_or("", |i| i.trace.name());
+        return Err(Stop::Failed(
+            EXIT_BAD_INPUT,
+            format!("--convert reads a PyTorch snapshot; {name} is a flare-trace already"),
+        ));
+    };
+    if out == Path::new("-") {
+        return emit(text);
+    }
+    std::fs::write(out, text)
+        .map_err(|e| (EXIT_FAILED, format!("writing {}: {e}", out.display())))?;
+    let mut report = format!("{}\n", t.name());
+    for line in summary.lines() {
+        report.push_str(&line);
+        report.push('\n');
+    }
+    report.push_str(&format!(
+        "wrote {}: {} events, {} \"a\" lines\n",
+        out.display(),
+        t.len(),
+        t.allocations()
+    ));
+    emit(&report)
 }
 
 /// Replays with a progress bar on stderr that appears only once the replay has run
@@ -522,11 +713,16 @@ fn gib(bytes: u64) -> String {
     }
 }
 
-/// The table of one trace: a heading (the trace's name on a line of its own, then
-/// its events, `a` lines and reference figures), then one row per policy under
-/// two-line column names, numbers right-aligned. About 90 columns wide, whatever the
-/// trace's path.
-fn render_table(t: &Trace, granularity: u64, rows: &[(ReusePolicy, ReplayReport)]) -> String {
+/// The table of one trace: a heading (the trace's name on a line of its own, then,
+/// for an imported PyTorch snapshot, the import's summary, then its events, `a` lines
+/// and reference figures), then one row per policy under two-line column names,
+/// numbers right-aligned. About 90 columns wide, whatever the trace's path.
+fn render_table(
+    t: &Trace,
+    snapshot: Option<&Summary>,
+    granularity: u64,
+    rows: &[(ReusePolicy, ReplayReport)],
+) -> String {
     let mut table = Table::new();
     table.load_preset(presets::ASCII_FULL_CONDENSED);
     table.set_header(vec![
@@ -557,8 +753,11 @@ fn render_table(t: &Trace, granularity: u64, rows: &[(ReusePolicy, ReplayReport)
             col.set_cell_alignment(CellAlignment::Right);
         }
     }
+    let source: String = snapshot
+        .map(|s| s.lines().iter().map(|l| format!("{l}\n")).collect())
+        .unwrap_or_default();
     format!(
-        "{}\n{} events, {} \"a\" lines; lower bound {}, no reuse {} ({} granularity)\n{table}\n\n",
+        "{}\n{source}{} events, {} \"a\" lines; lower bound {}, no reuse {} ({} granularity)\n{table}\n\n",
         t.name(),
         t.len(),
         t.allocations(),

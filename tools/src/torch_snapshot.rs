@@ -103,7 +103,7 @@ pub enum SnapshotError {
     /// `device_traces` ``, ``event 17 of device 0 (`alloc`) has no `addr` ``).
     Layout(String),
     /// The device to import cannot be chosen: the one asked for is not in the
-    /// snapshot, no device has events, or several have and none was chosen.
+    /// snapshot, no device has allocator events, or several have and none was chosen.
     Device(String),
     /// Events this importer does not support (a `segment_unmap` that cuts a mapping
     /// in two, an `alloc` at an address that is live).
@@ -573,7 +573,20 @@ pub fn import(name: &str, bytes: &[u8], options: &Options) -> Result<Imported, S
             ))
         })?);
     }
-    let device = choose_device(&per_device, options.device)?;
+    // A device whose only events are PyTorch's own markers (a `snapshot` taken, an
+    // `oom` reported) allocated nothing: a snapshot from a two-GPU machine that used
+    // one has a `snapshot` event on the other.
+    let allocating: Vec<bool> = per_device
+        .iter()
+        .map(|t| {
+            t.iter().any(|&e| {
+                p.get(e, "action")
+                    .and_then(|a| p.str(a))
+                    .is_none_or(|a| a != "snapshot" && a != "oom")
+            })
+        })
+        .collect();
+    let device = choose_device(&allocating, options.device)?;
     let events = per_device.get(device).copied().unwrap_or(&[]);
     let mut parsed = Vec::with_capacity(events.len());
     let mut actions: BTreeMap<String, u64> = BTreeMap::new();
@@ -646,8 +659,8 @@ pub fn import(name: &str, bytes: &[u8], options: &Options) -> Result<Imported, S
 }
 
 /// The device to import: `asked`, if it is in the snapshot, else the one device
-/// with events.
-fn choose_device(per_device: &[&[ObjId]], asked: Option<usize>) -> Result<usize, SnapshotError> {
+/// with allocator events (`per_device[d]`: device `d` has some).
+fn choose_device(per_device: &[bool], asked: Option<usize>) -> Result<usize, SnapshotError> {
     if let Some(d) = asked {
         if d >= per_device.len() {
             return Err(SnapshotError::Device(format!(
@@ -662,13 +675,14 @@ fn choose_device(per_device: &[&[ObjId]], asked: Option<usize>) -> Result<usize,
     let with_events: Vec<usize> = per_device
         .iter()
         .enumerate()
-        .filter(|(_, t)| !t.is_empty())
+        .filter(|(_, &has)| has)
         .map(|(d, _)| d)
         .collect();
     match with_events.as_slice() {
         [d] => Ok(*d),
         [] => Err(SnapshotError::Device(format!(
-            "no device has events (`device_traces` has {} entries, all empty): was \
+            "no device has allocator events (`device_traces` has {} entries, none with \
+             one): was \
              torch.cuda.memory._record_memory_history on while the program allocated?",
             per_device.len()
         ))),

@@ -358,6 +358,52 @@ fn streams_have_heaps_of_their_own() {
     no_faults(&sim);
 }
 
+/// A heap that grows takes the place of what other streams' heaps hold wholly free
+/// once their work is complete: a side stream's warmup memory does not stay cached
+/// beside the main stream's growth (a stream's heap serves only its stream). The
+/// release comes before the creation, so the peak never holds both. Not while the
+/// other stream's work may still touch the memory, and not inside a retention scope.
+#[test]
+fn a_growth_takes_the_place_of_other_streams_idle_handles() {
+    let size = 64 * MIB; // above the small class: one handle of exactly this size
+    for (complete, scope) in [(true, false), (false, false), (true, true)] {
+        let (pool, sim) = seg_pool(u64::MAX);
+        let (s, t) = (stream(&sim), stream(&sim));
+        if scope {
+            pool.retention_begin().unwrap();
+        }
+        let p = pool.allocate_async_raw(size, s).unwrap();
+        sim.launch(s.0, p, size);
+        pool.free_async_raw(p, s).unwrap();
+        if complete {
+            sim.stream_complete(s.0);
+        }
+        let q = pool.allocate_async_raw(size, t).unwrap();
+        sim.launch(t.0, q, size);
+        let snap = check(&pool);
+        let released = complete && !scope;
+        let expect = if released { size } else { 2 * size };
+        let case = format!("complete {complete}, scope {scope}");
+        assert_eq!(snap.physical_bytes, expect, "{case}: {snap:#?}");
+        assert_eq!(snap.peak_physical_bytes, expect, "{case}");
+        assert_eq!(snap.segment_handles, expect / size, "{case}");
+        assert_eq!(
+            sim.call_count(DriverCall::Synchronize),
+            0,
+            "{case}: fences only"
+        );
+        no_faults(&sim);
+        if scope {
+            pool.retention_finish().unwrap();
+        }
+        sim.stream_complete(t.0);
+        pool.free_async_raw(q, t).unwrap();
+        pool.trim().unwrap();
+        assert_eq!(check(&pool).physical_bytes, 0, "{case}");
+        assert_driver_empty(&pool);
+    }
+}
+
 /// A block freed on a stream other than its heap's waits for that stream's work:
 /// its heap's stream gets it back only once the fence completes.
 #[test]
@@ -474,19 +520,27 @@ fn blocks_freed_in_a_capture_stay_with_it() {
 }
 
 /// Out of memory inside a heap: free handles of another heap are released (outside
-/// a scope) and the request retried.
+/// a scope) and the request retried. (With the other stream's work known complete,
+/// the growth gives its handle way before creating: no out-of-memory at all.)
 #[test]
 fn out_of_memory_releases_other_heaps_free_handles() {
-    let (pool, sim) = seg_pool_on(8 * MIB, u64::MAX);
-    let s = stream(&sim);
-    let a = pool.allocate_async_raw(6 * MIB, s).unwrap();
-    pool.free_async_raw(a, s).unwrap();
-    assert_eq!(check(&pool).physical_bytes, 6 * MIB, "cached");
-    let b = pool.allocate_raw(6 * MIB).unwrap();
-    let snap = check(&pool);
-    assert_eq!(snap.physical_bytes, 6 * MIB, "S's handle gave way");
-    assert_eq!(snap.oom_retries, 1);
-    pool.free_raw(b).unwrap();
+    for pending in [true, false] {
+        let (pool, sim) = seg_pool_on(8 * MIB, u64::MAX);
+        let s = stream(&sim);
+        let a = pool.allocate_async_raw(6 * MIB, s).unwrap();
+        if pending {
+            sim.launch(s.0, a, 6 * MIB);
+        }
+        pool.free_async_raw(a, s).unwrap();
+        assert_eq!(check(&pool).physical_bytes, 6 * MIB, "cached");
+        let b = pool.allocate_raw(6 * MIB).unwrap();
+        let snap = check(&pool);
+        assert_eq!(snap.physical_bytes, 6 * MIB, "S's handle gave way");
+        assert_eq!(snap.oom_retries, u64::from(pending), "pending {pending}");
+        assert_eq!(snap.peak_physical_bytes, 6 * MIB, "never both");
+        pool.free_raw(b).unwrap();
+        no_faults(&sim);
+    }
     // Inside a scope nothing is released: the same request fails.
     let (pool, sim) = seg_pool_on(8 * MIB, u64::MAX);
     let s = stream(&sim);

@@ -591,6 +591,38 @@ impl State {
         }
     }
 
+    /// Collects for release (into `batch`) the wholly free handles of the heaps of
+    /// stream homes other than `home` whose release needs no synchronize (their
+    /// stream's work up to the last free is known complete), while the pool's cached
+    /// bytes stay over `keep`: memory a growth of `home`'s heap may take the place of
+    /// (see [`Pool::release_other_homes`]).
+    pub(super) fn collect_other_homes(&mut self, home: u32, batch: &mut Batch, keep: u64) {
+        for sid in 0..self.segs.segs.len() as u32 {
+            let h = home_of(self.segs.segs[sid as usize].key);
+            let stream = matches!(
+                self.buckets.get(h as usize).map(|b| b.kind),
+                Some(BucketKind::Stream(_))
+            );
+            if h != home && stream {
+                self.collect_segment(sid, batch, false, Some(keep));
+            }
+        }
+    }
+
+    /// Whether a heap of a stream home other than `home` holds a handle (cheap: what
+    /// a miss asks before polling fences for [`State::collect_other_homes`]).
+    pub(super) fn other_homes_hold_memory(&self, home: u32) -> bool {
+        self.segs.segs.iter().any(|seg| {
+            let h = home_of(seg.key);
+            h != home
+                && !seg.handles.is_empty()
+                && matches!(
+                    self.buckets.get(h as usize).map(|b| b.kind),
+                    Some(BucketKind::Stream(_))
+                )
+        })
+    }
+
     /// As [`State::collect_heaps`], for segment `sid` only.
     fn collect_segment(&mut self, sid: u32, batch: &mut Batch, may_sync: bool, keep: Option<u64>) {
         if self.segs.segs[sid as usize].handles.is_empty() {
@@ -1124,6 +1156,7 @@ impl Pool {
         on: Option<(Stream, Option<u64>)>,
     ) -> Result<DevicePtr> {
         let rounded = round_up(size, self.granularity).unwrap_or(u64::MAX);
+        self.release_other_homes(home_of(key), rounded);
         self.miss(
             rounded,
             size,
@@ -1142,6 +1175,43 @@ impl Pool {
             },
             |st| st.carve(key, size, bytes, true),
         )
+    }
+
+    /// Before a heap of home `home` grows by `need` bytes, outside a retention scope:
+    /// releases up to `need` bytes (whole handles, so up to one handle more) of other
+    /// streams' heaps' wholly free handles whose stream work is known complete (their
+    /// fences polled now; no synchronize). A stream's heap serves its own stream only
+    /// (as PyTorch's per-stream pools), so what another stream's heap holds idle
+    /// cannot serve this growth; without this, memory a side stream used once (a
+    /// warmup) stayed cached beside the growth. In a steady state no heap grows and
+    /// this costs nothing. Measured on the H200 with the PyTorch model of
+    /// `python/tests/gpu/run_h200.py` (per-tensor mode): see `BENCHMARKS.md`,
+    /// "PyTorch". Nothing is released inside a scope (a retention scope keeps what is
+    /// freed for reuse) or from the synchronous API's heap (its release needs a
+    /// device synchronize).
+    fn release_other_homes(&self, home: u32, need: u64) {
+        let mut batch = Batch::default();
+        {
+            let mut st = lock(&self.state);
+            if st.counters.scope_open || !st.other_homes_hold_memory(home) {
+                return;
+            }
+            let streams: Vec<u32> = (0..st.buckets.len() as u32)
+                .filter(|&b| {
+                    b != home
+                        && matches!(st.buckets[b as usize].kind, BucketKind::Stream(_))
+                        && st.heap_holds_memory(b)
+                })
+                .collect();
+            self.poll(&mut st, &streams, true);
+            let keep = st.cached_bytes().saturating_sub(need);
+            st.collect_other_homes(home, &mut batch, keep);
+            if batch.is_empty() {
+                return;
+            }
+            st.start_release(&mut batch);
+        }
+        let _ = self.release_batch(batch);
     }
 
     /// Grows heap `key` and carves the block from it. Another thread may carve the

@@ -510,7 +510,12 @@ impl Pool {
     /// reusing it instead of releasing and re-creating it on every pair. Returns
     /// whether a fence completed, and the buckets polled (then those of deferred
     /// memory).
-    fn poll(&self, st: &mut State, buckets: &[u32], record_first: bool) -> (bool, Vec<u32>) {
+    pub(super) fn poll(
+        &self,
+        st: &mut State,
+        buckets: &[u32],
+        record_first: bool,
+    ) -> (bool, Vec<u32>) {
         let mut list: Vec<u32> = buckets.to_vec();
         for d in &st.deferred {
             let own = st.mapping(d.slot).bucket;

@@ -232,7 +232,7 @@ fn config_init_writes_at_most_config_size_bytes() {
     // A caller compiled before record_path (sizeof 96): its 96 bytes, not one more.
     for size in [96, 100, 103] {
         let b = init_into(size);
-        assert_eq!(u32_at(&b, 0), 96, "size {size}");
+        assert_eq!(u32_at(&b, 0), size as u32, "size {size}");
         assert!(b.0[96..].iter().all(|&x| x == 0xcd), "size {size}");
     }
     // This header's struct, and a newer caller's larger one: 104 bytes written (the

@@ -57,7 +57,10 @@ enum Msg {
 /// The state the appending threads and the writer share.
 struct Shared {
     /// Lines not yet handed to the writer.
-    buf: Mutex<Vec<u8>>,
+    buf: parking_lot::Mutex<Vec<u8>>,
+    /// Buffers the writer wrote out, for the appenders to reuse (no allocation and
+    /// no page faults on a new buffer).
+    spare: parking_lot::Mutex<Vec<Vec<u8>>>,
     /// Set once the recording stopped (an I/O error): appends return at once.
     stopped: AtomicBool,
     /// The first error, as reported.
@@ -102,7 +105,8 @@ impl Recorder {
     /// created gives a recorder that is stopped already, its error kept and reported.
     pub(super) fn open(path: &Path, header: &str) -> Recorder {
         let shared = Arc::new(Shared {
-            buf: Mutex::new(Vec::with_capacity(FLUSH_AT + 4096)),
+            buf: parking_lot::Mutex::new(Vec::with_capacity(FLUSH_AT + 4096)),
+            spare: parking_lot::Mutex::new(Vec::new()),
             stopped: AtomicBool::new(false),
             error: Mutex::new(None),
             path: path.to_path_buf(),
@@ -148,13 +152,16 @@ impl Recorder {
             return;
         }
         let full = {
-            let mut b = self.shared.buf.lock().unwrap_or_else(|p| p.into_inner());
+            let mut b = self.shared.buf.lock();
             f(&mut b);
             if b.len() >= FLUSH_AT {
-                Some(std::mem::replace(
-                    &mut *b,
-                    Vec::with_capacity(FLUSH_AT + 4096),
-                ))
+                let next = self
+                    .shared
+                    .spare
+                    .lock()
+                    .pop()
+                    .unwrap_or_else(|| Vec::with_capacity(FLUSH_AT + 4096));
+                Some(std::mem::replace(&mut *b, next))
             } else {
                 None
             }
@@ -245,7 +252,7 @@ impl Recorder {
 
     /// Writes what was recorded so far to the file and waits for it.
     pub(super) fn flush(&self) {
-        let data = std::mem::take(&mut *self.shared.buf.lock().unwrap_or_else(|p| p.into_inner()));
+        let data = std::mem::take(&mut *self.shared.buf.lock());
         if !data.is_empty() {
             self.send(Msg::Data(data));
         }
@@ -256,7 +263,7 @@ impl Recorder {
 
     /// Writes what is left and joins the writer (the pool's drop).
     pub(super) fn close(&self) {
-        let data = std::mem::take(&mut *self.shared.buf.lock().unwrap_or_else(|p| p.into_inner()));
+        let data = std::mem::take(&mut *self.shared.buf.lock());
         if !data.is_empty() {
             self.send(Msg::Data(data));
         }
@@ -317,7 +324,14 @@ fn write_loop(mut file: File, rx: mpsc::Receiver<Msg>, shared: Arc<Shared>) {
     };
     loop {
         match rx.recv_timeout(FLUSH_EVERY) {
-            Ok(Msg::Data(d)) => write(&mut file, &d),
+            Ok(Msg::Data(mut d)) => {
+                write(&mut file, &d);
+                d.clear();
+                let mut spare = shared.spare.lock();
+                if spare.len() < 2 && d.capacity() >= FLUSH_AT {
+                    spare.push(d);
+                }
+            }
             Ok(Msg::Flush(ack)) => {
                 if let Err(e) = file.flush() {
                     shared.fail("flush failed", &e);
@@ -325,8 +339,7 @@ fn write_loop(mut file: File, rx: mpsc::Receiver<Msg>, shared: Arc<Shared>) {
                 let _ = ack.send(());
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                let data =
-                    std::mem::take(&mut *shared.buf.lock().unwrap_or_else(|p| p.into_inner()));
+                let data = std::mem::take(&mut *shared.buf.lock());
                 if !data.is_empty() {
                     write(&mut file, &data);
                 }

@@ -205,46 +205,33 @@ fn replay_inner(
         let result = match event {
             Event::Alloc { id, bytes }
             | Event::AllocTagged { id, bytes, .. }
-            | Event::AllocAsync { id, bytes, .. } => match ptrs.get_mut(id as usize) {
-                Some(slot @ None) => match {
-                    if let Some(r) = requested.get_mut(id as usize) {
-                        *r = bytes;
-                    }
-                    if let Some(ss) = streams.as_mut() {
-                        ss.recorded_clear(id);
-                    }
-                    match (event, streams.as_mut()) {
-                        (Event::AllocTagged { tag, .. }, _) => {
-                            pool.allocate_tagged_raw(bytes, None, tag)
+            | Event::AllocAsync { id, bytes, .. } => {
+                if let Some(r) = requested.get_mut(id as usize) {
+                    *r = bytes;
+                }
+                if let Some(ss) = streams.as_mut() {
+                    ss.recorded_clear(id);
+                }
+                match ptrs.get_mut(id as usize) {
+                    Some(slot @ None) => match allocate(pool, event, bytes, streams.as_mut()) {
+                        Ok(ptr) => {
+                            *slot = Some(ptr);
+                            live += 1;
+                            allocations += 1;
+                            Ok(())
                         }
-                        (Event::AllocAsync { tag, stream, .. }, Some(ss)) => {
-                            let s = ss.stream(stream);
-                            if tag == 0 {
-                                pool.allocate_async_raw(bytes, s)
-                            } else {
-                                pool.allocate_tagged_raw(bytes, Some(s), tag)
-                            }
+                        Err(Error::OutOfMemory { .. } | Error::RequestTooLarge { .. }) => {
+                            oom_line = Some(line);
+                            break;
                         }
-                        _ => pool.allocate_raw(bytes),
-                    }
-                } {
-                    Ok(ptr) => {
-                        *slot = Some(ptr);
-                        live += 1;
-                        allocations += 1;
-                        Ok(())
-                    }
-                    Err(Error::OutOfMemory { .. } | Error::RequestTooLarge { .. }) => {
-                        oom_line = Some(line);
-                        break;
-                    }
-                    Err(e) => Err(e),
-                },
-                // Unreachable for a parsed trace: the parser rejects both.
-                _ => Err(Error::InvalidArgument(format!(
-                    "allocation id index {id} is live or out of range"
-                ))),
-            },
+                        Err(e) => Err(e),
+                    },
+                    // Unreachable for a parsed trace: the parser rejects both.
+                    _ => Err(Error::InvalidArgument(format!(
+                        "allocation id index {id} is live or out of range"
+                    ))),
+                }
+            }
             Event::Free { id } => match ptrs.get_mut(id as usize).and_then(Option::take) {
                 Some(ptr) => {
                     live -= 1;
@@ -377,6 +364,27 @@ fn replay_inner(
         live_at_end,
         seconds,
     })
+}
+
+/// The pool call of an allocation event (`a` line).
+fn allocate(
+    pool: &Pool,
+    event: Event,
+    bytes: u64,
+    streams: Option<&mut SimStreams>,
+) -> crate::Result<DevicePtr> {
+    match (event, streams) {
+        (Event::AllocTagged { tag, .. }, _) => pool.allocate_tagged_raw(bytes, None, tag),
+        (Event::AllocAsync { tag, stream, .. }, Some(ss)) => {
+            let s = ss.stream(stream);
+            if tag == 0 {
+                pool.allocate_async_raw(bytes, s)
+            } else {
+                pool.allocate_tagged_raw(bytes, Some(s), tag)
+            }
+        }
+        _ => pool.allocate_raw(bytes),
+    }
 }
 
 /// The replay's simulated streams (a trace with stream-ordered lines): one simulated

@@ -153,10 +153,11 @@ static void test_status_names(void) {
      * them at compile time): the configuration's u64 segment_whole_threshold_bytes at
      * 72, after 4 bytes of padding behind cross_stream_reuse (64..68), then the u32
      * thread_cache_entries at 80 and, after 4 bytes of padding (84..88), the u64
-     * thread_cache_bytes at 88, up to 96; the snapshot's eight segment counters after
+     * thread_cache_bytes at 88, up to 96, then the pointer record_path at 96, up to
+     * 104; the snapshot's eight segment counters after
      * stream_call_failures (296..304), up to 368, then the four thread-cache counters,
      * up to 400, then the six sleep counters (issue 15), up to 448. */
-    CHECK(sizeof(FlarePoolConfig) == 96 &&
+    CHECK(sizeof(FlarePoolConfig) == 104 && offsetof(FlarePoolConfig, record_path) == 96 &&
           offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72 &&
           offsetof(FlarePoolConfig, thread_cache_entries) == 80 &&
           offsetof(FlarePoolConfig, thread_cache_bytes) == 88);
@@ -1153,6 +1154,8 @@ static void test_threads(FlareReusePolicy policy, int in_scope, uint64_t thresho
 #include "thread_cache_tests.h"
 /* Tags, sleep and wake (issue 15): its own file, with the helpers above. */
 #include "tag_tests.h"
+/* Recording (issue 17): its own file, with the helpers above. */
+#include "record_tests.h"
 
 static int run_all_tests(const char *language) {
     fprintf(stderr, "flare-package %d.%d.%d C ABI tests (%s)\n", FLARE_PACKAGE_VERSION_MAJOR,
@@ -1194,6 +1197,8 @@ static int run_all_tests(const char *language) {
     test_tags_sleep_and_wake();
     test_tags_wake_out_of_memory();
     test_tags_bad_inputs();
+    test_record();
+    test_record_unwritable();
     printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
 }

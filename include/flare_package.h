@@ -364,6 +364,19 @@ typedef struct FlarePoolConfig {
      * this field.
      */
     uint64_t thread_cache_bytes;
+    /**
+     * Record every call the pool serves to this file as flare-trace v1
+     * (`docs/trace-format.md`, "Recorded traces"), a NUL-terminated path (UTF-8
+     * on Windows; any bytes elsewhere); NULL (the default) records nothing. Read
+     * during `flare_pool_create` only (the caller keeps ownership). The file is
+     * created or truncated then; lines are buffered and written by a thread of
+     * the pool's; `flare_pool_destroy` writes the rest. A file that cannot be
+     * created or written (a missing directory, a full disk) stops the recording
+     * and never fails a call: the error is printed once on standard error. At
+     * offset 96. Added in 0.1.0 after `thread_cache_bytes` (`sizeof` grew from 96
+     * to 104): an older caller's `struct_size` of 96 leaves it NULL.
+     */
+    const char *record_path;
 } FlarePoolConfig;
 
 /**
@@ -1500,6 +1513,15 @@ void flare_torch_record_stream(void *ptr, FlareStream stream);
  * begun is skipped. Failures are recorded. Thread-safe.
  */
 void flare_torch_reset(void);
+
+/**
+ * Writes what every pool recorded so far (`FLARE_TORCH_RECORD`) to its file and
+ * waits for the writes; the Python package calls it at exit (the process-wide
+ * allocator is never destroyed, and its writer threads write on their own only
+ * every 200 ms). Does nothing when not recording or before first use.
+ * Thread-safe.
+ */
+void flare_torch_record_flush(void);
 
 /**
  * PyTorch's `begin_allocate_to_pool` hook (`void (int device, MempoolId_t id,

@@ -61,7 +61,7 @@ pub const MAX_DEVICES: usize = 64;
 pub type MempoolId = (u64, u64);
 
 /// The environment variables [`TorchConfig::from_env`] reads, with what each sets.
-pub const ENV_VARS: [(&str, &str); 9] = [
+pub const ENV_VARS: [(&str, &str); 10] = [
     (
         "FLARE_TORCH_BACKEND",
         "`cuda` (default) or `sim` (the simulated driver: no GPU, for tests)",
@@ -102,6 +102,14 @@ pub const ENV_VARS: [(&str, &str); 9] = [
         "comma-separated device ordinals every pool also grants access to (for \
          peer copies and kernels reading another device's tensors); default none",
     ),
+    (
+        "FLARE_TORCH_RECORD",
+        "record every pool's calls as flare-trace v1 (`docs/trace-format.md`, \
+         \"Recorded traces\"), one file per pool named from this path: \
+         `PATH.devN.tensor.trace`, `PATH.devN.mempool.trace`, \
+         `PATH.devN.graph-K.trace` (the K-th graph pool of device N, from 1); \
+         replay one with `flare-replay --as-recorded`; default none",
+    ),
 ];
 
 /// How a [`TorchAllocator`] makes its pools.
@@ -124,6 +132,11 @@ pub struct TorchConfig {
     pub cross_stream_reuse: CrossStreamReuse,
     /// Devices every pool grants access to besides its own.
     pub peer_devices: Vec<i32>,
+    /// Record every pool's calls (`FLARE_TORCH_RECORD`; default `None`): each pool
+    /// writes its own file, this path with `.devN.tensor.trace`,
+    /// `.devN.mempool.trace` or `.devN.graph-K.trace` appended (the K-th graph pool
+    /// made on device N, from 1), as [`PoolConfig::record_path`] says.
+    pub record_path: Option<std::path::PathBuf>,
 }
 
 impl Default for TorchConfig {
@@ -136,7 +149,21 @@ impl Default for TorchConfig {
             release_threshold_bytes: u64::MAX,
             cross_stream_reuse: CrossStreamReuse::WhenComplete,
             peer_devices: Vec::new(),
+            record_path: None,
         }
+    }
+}
+
+impl TorchConfig {
+    /// The recording file of a pool of device `device` named `what` (`tensor`,
+    /// `mempool`, `graph-K`): `record_path` with `.devN.WHAT.trace` appended, `None`
+    /// when not recording.
+    pub fn record_file(&self, device: i32, what: &str) -> Option<std::path::PathBuf> {
+        self.record_path.as_ref().map(|p| {
+            let mut s = p.clone().into_os_string();
+            s.push(format!(".dev{device}.{what}.trace"));
+            s.into()
+        })
     }
 }
 
@@ -250,6 +277,9 @@ impl TorchConfig {
                 c.peer_devices.push(d);
             }
         }
+        if let Some(v) = get("FLARE_TORCH_RECORD").filter(|v| !v.is_empty()) {
+            c.record_path = Some(v.into());
+        }
         Ok(c)
     }
 }
@@ -290,6 +320,8 @@ struct Graphs {
     pending: Vec<Pending>,
     /// Capture id -> graph pool, for the captures bound so far.
     captures: HashMap<u64, MempoolId>,
+    /// Graph pools made so far on this device (numbers their recordings).
+    made: u64,
 }
 
 /// Everything of one device.
@@ -314,13 +346,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Device {
-    fn pool_config(&self, config: &TorchConfig, policy: ReusePolicy) -> PoolConfig {
+    /// A graph pool's configuration (`number`: the how-many-th graph pool of this
+    /// device, for its recording's file name).
+    fn pool_config(&self, config: &TorchConfig, policy: ReusePolicy, number: u64) -> PoolConfig {
         PoolConfig {
             backend: config.backend,
             device: self.index,
             reuse_policy: policy,
             peer_devices: config.peer_devices.clone(),
             cross_stream_reuse: config.cross_stream_reuse,
+            record_path: config.record_file(self.index, &format!("graph-{number}")),
             ..PoolConfig::default()
         }
     }
@@ -480,6 +515,7 @@ impl TorchAllocator {
                 reuse_policy: self.config.tensor_policy,
                 release_threshold_bytes: self.config.release_threshold_bytes,
                 cross_stream_reuse: self.config.cross_stream_reuse,
+                record_path: self.config.record_file(device, "tensor"),
                 ..base.clone()
             },
             driver.clone(),
@@ -489,6 +525,7 @@ impl TorchAllocator {
                 reuse_policy: self.config.mempool_policy,
                 release_threshold_bytes: 0,
                 cross_stream_reuse: self.config.cross_stream_reuse,
+                record_path: self.config.record_file(device, "mempool"),
                 ..base
             },
             driver.clone(),
@@ -649,13 +686,17 @@ impl TorchAllocator {
     pub fn begin_allocate_to_pool(&self, device: i32, id: MempoolId) -> Result<()> {
         let d = self.device(device)?;
         let mut g = d.graphs();
+        let made = g.made;
+        let mut made_now = false;
         match g.pools.entry(id) {
             std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().refs += 1,
             std::collections::hash_map::Entry::Vacant(e) => {
+                let number = made + 1;
                 let pool = Pool::with_driver(
-                    d.pool_config(&self.config, self.config.graph_policy),
+                    d.pool_config(&self.config, self.config.graph_policy, number),
                     d.driver.clone(),
                 )?;
+                made_now = true;
                 pool.retention_begin()?;
                 e.insert(GraphPool {
                     pool,
@@ -663,6 +704,9 @@ impl TorchAllocator {
                     live: 0,
                 });
             }
+        }
+        if made_now {
+            g.made += 1;
         }
         g.pending.push(Pending {
             id,
@@ -748,6 +792,24 @@ impl TorchAllocator {
             }
         }
         first
+    }
+
+    /// Writes what every pool recorded so far to its file (`FLARE_TORCH_RECORD`)
+    /// and waits for the writes: the process-wide allocator is never dropped, so the
+    /// Python package calls it at exit (`flare_torch_record_flush`). Does nothing
+    /// when not recording.
+    pub fn record_flush(&self) {
+        if self.config.record_path.is_none() {
+            return;
+        }
+        for d in self.created() {
+            d.tensor.record_flush();
+            d.mempool.record_flush();
+            let g = d.graphs();
+            for gp in g.pools.values() {
+                gp.pool.record_flush();
+            }
+        }
     }
 
     /// Trims one device's tensor and mempool pools ([`TorchAllocator::reset`] for

@@ -114,11 +114,13 @@ fn ids_are_any_token() {
 fn malformed_lines() {
     let cases: [(&str, &str, usize); 8] = [
         ("a 1 5\na 2\n", "a", 1),
-        // A third field is a tag (issue 15); a fourth is one too many.
-        ("a 1 5 6 7\n", "a", 4),
+        // A third field is a tag (issue 15), a fourth a stream (issue 17, recorded
+        // traces); a fifth is one too many.
+        ("a 1 5 6 7 8\n", "a", 5),
         ("a\n", "a", 0),
         ("a 1 5\nf\n", "f", 0),
-        ("a 1 5\nf 1 2\n", "f", 2),
+        // A second field is a stream (issue 17); a third is one too many.
+        ("a 1 5\nf 1 2 3\n", "f", 3),
         ("begin now\n", "begin", 1),
         ("begin\nfinish 1\n", "finish", 1),
         ("trim all\n", "trim", 1),
@@ -407,7 +409,7 @@ fn excerpt_cuts_after_40_characters_on_a_character_boundary() {
     // a short token is quoted as the parser always quoted it ({:?})
     assert_eq!(
         Problem::UnknownKeyword("malloc".into()).to_string(),
-        "unknown keyword \"malloc\" (expected a, f, begin, finish, abort, trim or a # comment)"
+        "unknown keyword \"malloc\" (expected a, f, r, done, oom, begin, finish, abort, trim or a # comment)"
     );
     assert_eq!(
         Problem::FreeNotLive { id: "a\tb".into() }.to_string(),

@@ -20,9 +20,15 @@ The package is pure Python over the shared library the Rust crate builds
 ``scripts/install-python.sh``, then ``target/release`` of the checkout this file
 is in) and raises ``LibraryNotFound`` naming every path it tried. The pools are
 configured with ``FLARE_TORCH_*`` environment variables, read at the first
-allocation (README, "PyTorch").
+allocation (README, "PyTorch"). ``FLARE_TORCH_RECORD=PATH`` records every pool's
+calls as flare-trace v1, one file per pool (``PATH.dev0.tensor.trace``,
+``PATH.dev0.mempool.trace``, ``PATH.dev0.graph-1.trace``, ...); ``load()``
+registers an exit handler that writes what is buffered (``record_flush()``), and
+``flare-replay --as-recorded FILE`` replays one with the recorded pool's
+configuration.
 """
 
+import atexit
 import contextlib
 import ctypes
 import json
@@ -41,6 +47,7 @@ __all__ = [
     "load",
     "mempool",
     "oom_handler_installed",
+    "record_flush",
     "retention",
     "stats",
     "trim",
@@ -142,6 +149,7 @@ def load():
     _sig(lib, "flare_torch_pool_free", None, vp, sz, i, vp)
     _sig(lib, "flare_torch_record_stream", None, vp, vp)
     _sig(lib, "flare_torch_reset", None)
+    _sig(lib, "flare_torch_record_flush", None)
     _sig(lib, "flare_torch_begin_allocate_to_pool", None, i, u64, u64, vp)
     _sig(lib, "flare_torch_end_allocate_to_pool", None, i, u64, u64)
     _sig(lib, "flare_torch_release_pool", None, i, u64, u64)
@@ -161,6 +169,9 @@ def load():
     _sig(lib, "flare_last_error_message", sz, ctypes.c_char_p, sz)
     _sig(lib, "flare_status_name", ctypes.c_char_p, st)
     _lib = lib
+    if os.environ.get("FLARE_TORCH_RECORD"):
+        # The process-wide pools are never destroyed: write what they buffered.
+        atexit.register(lib.flare_torch_record_flush)
     return lib
 
 
@@ -242,6 +253,13 @@ def _set_oom_handler(lib, torch):
 def oom_handler_installed():
     """Whether install() set PyTorch's torchCheckFail as the failure path."""
     return _state["oom_handler"]
+
+
+def record_flush():
+    """Writes what every pool recorded so far (``FLARE_TORCH_RECORD``) to its
+    file and waits for the writes. Called at exit (registered by ``load()``);
+    nothing to do when not recording."""
+    load().flare_torch_record_flush()
 
 
 def install():

@@ -167,7 +167,33 @@ pub(super) unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolC
         ),
         thread_cache_entries: thread_cache_entries(c.thread_cache_entries),
         thread_cache_bytes: or_default(c.thread_cache_bytes, DEFAULT_THREAD_CACHE_BYTES),
+        record_path: record_path(c.record_path)?,
     })
+}
+
+/// The recording path of a C configuration: NULL is none; an empty path is refused.
+fn record_path(p: *const std::ffi::c_char) -> Result<Option<std::path::PathBuf>, Error> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-NULL; the caller guarantees a NUL-terminated string that is not
+    // written during this call (`FlarePoolConfig::record_path`).
+    let bytes = unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes();
+    if bytes.is_empty() {
+        return Err(Error::InvalidArgument("record_path is empty".into()));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        Ok(Some(std::ffi::OsStr::from_bytes(bytes).into()))
+    }
+    #[cfg(not(unix))]
+    {
+        match std::str::from_utf8(bytes) {
+            Ok(s) => Ok(Some(s.into())),
+            Err(_) => Err(Error::InvalidArgument("record_path is not UTF-8".into())),
+        }
+    }
 }
 
 /// Fills the caller's configuration with the defaults. Call it as
@@ -227,6 +253,7 @@ pub unsafe extern "C" fn flare_pool_config_init(config: *mut FlarePoolConfig, co
             segment_whole_threshold_bytes,
             thread_cache_entries,
             thread_cache_bytes,
+            record_path,
             struct_size: _,
         } = FlarePoolConfig::default_for_layout();
         d.struct_size = size as u32; // at most size_of::<FlarePoolConfig>()
@@ -244,6 +271,7 @@ pub unsafe extern "C" fn flare_pool_config_init(config: *mut FlarePoolConfig, co
         d.segment_whole_threshold_bytes = segment_whole_threshold_bytes;
         d.thread_cache_entries = thread_cache_entries;
         d.thread_cache_bytes = thread_cache_bytes;
+        d.record_path = record_path;
         // SAFETY: the caller guarantees `config_size >= prefix` writable bytes at
         // `config`; `defaults` has `size_of::<FlarePoolConfig>() >= prefix` initialised
         // bytes (zeroed, then whole fields written) and is a separate local.

@@ -165,8 +165,8 @@ fn config_init_writes_at_most_config_size_bytes() {
     // sim_capacity_bytes 40..48, sim_granularity_bytes 48..56, sim_device_count
     // 56..60, best_fit_max_waste_percent 60..64, cross_stream_reuse 64..68, padding
     // 68..72 (a u64 is 8-aligned), segment_whole_threshold_bytes 72..80,
-    // thread_cache_entries 80..84, padding 84..88, thread_cache_bytes 88..96; no tail
-    // padding.
+    // thread_cache_entries 80..84, padding 84..88, thread_cache_bytes 88..96,
+    // record_path 96..104; no tail padding.
     for size in [0, 1, 3] {
         assert!(init_into(size).0.iter().all(|&b| b == 0xcd), "size {size}");
     }
@@ -229,12 +229,18 @@ fn config_init_writes_at_most_config_size_bytes() {
         );
         assert!(b.0[84..].iter().all(|&x| x == 0xcd), "size {size}");
     }
-    // This header's struct, and a newer caller's larger one: 96 bytes written (the
-    // padding before segment_whole_threshold_bytes and before thread_cache_bytes
-    // zeroed), struct_size says 96, the rest untouched.
-    for size in [96, 100, 128] {
+    // A caller compiled before record_path (sizeof 96): its 96 bytes, not one more.
+    for size in [96, 100, 103] {
         let b = init_into(size);
-        assert_eq!(u32_at(&b, 0), 96, "size {size}");
+        assert_eq!(u32_at(&b, 0), size as u32, "size {size}");
+        assert!(b.0[96..].iter().all(|&x| x == 0xcd), "size {size}");
+    }
+    // This header's struct, and a newer caller's larger one: 104 bytes written (the
+    // padding before segment_whole_threshold_bytes and before thread_cache_bytes
+    // zeroed, record_path NULL), struct_size says 104, the rest untouched.
+    for size in [104, 128] {
+        let b = init_into(size);
+        assert_eq!(u32_at(&b, 0), 104, "size {size}");
         assert_eq!(u32_at(&b, 12), 0, "best fit");
         assert_eq!(u32_at(&b, 60), 30, "the default waste bound");
         assert_eq!(u32_at(&b, 64), 0, "FLARE_CROSS_STREAM_WHEN_COMPLETE");
@@ -254,7 +260,8 @@ fn config_init_writes_at_most_config_size_bytes() {
             GIB,
             "thread_cache_bytes, size {size}"
         );
-        assert!(b.0[96..].iter().all(|&x| x == 0xcd), "size {size}");
+        assert!(b.0[96..104].iter().all(|&x| x == 0), "record_path NULL");
+        assert!(b.0[104..].iter().all(|&x| x == 0xcd), "size {size}");
     }
     // NULL is a no-op.
     // SAFETY: NULL is allowed.
@@ -262,7 +269,7 @@ fn config_init_writes_at_most_config_size_bytes() {
     // What an older caller initialised creates a pool with the defaults.
     let b = init_into(40);
     let mut older = FlarePoolConfig::default_for_layout();
-    // SAFETY: `b` has 128 bytes, `older` is a whole FlarePoolConfig (96 bytes);
+    // SAFETY: `b` has 128 bytes, `older` is a whole FlarePoolConfig (104 bytes);
     // every byte pattern is a valid FlarePoolConfig.
     unsafe {
         ptr::copy_nonoverlapping(

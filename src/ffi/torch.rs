@@ -301,6 +301,19 @@ pub extern "C" fn flare_torch_reset() {
     hook("flare_torch_reset", || allocator()?.reset());
 }
 
+/// Writes what every pool recorded so far (`FLARE_TORCH_RECORD`) to its file and
+/// waits for the writes; the Python package calls it at exit (the process-wide
+/// allocator is never destroyed, and its writer threads write on their own only
+/// every 200 ms). Does nothing when not recording or before first use.
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn flare_torch_record_flush() {
+    hook("flare_torch_record_flush", || {
+        allocator()?.record_flush();
+        Ok(())
+    });
+}
+
 /// PyTorch's `begin_allocate_to_pool` hook (`void (int device, MempoolId_t id,
 /// std::function<bool(cudaStream_t)> filter)`, called by `torch.cuda.graph` before
 /// `cudaStreamBeginCapture`): allocations on a stream being captured, from now until

@@ -226,6 +226,17 @@ versioned_struct! {
         /// its default, and one from 84 to 95 reads `thread_cache_entries` but not
         /// this field.
         pub thread_cache_bytes: u64,
+        /// Record every call the pool serves to this file as flare-trace v1
+        /// (`docs/trace-format.md`, "Recorded traces"), a NUL-terminated path (UTF-8
+        /// on Windows; any bytes elsewhere); NULL (the default) records nothing. Read
+        /// during `flare_pool_create` only (the caller keeps ownership). The file is
+        /// created or truncated then; lines are buffered and written by a thread of
+        /// the pool's; `flare_pool_destroy` writes the rest. A file that cannot be
+        /// created or written (a missing directory, a full disk) stops the recording
+        /// and never fails a call: the error is printed once on standard error. At
+        /// offset 96. Added in 0.1.0 after `thread_cache_bytes` (`sizeof` grew from 96
+        /// to 104): an older caller's `struct_size` of 96 leaves it NULL.
+        pub record_path: *const std::ffi::c_char,
     }
 }
 
@@ -355,7 +366,7 @@ const _: () = assert!(size_of::<FlareStatus>() == 4 && size_of::<FlareBackend>()
 const _: () = assert!(size_of::<FlareReusePolicy>() == 4 && size_of::<FlareDriverCall>() == 4);
 const _: () = assert!(size_of::<FlareCrossStreamReuse>() == 4);
 const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 55 * 8);
-const _: () = assert!(size_of::<FlarePoolConfig>() == 96);
+const _: () = assert!(size_of::<FlarePoolConfig>() == 104);
 const _: () = assert!(size_of::<FlareDestroyReport>() == 8 + 4 * 8);
 const _: () = assert!(size_of::<FlareTagCensus>() == 8 + 6 * 8);
 const _: () = assert!(size_of::<FlareSleepMode>() == 4);
@@ -383,6 +394,7 @@ impl FlarePoolConfig {
             segment_whole_threshold_bytes: 0,
             thread_cache_entries: DEFAULT_THREAD_CACHE_ENTRIES,
             thread_cache_bytes: DEFAULT_THREAD_CACHE_BYTES,
+            record_path: ptr::null(),
         }
     }
 }
@@ -544,13 +556,19 @@ mod tests {
         );
         assert_eq!(offset_of!(FlarePoolConfig, thread_cache_entries), 80);
         assert_eq!(offset_of!(FlarePoolConfig, thread_cache_bytes), 88);
-        assert_eq!(FlarePoolConfig::FIELD_ENDS.last().copied(), Some(96));
-        assert_eq!(size_of::<FlarePoolConfig>(), 96);
+        // record_path (a pointer at 96) grew it to 104.
+        assert_eq!(offset_of!(FlarePoolConfig, record_path), 96);
+        assert_eq!(FlarePoolConfig::FIELD_ENDS.last().copied(), Some(104));
+        assert_eq!(size_of::<FlarePoolConfig>(), 104);
         check_prefixes::<FlarePoolConfig>(
             &FlarePoolConfig::FIELD_ENDS,
             &[
+                (104, Some(104)),
+                (4096, Some(104)),
+                // A caller compiled before record_path (sizeof 96): every field up to
+                // thread_cache_bytes, not record_path (read as NULL).
                 (96, Some(96)),
-                (4096, Some(96)),
+                (103, Some(96)),
                 // A caller compiled before the thread-cache fields (sizeof 80): up to
                 // segment_whole_threshold_bytes, neither of them.
                 (80, Some(80)),

@@ -558,6 +558,7 @@ impl Caches {
         ptr: DevicePtr,
         id: Option<u64>,
         state: &'a Mutex<State>,
+        rec: Option<&super::record::Recorder>,
     ) -> Option<crate::Result<Freed<'a>>> {
         if !self.enabled || (self.used.load(Ordering::Relaxed) == 0 && !self.is_open()) {
             return None;
@@ -570,6 +571,10 @@ impl Caches {
                 .tlb
                 .with(&self.table, ptr, false, |entry| {
                     let (e, owner) = claim(entry, ptr, id)?;
+                    // Recorded before the memory can be handed out again.
+                    if let Some(r) = rec {
+                        r.free(ptr, None);
+                    }
                     let requested = entry.requested.load(Ordering::Relaxed);
                     let remote = if open && owner != c.id {
                         self.cache(owner).filter(|o| self.reserve_remote(o, e.size))
@@ -584,7 +589,7 @@ impl Caches {
                 .flatten();
             let Some((e, requested, pushed)) = claimed else {
                 return if open {
-                    Some(self.free_into(c, inner, ptr, id, state))
+                    Some(self.free_into(c, inner, ptr, id, state, rec))
                 } else {
                     None
                 };
@@ -611,6 +616,9 @@ impl Caches {
                 let entry = self.table.get(ptr)?;
                 let mut st = lock(state);
                 let (e, _) = claim(entry, ptr, id)?;
+                if let Some(r) = rec {
+                    r.free(ptr, None);
+                }
                 let requested = entry.requested.load(Ordering::Relaxed);
                 st.tier_deltas.freed(e.size, requested, e.block);
                 to_books(&mut st, e.slot);
@@ -628,9 +636,13 @@ impl Caches {
         ptr: DevicePtr,
         id: Option<u64>,
         state: &'a Mutex<State>,
+        rec: Option<&super::record::Recorder>,
     ) -> crate::Result<Freed<'a>> {
         let mut st = lock(state);
         let (slot, recorded) = st.free_live(ptr, id)?;
+        if let Some(r) = rec {
+            r.free(ptr, None);
+        }
         let m = st.mref(slot);
         let (size, block) = (m.size(), m.is_block());
         // A tagged mapping (issue 15) never enters a cache: its tag's books count it.

@@ -270,6 +270,15 @@ pub struct PoolConfig {
     /// reused by another thread only after a drain (a miss of the pool drains every
     /// cache before it creates memory, and every release point drains them).
     pub thread_cache_bytes: u64,
+    /// Record every call the pool serves to this file as flare-trace v1
+    /// (`docs/trace-format.md`, "Recorded traces"; default `None`: off). The file is
+    /// created (or truncated) when the pool is created, with a header naming this
+    /// configuration; lines are buffered and written by a thread of the pool's, and
+    /// the pool's drop (or [`Pool::destroy`](crate::Pool::destroy)) writes the rest.
+    /// A file that cannot be created or written stops the recording and never fails
+    /// a pool call: the error is reported once on standard error and kept
+    /// ([`Pool::record_error`](crate::Pool::record_error)).
+    pub record_path: Option<std::path::PathBuf>,
 }
 
 impl Default for PoolConfig {
@@ -285,6 +294,7 @@ impl Default for PoolConfig {
             segment_whole_threshold_bytes: DEFAULT_SEGMENT_WHOLE_THRESHOLD_BYTES,
             thread_cache_entries: DEFAULT_THREAD_CACHE_ENTRIES,
             thread_cache_bytes: DEFAULT_THREAD_CACHE_BYTES,
+            record_path: None,
         }
     }
 }

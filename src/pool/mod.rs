@@ -19,6 +19,7 @@ mod create;
 mod fit;
 mod guards;
 mod index;
+mod record;
 mod release;
 mod segments;
 mod snapshot;
@@ -78,6 +79,8 @@ pub struct Pool {
     /// Tags asleep or in a sleep or wake (issue 15): while 0, allocations and frees
     /// check no tag (one relaxed load).
     tags_blocked: std::sync::atomic::AtomicU32,
+    /// The recording ([`PoolConfig::record_path`]; `record.rs`), `None` when off.
+    rec: Option<Arc<record::Recorder>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -133,7 +136,14 @@ impl Pool {
         );
         // With no threshold, nothing is released outside a scope either.
         caches.set_open(config.release_threshold_bytes == u64::MAX);
+        let rec = config.record_path.as_deref().map(|path| {
+            Arc::new(record::Recorder::open(
+                path,
+                &record::header(&config, granularity, device_total),
+            ))
+        });
         Ok(Pool {
+            rec,
             caches,
             segments: config.reuse_policy.is_segments(),
             whole_threshold: config.segment_whole_threshold_bytes,
@@ -233,6 +243,19 @@ impl Pool {
 
     /// [`Pool::allocate_raw`]; with the guard's key when a thread cache served it.
     fn allocate_sync(&self, bytes: u64) -> Result<(DevicePtr, Option<u64>)> {
+        self.record_call_start();
+        let r = self.allocate_sync_inner(bytes);
+        if let Some(rec) = &self.rec {
+            match &r {
+                Ok((ptr, _)) => rec.alloc(*ptr, bytes, 0, None),
+                Err(_) => record::forget_ooms(),
+            }
+        }
+        r
+    }
+
+    /// [`Pool::allocate_sync`], not recorded.
+    fn allocate_sync_inner(&self, bytes: u64) -> Result<(DevicePtr, Option<u64>)> {
         if self.any_tag_blocked() {
             self.check_tag0()?;
         }
@@ -399,11 +422,15 @@ impl Pool {
             source,
             bytes: rounded,
         };
+        self.record_call_start();
         let err = match create() {
             Ok(ptr) => return Ok(ptr),
             Err(e) if e.is_out_of_memory() => e,
             Err(e) => return Err(driver_error(e)),
         };
+        if self.rec.is_some() {
+            record::note_oom();
+        }
         if let Some(ptr) = self.after_oom(on, rounded, forced_size, bytes, err)? {
             return Ok(ptr);
         }
@@ -414,6 +441,9 @@ impl Pool {
         match create() {
             Ok(ptr) => Ok(ptr),
             Err(e) if e.is_out_of_memory() => {
+                if self.rec.is_some() {
+                    record::note_oom();
+                }
                 let st = lock(&self.state);
                 Err(self.oom_error(&st, rounded, Some(e)))
             }
@@ -491,13 +521,16 @@ impl Pool {
         if self.any_tag_blocked() {
             self.check_free_tag(ptr)?;
         }
-        if let Some(freed) = self.caches.free(ptr, id, &self.state) {
+        if let Some(freed) = self.caches.free(ptr, id, &self.state, self.rec.as_deref()) {
             return self.after_cache_free(freed?);
         }
         let mut st = lock(&self.state);
         // Streams from `record_stream` do not matter here: the release synchronizes
         // every device.
         let (slot, _recorded) = st.free_live(ptr, id)?;
+        if let Some(rec) = &self.rec {
+            rec.free(ptr, None);
+        }
         self.after_free(st, slot)
     }
 
@@ -628,6 +661,9 @@ impl Pool {
             return Err(Error::ScopeState("a retention scope is already open"));
         }
         st.counters.scope_open = true;
+        if let Some(rec) = &self.rec {
+            rec.line("begin");
+        }
         st.scope_epoch += 1;
         let epoch = st.scope_epoch;
         self.caches.set_open(true);
@@ -685,6 +721,9 @@ impl Pool {
                 ));
             }
             st.counters.scope_open = false;
+            if let Some(rec) = &self.rec {
+                rec.line(if aborted { "abort" } else { "finish" });
+            }
             // The caches close here; the release below settles them first.
             self.caches.set_open(self.release_threshold == u64::MAX);
             if aborted {
@@ -713,7 +752,41 @@ impl Pool {
     /// Errors: [`Error::ScopeState`] inside a retention scope (nothing retained is
     /// released there); [`Error::Driver`] with the first step the driver refused.
     pub fn trim(&self) -> Result<()> {
-        self.release_idle(true)
+        let r = self.release_idle(true);
+        if let Some(rec) = &self.rec {
+            // A trim refused inside a scope did nothing; one whose release the
+            // driver refused in part released the rest.
+            if !matches!(r, Err(Error::ScopeState(_))) {
+                rec.line("trim");
+            }
+        }
+        r
+    }
+
+    /// The first error of this pool's recording ([`PoolConfig::record_path`]): the
+    /// file could not be created, or a write failed (a full disk). `None` while
+    /// recording works, and for a pool that does not record. After an error the
+    /// recording has stopped: the file holds what was written before it.
+    pub fn record_error(&self) -> Option<String> {
+        self.rec.as_ref().and_then(|r| r.error())
+    }
+
+    /// Writes what this pool recorded so far to its file and waits for the write
+    /// (the pool's drop does it too). Does nothing for a pool that does not record.
+    /// A write error is kept as [`Pool::record_error`] says.
+    pub fn record_flush(&self) {
+        if let Some(rec) = &self.rec {
+            rec.flush();
+        }
+    }
+
+    /// Writes `line` into this pool's recording as a comment (`# ` and the line; a
+    /// line break in it is written as a space). Does nothing for a pool that does
+    /// not record.
+    pub fn record_comment(&self, line: &str) {
+        if let Some(rec) = &self.rec {
+            rec.line(&format!("# {}", line.replace(['\n', '\r'], " ")));
+        }
     }
 
     /// A consistent copy of the counters, taken under the lock.
@@ -779,6 +852,9 @@ impl Drop for Pool {
         let _ = self.release_everything();
         self.drop_stream_resources();
         self.caches.retire();
+        if let Some(rec) = &self.rec {
+            rec.close();
+        }
     }
 }
 

@@ -76,6 +76,19 @@ impl Pool {
     /// stream while a blocking stream is captured: `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`),
     /// or on a backend without streams (`CUDA_ERROR_NOT_SUPPORTED`).
     pub fn allocate_async_raw(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
+        self.record_call_start();
+        let r = self.allocate_async_unrecorded(bytes, stream);
+        if let Some(rec) = &self.rec {
+            match r {
+                Ok(ptr) => rec.alloc(ptr, bytes, 0, Some(stream)),
+                Err(_) => super::record::forget_ooms(),
+            }
+        }
+        r
+    }
+
+    /// [`Pool::allocate_async_raw`], not recorded.
+    fn allocate_async_unrecorded(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
         if self.any_tag_blocked() {
             self.check_tag0()?;
         }
@@ -323,6 +336,7 @@ impl Pool {
                     // Unknown order: keep it from everyone until a device synchronize.
                     count_stream_failure(&mut st, e);
                     st.index_insert(slot, HELD);
+                    self.record_free_async(ptr, stream);
                     return Ok(());
                 }
             };
@@ -334,6 +348,7 @@ impl Pool {
                     Some(others) => self.defer(&mut st, slot, b, stream, &others),
                     None => st.index_insert(slot, b),
                 }
+                self.record_free_async(ptr, stream);
                 return Ok(());
             }
             let own = st.stream_bucket(stream);
@@ -357,9 +372,29 @@ impl Pool {
                 st.collect_retries(&mut batch, false);
                 st.start_release(&mut batch);
             }
+            // Recorded under the lock, before the memory can be handed out again,
+            // and after what this free's poll saw complete (its `done` lines).
+            self.record_free_async(ptr, stream);
         }
         let _ = self.release_batch(batch);
         Ok(())
+    }
+
+    /// Records a stream-ordered free (`f ID STREAM`), when recording.
+    fn record_free_async(&self, ptr: DevicePtr, stream: Stream) {
+        if let Some(rec) = &self.rec {
+            rec.free(ptr, Some(stream));
+        }
+    }
+
+    /// Records that bucket `b`'s stream completed through mark `covers`
+    /// (`done STREAM MARK`), when recording and `advanced`.
+    fn record_done(&self, st: &State, b: u32, covers: u64, advanced: bool) {
+        if let (Some(rec), true) = (&self.rec, advanced) {
+            if let BucketKind::Stream(s) = st.buckets[b as usize].kind {
+                rec.done(s, covers);
+            }
+        }
     }
 
     /// Marks live `ptr` as used by work on `stream` too (PyTorch's `record_stream`):
@@ -381,6 +416,9 @@ impl Pool {
         let list = st.recorded.entry(slot).or_default();
         if !list.contains(&stream) {
             list.push(stream);
+        }
+        if let Some(rec) = &self.rec {
+            rec.record_stream(ptr, stream);
         }
         Ok(())
     }
@@ -541,7 +579,8 @@ impl Pool {
             while let Some(f) = st.buckets[b as usize].fences.front().copied() {
                 match self.driver.event_query(f.event) {
                     Ok(true) => {
-                        complete_through(st, b, f.covers);
+                        let advanced = complete_through(st, b, f.covers);
+                        self.record_done(st, b, f.covers, advanced);
                         progress = true;
                     }
                     Ok(false) => break,
@@ -764,7 +803,10 @@ impl Pool {
             let mut st = lock(&self.state);
             for (b, f, r) in results {
                 match r {
-                    Ok(()) => complete_through(&mut st, b, f.covers),
+                    Ok(()) => {
+                        let advanced = complete_through(&mut st, b, f.covers);
+                        self.record_done(&st, b, f.covers, advanced);
+                    }
                     Err(e) => {
                         count_stream_failure(&mut st, e);
                         failed.push(b);
@@ -948,9 +990,11 @@ fn stream_buckets(st: &State) -> Vec<u32> {
 }
 
 /// Bucket `b`'s work up to mark `covers` completed: retires the fences it covers.
-fn complete_through(st: &mut State, b: u32, covers: u64) {
+/// Returns whether that is news (the bucket's completed mark advanced).
+fn complete_through(st: &mut State, b: u32, covers: u64) -> bool {
     let bucket = &mut st.buckets[b as usize];
-    if bucket.completed < covers {
+    let advanced = bucket.completed < covers;
+    if advanced {
         bucket.completed = covers;
     }
     let mut retired = 0;
@@ -965,6 +1009,7 @@ fn complete_through(st: &mut State, b: u32, covers: u64) {
         }
     }
     st.counters.events_outstanding -= retired;
+    advanced
 }
 
 /// A release point that may synchronize the device: memory of buckets `buckets`

@@ -232,6 +232,7 @@ impl Pool {
         tag: u32,
     ) -> Result<DevicePtr> {
         lock(&self.state).tag_usable(tag)?;
+        self.record_call_start();
         if tag == 0 {
             return match stream {
                 Some(s) => self.allocate_async_raw(bytes, s),
@@ -245,6 +246,8 @@ impl Pool {
         };
         let mut st = lock(&self.state);
         st.tag_live(ptr, tag);
+        drop(st);
+        self.record_tagged(ptr, bytes, tag, stream);
         Ok(ptr)
     }
 

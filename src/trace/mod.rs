@@ -25,8 +25,10 @@ use std::fmt;
 use std::io::Read;
 use std::path::Path;
 
+mod recorded;
 mod replay;
-pub use replay::{replay, replay_census, ReplayError, ReplayReport, TagReplay};
+pub use recorded::{RecordedConfig, RECORDED_HEADER};
+pub use replay::{replay, replay_as_recorded, replay_census, ReplayError, ReplayReport, TagReplay};
 
 /// Largest allocation size a trace may name, bytes (2^63).
 pub const MAX_ALLOCATION_BYTES: u64 = 1 << 63;
@@ -144,10 +146,56 @@ pub enum Event {
         /// The tag, 1 to 2^32 - 1.
         tag: u32,
     },
+    /// `a ID BYTES TAG STREAM`: allocate `bytes` bytes as allocation `id` for tag
+    /// `tag` (0: untagged), stream-ordered on stream `stream`
+    /// (`Pool::allocate_async_raw`, or `Pool::allocate_tagged_raw` with the stream;
+    /// a recorded trace, `docs/trace-format.md`).
+    AllocAsync {
+        /// Dense index of the allocation's id.
+        id: u32,
+        /// Requested size, bytes (not rounded).
+        bytes: u64,
+        /// The tag, 0 to 2^32 - 1.
+        tag: u32,
+        /// Dense index of the stream's name ([`Trace::stream_name`]).
+        stream: u32,
+    },
     /// `f ID`: free the live allocation `id`.
     Free {
         /// Dense index of the allocation's id.
         id: u32,
+    },
+    /// `f ID STREAM`: free the live allocation `id` on stream `stream`
+    /// (`Pool::free_async_raw`).
+    FreeAsync {
+        /// Dense index of the allocation's id.
+        id: u32,
+        /// Dense index of the stream's name.
+        stream: u32,
+    },
+    /// `r ID STREAM`: the live allocation `id` is used on stream `stream` too
+    /// (`Pool::record_stream`).
+    RecordStream {
+        /// Dense index of the allocation's id.
+        id: u32,
+        /// Dense index of the stream's name.
+        stream: u32,
+    },
+    /// `done STREAM MARK`: the recorded pool saw the work of stream `stream` complete
+    /// through its `mark`-th stream-ordered free (counted as the replay counts them:
+    /// `docs/trace-format.md`, "Recorded traces").
+    Done {
+        /// Dense index of the stream's name.
+        stream: u32,
+        /// The mark, 1 or more.
+        mark: u64,
+    },
+    /// `oom N`: during the next allocation, the recorded pool's driver answered
+    /// out-of-memory `count` times (the replay makes its next `count` handle
+    /// creations fail so).
+    Oom {
+        /// How many times, 1 or more.
+        count: u32,
     },
     /// `begin`: open a retention scope.
     Begin,
@@ -180,7 +228,7 @@ pub enum Problem {
         found: usize,
     },
     /// The first field is not a keyword of the format (quoted as an [`Excerpt`]).
-    #[error("unknown keyword {0} (expected a, f, begin, finish, abort, trim or a # comment)")]
+    #[error("unknown keyword {0} (expected a, f, r, done, oom, begin, finish, abort, trim or a # comment)")]
     UnknownKeyword(Excerpt),
     /// An allocation of 0 bytes.
     #[error("allocation size is 0 bytes (sizes are greater than zero)")]
@@ -230,6 +278,23 @@ pub enum Problem {
     /// More than 2^32 distinct allocation ids (ids are interned to `u32`).
     #[error("more than 2^32 distinct allocation ids")]
     TooManyIds,
+    /// A field that must be a decimal number is not one (or is out of range): the
+    /// field's name and the token as written.
+    #[error("{field} {token} is not a decimal number from {min} to {max}")]
+    NotDecimal {
+        /// What the field is (`"mark"`, `"count"`).
+        field: &'static str,
+        /// The token (as an [`Excerpt`]).
+        token: Excerpt,
+        /// The smallest value allowed.
+        min: u64,
+        /// The largest value allowed.
+        max: u64,
+    },
+    /// A `# flare-pool` header line (a recorded pool's configuration) with a value
+    /// that cannot be read.
+    #[error("recorded configuration: {0}")]
+    RecordedConfig(String),
     /// A `trim` inside a retention scope (nothing retained may be released there).
     #[error("trim inside a retention scope (opened on line {open_line}); nothing retained is released there")]
     TrimInScope {
@@ -292,6 +357,10 @@ pub struct Trace {
     has_scope_events: bool,
     /// Whether an `a` line carries a tag other than 0.
     has_tags: bool,
+    /// The stream names of stream-ordered lines, by dense index.
+    stream_names: Vec<String>,
+    /// The `# flare-pool` header of a recorded trace.
+    recorded: Option<RecordedConfig>,
 }
 
 /// Reads and parses the trace file at `path`. The trace's name is the path as given.
@@ -338,6 +407,8 @@ pub fn parse_str(name: &str, text: &str) -> Result<Trace, TraceError> {
 struct Parser {
     trace: Trace,
     ids: HashMap<String, u32>,
+    /// Stream names interned so far.
+    streams: HashMap<String, u32>,
     /// For each id index: the line of the `a` that made it live, 0 when not live.
     live_since: Vec<usize>,
     /// The line of the `begin` of the open scope, 0 when none is open.
@@ -358,8 +429,11 @@ fn parse_bytes(name: String, bytes: &[u8]) -> Result<Trace, TraceError> {
             allocations: 0,
             has_scope_events: false,
             has_tags: false,
+            stream_names: Vec::new(),
+            recorded: None,
         },
         ids: HashMap::new(),
+        streams: HashMap::new(),
         live_since: Vec::new(),
         open_scope: 0,
     };
@@ -388,12 +462,18 @@ fn is_sep(c: char) -> bool {
 impl Parser {
     fn line(&mut self, line: usize, text: &str) -> Result<(), Problem> {
         let text = text.trim_matches(is_sep);
+        if let Some(header) = text.strip_prefix(RECORDED_HEADER) {
+            if self.trace.recorded.is_none() {
+                self.trace.recorded = Some(RecordedConfig::parse(header)?);
+            }
+            return Ok(());
+        }
         if text.is_empty() || text.starts_with('#') {
             return Ok(());
         }
         let mut fields = text.split(is_sep).filter(|f| !f.is_empty());
         let keyword = fields.next().unwrap_or("");
-        let mut args: [&str; 3] = ["", "", ""];
+        let mut args: [&str; 4] = ["", "", "", ""];
         let mut found = 0;
         for f in fields {
             if found < args.len() {
@@ -414,11 +494,19 @@ impl Parser {
         };
         let event = match keyword {
             "a" => {
-                if found != 3 {
-                    arity(2, "an id, a size in bytes and optionally a tag")?;
+                if found != 3 && found != 4 {
+                    arity(
+                        2,
+                        "an id, a size in bytes, optionally a tag and then a stream",
+                    )?;
                 }
                 let bytes = parse_size(args[1])?;
-                let tag = if found == 3 { parse_tag(args[2])? } else { 0 };
+                let tag = if found >= 3 { parse_tag(args[2])? } else { 0 };
+                let stream = if found == 4 {
+                    Some(self.stream(args[3])?)
+                } else {
+                    None
+                };
                 let id = self.intern(args[0])?;
                 let slot = id as usize;
                 let since = self.live_since.get(slot).copied().unwrap_or(0);
@@ -432,7 +520,17 @@ impl Parser {
                     *s = line;
                 }
                 self.trace.allocations += 1;
-                if tag == 0 {
+                if tag != 0 {
+                    self.trace.has_tags = true;
+                }
+                if let Some(stream) = stream {
+                    Event::AllocAsync {
+                        id,
+                        bytes,
+                        tag,
+                        stream,
+                    }
+                } else if tag == 0 {
                     Event::Alloc { id, bytes }
                 } else {
                     self.trace.has_tags = true;
@@ -440,22 +538,40 @@ impl Parser {
                 }
             }
             "f" => {
-                arity(1, "an id")?;
-                let live = self
-                    .ids
-                    .get(args[0])
-                    .and_then(|&id| self.live_since.get_mut(id as usize).map(|s| (id, s)))
-                    .filter(|(_, s)| **s != 0);
-                match live {
-                    Some((id, since)) => {
-                        *since = 0;
-                        Event::Free { id }
-                    }
-                    None => {
-                        return Err(Problem::FreeNotLive {
-                            id: Excerpt::new(args[0]),
-                        })
-                    }
+                if found != 2 {
+                    arity(1, "an id and optionally a stream")?;
+                }
+                let stream = if found == 2 {
+                    Some(self.stream(args[1])?)
+                } else {
+                    None
+                };
+                let id = self.live_id(args[0])?;
+                if let Some(since) = self.live_since.get_mut(id as usize) {
+                    *since = 0;
+                }
+                match stream {
+                    Some(stream) => Event::FreeAsync { id, stream },
+                    None => Event::Free { id },
+                }
+            }
+            "r" => {
+                arity(2, "an id and a stream")?;
+                let stream = self.stream(args[1])?;
+                let id = self.live_id(args[0])?;
+                Event::RecordStream { id, stream }
+            }
+            "done" => {
+                arity(2, "a stream and a mark")?;
+                let stream = self.stream(args[0])?;
+                let mark = parse_decimal("mark", args[1], 1, u64::MAX)?;
+                Event::Done { stream, mark }
+            }
+            "oom" => {
+                arity(1, "a count")?;
+                let count = parse_decimal("count", args[0], 1, u64::from(u32::MAX))?;
+                Event::Oom {
+                    count: u32::try_from(count).unwrap_or(u32::MAX),
                 }
             }
             "begin" => {
@@ -500,6 +616,28 @@ impl Parser {
         Ok(())
     }
 
+    /// The dense index of live id `token`.
+    fn live_id(&self, token: &str) -> Result<u32, Problem> {
+        self.ids
+            .get(token)
+            .copied()
+            .filter(|&id| self.live_since.get(id as usize).is_some_and(|&s| s != 0))
+            .ok_or_else(|| Problem::FreeNotLive {
+                id: Excerpt::new(token),
+            })
+    }
+
+    /// The dense index of stream name `token`, interning it on first sight.
+    fn stream(&mut self, token: &str) -> Result<u32, Problem> {
+        if let Some(&s) = self.streams.get(token) {
+            return Ok(s);
+        }
+        let s = u32::try_from(self.trace.stream_names.len()).map_err(|_| Problem::TooManyIds)?;
+        self.streams.insert(token.to_string(), s);
+        self.trace.stream_names.push(token.to_string());
+        Ok(s)
+    }
+
     /// The dense index of `token`, interning it on first sight.
     fn intern(&mut self, token: &str) -> Result<u32, Problem> {
         if let Some(&id) = self.ids.get(token) {
@@ -510,6 +648,23 @@ impl Parser {
         self.trace.id_names.push(token.to_string());
         self.live_since.push(0);
         Ok(id)
+    }
+}
+
+/// A decimal field from `min` to `max`.
+fn parse_decimal(field: &'static str, token: &str, min: u64, max: u64) -> Result<u64, Problem> {
+    let bad = || Problem::NotDecimal {
+        field,
+        token: Excerpt::new(token),
+        min,
+        max,
+    };
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    match token.parse::<u64>() {
+        Ok(v) if (min..=max).contains(&v) => Ok(v),
+        _ => Err(bad()),
     }
 }
 
@@ -599,6 +754,29 @@ impl Trace {
         self.has_scope_events
     }
 
+    /// The stream names of the trace's stream-ordered lines (dense indices), in
+    /// order of first appearance.
+    pub fn stream_names(&self) -> &[String] {
+        &self.stream_names
+    }
+
+    /// The name of stream index `stream` as written in the file.
+    pub fn stream_name(&self, stream: u32) -> Option<&str> {
+        self.stream_names.get(stream as usize).map(String::as_str)
+    }
+
+    /// Whether the trace has stream-ordered lines (`a` or `f` with a stream, `r`,
+    /// `done`): its replay needs the simulated driver.
+    pub fn has_streams(&self) -> bool {
+        !self.stream_names.is_empty()
+    }
+
+    /// The recorded pool's configuration, from the `# flare-pool` header line of a
+    /// recorded trace (`None` for a trace without one).
+    pub fn recorded_config(&self) -> Option<&RecordedConfig> {
+        self.recorded.as_ref()
+    }
+
     /// Whether an `a` line carries a tag other than 0 (`flare-replay` then prints a
     /// census per tag).
     pub fn has_tags(&self) -> bool {
@@ -612,7 +790,9 @@ impl Trace {
         for e in &self.events {
             match *e {
                 Event::Alloc { .. } => *counts.entry(0).or_insert(0u64) += 1,
-                Event::AllocTagged { tag, .. } => *counts.entry(tag).or_insert(0u64) += 1,
+                Event::AllocTagged { tag, .. } | Event::AllocAsync { tag, .. } => {
+                    *counts.entry(tag).or_insert(0u64) += 1
+                }
                 _ => {}
             }
         }
@@ -645,7 +825,9 @@ impl Trace {
         let (mut live_peak, mut no_reuse_peak) = (0u64, 0u64);
         for e in &self.events {
             match *e {
-                Event::Alloc { id, bytes } | Event::AllocTagged { id, bytes, .. } => {
+                Event::Alloc { id, bytes }
+                | Event::AllocTagged { id, bytes, .. }
+                | Event::AllocAsync { id, bytes, .. } => {
                     let r = round_up(bytes, granularity);
                     if let Some(s) = sizes.get_mut(id as usize) {
                         *s = r;
@@ -654,7 +836,7 @@ impl Trace {
                     live_peak = live_peak.max(live);
                     no_reuse_peak = no_reuse_peak.max(live.saturating_add(retained));
                 }
-                Event::Free { id } => {
+                Event::Free { id } | Event::FreeAsync { id, .. } => {
                     let r = sizes.get(id as usize).copied().unwrap_or(0);
                     live = live.saturating_sub(r);
                     if in_scope {
@@ -666,7 +848,10 @@ impl Trace {
                     in_scope = false;
                     retained = 0;
                 }
-                Event::Trim => {}
+                Event::Trim
+                | Event::RecordStream { .. }
+                | Event::Done { .. }
+                | Event::Oom { .. } => {}
             }
         }
         (live_peak, no_reuse_peak)
@@ -680,7 +865,17 @@ impl fmt::Display for Event {
         match self {
             Event::Alloc { id, bytes } => write!(f, "a {id} {bytes}"),
             Event::AllocTagged { id, bytes, tag } => write!(f, "a {id} {bytes} {tag}"),
+            Event::AllocAsync {
+                id,
+                bytes,
+                tag,
+                stream,
+            } => write!(f, "a {id} {bytes} {tag} s{stream}"),
             Event::Free { id } => write!(f, "f {id}"),
+            Event::FreeAsync { id, stream } => write!(f, "f {id} s{stream}"),
+            Event::RecordStream { id, stream } => write!(f, "r {id} s{stream}"),
+            Event::Done { stream, mark } => write!(f, "done s{stream} {mark}"),
+            Event::Oom { count } => write!(f, "oom {count}"),
             Event::Begin => f.write_str("begin"),
             Event::Finish => f.write_str("finish"),
             Event::Abort => f.write_str("abort"),

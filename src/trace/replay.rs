@@ -3,9 +3,13 @@
 //! figures (peak physical bytes, mappings, reuse hits, the line where the device
 //! ran out of memory) reported in a [`ReplayReport`].
 
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::{Event, Trace};
+use crate::driver::sim::SimDriver;
+use crate::driver::{CuResult, DevicePtr, DriverCall, Stream};
 use crate::error::Error;
 use crate::pool::Pool;
 
@@ -111,7 +115,22 @@ pub fn replay(
     trace: &Trace,
     progress: Option<&dyn Fn(u64, u64)>,
 ) -> Result<ReplayReport, ReplayError> {
-    replay_inner(pool, trace, progress, None)
+    replay_inner(pool, trace, progress, None, false)
+}
+
+/// Replays a recorded trace (`docs/trace-format.md`, "Recorded traces") as the
+/// recorded pool ran it: as [`replay`], but with no implicit retention scope (a
+/// recorded pool opened none; its `trim` lines trim). Give it a pool made from
+/// [`RecordedConfig::pool_config`](super::RecordedConfig::pool_config): its peak
+/// physical bytes are then the recorded pool's.
+///
+/// Errors: as [`replay`].
+pub fn replay_as_recorded(
+    pool: &Pool,
+    trace: &Trace,
+    progress: Option<&dyn Fn(u64, u64)>,
+) -> Result<ReplayReport, ReplayError> {
+    replay_inner(pool, trace, progress, None, true)
 }
 
 /// [`replay`], with the census of every tag the trace names
@@ -125,7 +144,7 @@ pub fn replay_census(
     progress: Option<&dyn Fn(u64, u64)>,
 ) -> Result<(ReplayReport, Vec<TagReplay>), ReplayError> {
     let mut tags = Vec::new();
-    let report = replay_inner(pool, trace, progress, Some(&mut tags))?;
+    let report = replay_inner(pool, trace, progress, Some(&mut tags), false)?;
     Ok((report, tags))
 }
 
@@ -134,9 +153,30 @@ fn replay_inner(
     trace: &Trace,
     progress: Option<&dyn Fn(u64, u64)>,
     tags: Option<&mut Vec<TagReplay>>,
+    as_recorded: bool,
 ) -> Result<ReplayReport, ReplayError> {
     let start_snapshot = pool.snapshot();
-    let implicit_scope = !trace.has_scope_events();
+    let implicit_scope = !trace.has_scope_events() && !as_recorded;
+    let mut streams =
+        if trace.has_streams() {
+            match pool.sim_driver() {
+                Some(sim) => Some(SimStreams::new(sim, trace)),
+                None => return Err(ReplayError::Pool {
+                    file: trace.name.clone(),
+                    line: 0,
+                    source: Error::NotSupported(
+                        "a trace with stream-ordered lines replays on the simulated driver only",
+                    ),
+                }),
+            }
+        } else {
+            None
+        };
+    let mut requested: Vec<u64> = if streams.is_some() {
+        vec![0; trace.id_count()]
+    } else {
+        Vec::new()
+    };
     let total = trace.len() as u64;
     // The pointer table is the replay's bookkeeping, not the pool's work: made before
     // the clock starts (a new user saw the first replay of a large trace timed 3x
@@ -163,30 +203,35 @@ fn replay_inner(
             }
         }
         let result = match event {
-            Event::Alloc { id, bytes } | Event::AllocTagged { id, bytes, .. } => match ptrs
-                .get_mut(id as usize)
-            {
-                Some(slot @ None) => match match event {
-                    Event::AllocTagged { tag, .. } => pool.allocate_tagged_raw(bytes, None, tag),
-                    _ => pool.allocate_raw(bytes),
-                } {
-                    Ok(ptr) => {
-                        *slot = Some(ptr);
-                        live += 1;
-                        allocations += 1;
-                        Ok(())
-                    }
-                    Err(Error::OutOfMemory { .. } | Error::RequestTooLarge { .. }) => {
-                        oom_line = Some(line);
-                        break;
-                    }
-                    Err(e) => Err(e),
-                },
-                // Unreachable for a parsed trace: the parser rejects both.
-                _ => Err(Error::InvalidArgument(format!(
-                    "allocation id index {id} is live or out of range"
-                ))),
-            },
+            Event::Alloc { id, bytes }
+            | Event::AllocTagged { id, bytes, .. }
+            | Event::AllocAsync { id, bytes, .. } => {
+                if let Some(r) = requested.get_mut(id as usize) {
+                    *r = bytes;
+                }
+                if let Some(ss) = streams.as_mut() {
+                    ss.recorded_clear(id);
+                }
+                match ptrs.get_mut(id as usize) {
+                    Some(slot @ None) => match allocate(pool, event, bytes, streams.as_mut()) {
+                        Ok(ptr) => {
+                            *slot = Some(ptr);
+                            live += 1;
+                            allocations += 1;
+                            Ok(())
+                        }
+                        Err(Error::OutOfMemory { .. } | Error::RequestTooLarge { .. }) => {
+                            oom_line = Some(line);
+                            break;
+                        }
+                        Err(e) => Err(e),
+                    },
+                    // Unreachable for a parsed trace: the parser rejects both.
+                    _ => Err(Error::InvalidArgument(format!(
+                        "allocation id index {id} is live or out of range"
+                    ))),
+                }
+            }
             Event::Free { id } => match ptrs.get_mut(id as usize).and_then(Option::take) {
                 Some(ptr) => {
                     live -= 1;
@@ -196,6 +241,48 @@ fn replay_inner(
                     "allocation id index {id} is not live"
                 ))),
             },
+            Event::FreeAsync { id, stream } => {
+                match (
+                    ptrs.get_mut(id as usize).and_then(Option::take),
+                    streams.as_mut(),
+                ) {
+                    (Some(ptr), Some(ss)) => {
+                        live -= 1;
+                        let bytes = requested.get(id as usize).copied().unwrap_or(0);
+                        let s = ss.free_marks(id, stream, ptr, bytes);
+                        pool.free_async_raw(ptr, s)
+                    }
+                    _ => Err(Error::InvalidArgument(format!(
+                        "allocation id index {id} is not live"
+                    ))),
+                }
+            }
+            Event::RecordStream { id, stream } => {
+                match (ptrs.get(id as usize).copied().flatten(), streams.as_mut()) {
+                    (Some(ptr), Some(ss)) => {
+                        let s = ss.stream(stream);
+                        ss.recorded_push(id, stream);
+                        pool.record_stream(ptr, s)
+                    }
+                    _ => Err(Error::InvalidArgument(format!(
+                        "allocation id index {id} is not live"
+                    ))),
+                }
+            }
+            Event::Done { stream, mark } => {
+                if let Some(ss) = streams.as_mut() {
+                    ss.done(stream, mark);
+                }
+                Ok(())
+            }
+            Event::Oom { count } => {
+                if let Some(sim) = pool.sim_driver() {
+                    for _ in 0..count {
+                        sim.inject_failure(DriverCall::Create, 1, CuResult::OUT_OF_MEMORY);
+                    }
+                }
+                Ok(())
+            }
             Event::Begin => pool.retention_begin().map(|()| scope_open = true),
             Event::Finish => {
                 scope_open = false;
@@ -277,4 +364,177 @@ fn replay_inner(
         live_at_end,
         seconds,
     })
+}
+
+/// The pool call of an allocation event (`a` line).
+fn allocate(
+    pool: &Pool,
+    event: Event,
+    bytes: u64,
+    streams: Option<&mut SimStreams>,
+) -> crate::Result<DevicePtr> {
+    match (event, streams) {
+        (Event::AllocTagged { tag, .. }, _) => pool.allocate_tagged_raw(bytes, None, tag),
+        (Event::AllocAsync { tag, stream, .. }, Some(ss)) => {
+            let s = ss.stream(stream);
+            if tag == 0 {
+                pool.allocate_async_raw(bytes, s)
+            } else {
+                pool.allocate_tagged_raw(bytes, Some(s), tag)
+            }
+        }
+        _ => pool.allocate_raw(bytes),
+    }
+}
+
+/// The replay's simulated streams (a trace with stream-ordered lines): one simulated
+/// stream per stream name (names whose value is 0 or 1 are the legacy stream, as
+/// for the pool), and the marks of each, as the recorded pool counted them: one per
+/// stream-ordered free on it, and one per free on another stream of memory recorded
+/// on it (`r`). Each mark queues a kernel on its stream over the freed memory and
+/// records an event after it, so the pool's fences complete only when a `done`
+/// line completes the work through their mark (`event_synchronize` of that event).
+struct SimStreams {
+    sim: Arc<SimDriver>,
+    /// The stream of each name index, made on first use.
+    streams: Vec<Option<Stream>>,
+    /// Names, for making streams.
+    names: Vec<String>,
+    /// Per stream (legacy as 0): marks so far, events by mark not yet completed,
+    /// the highest `done` mark not yet reached.
+    marks: HashMap<u64, Marks>,
+    /// The streams each live id was recorded on (`r` lines), by id index.
+    recorded: HashMap<u32, Vec<u32>>,
+}
+
+#[derive(Default)]
+struct Marks {
+    count: u64,
+    events: VecDeque<(u64, u64)>,
+    pending: u64,
+}
+
+impl SimStreams {
+    fn new(sim: Arc<SimDriver>, trace: &Trace) -> SimStreams {
+        SimStreams {
+            sim,
+            streams: vec![None; trace.stream_names().len()],
+            names: trace.stream_names().to_vec(),
+            marks: HashMap::new(),
+            recorded: HashMap::new(),
+        }
+    }
+
+    /// The simulated stream of name index `i`.
+    fn stream(&mut self, i: u32) -> Stream {
+        if let Some(Some(s)) = self.streams.get(i as usize) {
+            return *s;
+        }
+        let name = self.names.get(i as usize).map_or("", String::as_str);
+        let value = match name.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).ok(),
+            None => name.parse::<u64>().ok(),
+        };
+        let s = if value.is_some_and(|v| v <= 1) {
+            Stream::LEGACY
+        } else {
+            // Non-blocking, as an engine's (and PyTorch's) side streams are; a failed
+            // creation leaves the legacy stream: the replay goes on.
+            self.sim
+                .stream_create_with_flags(crate::driver::sim::CU_STREAM_NON_BLOCKING)
+                .map_or(Stream::LEGACY, Stream)
+        };
+        if let Some(slot) = self.streams.get_mut(i as usize) {
+            *slot = Some(s);
+        }
+        s
+    }
+
+    /// The key of a stream's marks (the pool keys the legacy stream as 0).
+    fn key(s: Stream) -> u64 {
+        if s.is_legacy() {
+            0
+        } else {
+            s.raw()
+        }
+    }
+
+    fn recorded_clear(&mut self, id: u32) {
+        self.recorded.remove(&id);
+    }
+
+    fn recorded_push(&mut self, id: u32, stream: u32) {
+        let list = self.recorded.entry(id).or_default();
+        if !list.contains(&stream) {
+            list.push(stream);
+        }
+    }
+
+    /// A stream-ordered free of `ptr` (`bytes` asked) as id `id` on name index
+    /// `stream`: the marks it makes (its stream's, then each recorded stream's),
+    /// before the pool's call. Returns the stream.
+    fn free_marks(&mut self, id: u32, stream: u32, ptr: DevicePtr, bytes: u64) -> Stream {
+        let own = self.stream(stream);
+        self.mark(own, ptr, bytes);
+        for other in self.recorded.remove(&id).unwrap_or_default() {
+            let s = self.stream(other);
+            if Self::key(s) != Self::key(own) {
+                self.mark(s, ptr, bytes);
+            }
+        }
+        own
+    }
+
+    /// One mark on `s`: a kernel over the freed memory, an event after it; then a
+    /// `done` waiting for this mark is applied.
+    fn mark(&mut self, s: Stream, ptr: DevicePtr, bytes: u64) {
+        let sim = Arc::clone(&self.sim);
+        let m = self.marks.entry(Self::key(s)).or_default();
+        m.count += 1;
+        let _ = sim.launch(s.raw(), ptr, bytes.max(1));
+        if let Ok(e) = sim.event_create() {
+            if sim.event_record(e, s.raw()) == CuResult::SUCCESS {
+                m.events.push_back((m.count, e));
+            } else {
+                let _ = sim.event_destroy(e);
+            }
+        }
+        if m.pending > 0 {
+            let through = m.pending.min(m.count);
+            if through == m.pending {
+                m.pending = 0;
+            }
+            complete(&sim, m, through);
+        }
+    }
+
+    /// `done STREAM MARK`: the work of the stream through `mark` completes (now, or
+    /// once the replay reaches that mark: the recorded pool saw it during the call
+    /// that made it).
+    fn done(&mut self, stream: u32, mark: u64) {
+        let s = self.stream(stream);
+        let sim = Arc::clone(&self.sim);
+        let m = self.marks.entry(Self::key(s)).or_default();
+        if mark > m.count {
+            m.pending = m.pending.max(mark);
+        }
+        complete(&sim, m, mark.min(m.count));
+    }
+}
+
+/// Completes the simulated work of a stream through mark `through`: synchronizes
+/// the event of the highest mark at or below it and destroys the events it covers.
+fn complete(sim: &SimDriver, m: &mut Marks, through: u64) {
+    let mut last = None;
+    while m.events.front().is_some_and(|&(mark, _)| mark <= through) {
+        if let Some((_, e)) = m.events.pop_front() {
+            if let Some(prev) = last.replace(e) {
+                let _ = sim.event_destroy(prev);
+            }
+        }
+    }
+    if let Some(e) = last {
+        let _ = sim.event_synchronize(e);
+        let _ = sim.event_destroy(e);
+    }
 }

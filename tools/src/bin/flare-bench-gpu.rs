@@ -909,20 +909,28 @@ impl Bench {
             let cur = sop.make_current()?;
             for &event in t.events() {
                 let r = match event {
-                    // The baseline has no tags: a tagged line is an allocation.
-                    Event::Alloc { id, bytes } | Event::AllocTagged { id, bytes, .. } => {
-                        cur.pool_alloc(&sop, bytes).map(|p| {
-                            if let Some(slot) = ptrs.get_mut(id as usize) {
-                                *slot = Some(p);
-                            }
-                        })
+                    // The baseline has no tags: a tagged line is an allocation (and
+                    // a recorded stream-ordered one, on the baseline's stream).
+                    Event::Alloc { id, bytes }
+                    | Event::AllocTagged { id, bytes, .. }
+                    | Event::AllocAsync { id, bytes, .. } => cur.pool_alloc(&sop, bytes).map(|p| {
+                        if let Some(slot) = ptrs.get_mut(id as usize) {
+                            *slot = Some(p);
+                        }
+                    }),
+                    Event::Free { id } | Event::FreeAsync { id, .. } => {
+                        match ptrs.get_mut(id as usize).and_then(Option::take) {
+                            Some(p) => cur.pool_free(&sop, p),
+                            None => Ok(()),
+                        }
                     }
-                    Event::Free { id } => match ptrs.get_mut(id as usize).and_then(Option::take) {
-                        Some(p) => cur.pool_free(&sop, p),
-                        None => Ok(()),
-                    },
                     Event::Trim => sop.trim_to(0),
-                    Event::Begin | Event::Finish | Event::Abort => Ok(()),
+                    Event::Begin
+                    | Event::Finish
+                    | Event::Abort
+                    | Event::RecordStream { .. }
+                    | Event::Done { .. }
+                    | Event::Oom { .. } => Ok(()),
                 };
                 if let Err(e) = r {
                     error = Some(e.to_string());

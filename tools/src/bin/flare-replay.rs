@@ -195,6 +195,13 @@ struct Args {
     )]
     convert: Option<PathBuf>,
 
+    /// Replay recorded traces as the recorded pool ran them: with the configuration
+    /// of their `# flare-pool` header (policy, granularity, device memory, ...) on
+    /// the simulated driver, no implicit scope; one row each (--policy, --capacity,
+    /// --backend and --best-fit-waste-percent do not apply).
+    #[arg(long)]
+    as_recorded: bool,
+
     /// Trace files (flare-trace v1) or PyTorch memory snapshots; `-` is standard
     /// input.
     #[arg(required = true, value_name = "TRACE")]
@@ -462,6 +469,9 @@ fn run(args: &Args) -> Result<(), Stop> {
     if let Some(out) = &args.convert {
         return convert(out, &traces);
     }
+    if args.as_recorded {
+        return run_as_recorded(args, &traces);
+    }
     let config = match args.backend {
         BackendArg::Sim => PoolConfig::simulated(SimConfig {
             capacity_bytes: args.capacity.unwrap_or(DEFAULT_CAPACITY),
@@ -632,6 +642,67 @@ fn convert(out: &Path, inputs: &[Input]) -> Result<(), Stop> {
         t.allocations()
     ));
     emit(&report)
+}
+
+/// `--as-recorded`: each trace on a pool of its recorded configuration.
+fn run_as_recorded(args: &Args, traces: &[Input]) -> Result<(), Stop> {
+    for t in traces.iter().map(|i| &i.trace) {
+        let Some(recorded) = t.recorded_config() else {
+            return Err(Stop::Failed(
+                EXIT_BAD_INPUT,
+                format!(
+                    "{}: no `# flare-pool` header: not a recorded trace (--as-recorded)",
+                    t.name()
+                ),
+            ));
+        };
+        let pool = Pool::new(recorded.pool_config())
+            .map_err(|e| (EXIT_FAILED, format!("cannot create the pool: {e}")))?;
+        let report = trace::replay_as_recorded(&pool, t, None)
+            .map_err(|e| (EXIT_FAILED, format!("replay (as recorded): {e}")))?;
+        pool.destroy().map_err(|e| {
+            (
+                EXIT_FAILED,
+                format!("destroying the pool after {}: {e}", t.name()),
+            )
+        })?;
+        if args.json {
+            let row = JsonRow {
+                trace: t.name(),
+                policy: recorded.policy.name(),
+                backend: BackendArg::Sim.name(),
+                allocations: report.allocations,
+                peak_physical_bytes: report.peak_physical_bytes,
+                final_physical_bytes: report.final_physical_bytes,
+                mappings_created: report.mappings_created,
+                reuse_hits: report.reuse_hits,
+                out_of_memory_at_line: report.out_of_memory_at_line,
+                seconds: report.seconds,
+            };
+            let line = serde_json::to_string(&row)
+                .map_err(|e| (EXIT_FAILED, format!("JSON output: {e}")))?;
+            emit(&format!("{line}\n"))?;
+        } else {
+            emit(&format!(
+                "{} (as recorded: {}, granularity {}, device {})\n  peak physical {} ({} B), \
+                 final physical {}, mappings created {}, reuse hits {}, live at end {}{}\n\n",
+                t.name(),
+                recorded.policy.name(),
+                fmt_bytes(recorded.granularity),
+                fmt_bytes(recorded.device_total),
+                gib(report.peak_physical_bytes),
+                report.peak_physical_bytes,
+                gib(report.final_physical_bytes),
+                report.mappings_created,
+                report.reuse_hits,
+                report.live_at_end,
+                report
+                    .out_of_memory_at_line
+                    .map_or(String::new(), |l| format!(", out of memory at line {l}")),
+            ))?;
+        }
+    }
+    Ok(())
 }
 
 /// Replays with a progress bar on stderr that appears only once the replay has run

@@ -1,0 +1,442 @@
+//! Recording: a pool with [`PoolConfig::record_path`](super::PoolConfig::record_path)
+//! writes every call it serves as flare-trace v1 (`docs/trace-format.md`, "Recorded
+//! traces").
+//!
+//! Off the hot path: a call appends its line to one in-memory buffer (a mutex taken
+//! for the append only, the integers formatted by hand: no allocation); a writer
+//! thread takes the buffer when it passes [`FLUSH_AT`] bytes (sent to it by the
+//! appending thread) or every [`FLUSH_EVERY`] otherwise, and writes it to the file.
+//! The pool's drop (and [`Pool::destroy`](super::Pool::destroy)) writes what is left
+//! and joins the writer; [`Pool::record_flush`](super::Pool::record_flush) writes
+//! what was recorded so far and waits for it.
+//!
+//! Never fails a pool call: a file that cannot be created or written (a missing
+//! directory, a full disk) stops the recording; the first error is kept
+//! ([`Pool::record_error`](super::Pool::record_error)) and reported once on standard
+//! error.
+//!
+//! Ordering: a free is recorded once it has won the allocation and before the memory
+//! can be handed out again, an allocation once it succeeded, so a free of an address
+//! comes before the allocation that reuses it, from any thread. What the pool learns
+//! from outside (a stream's work seen complete, an out-of-memory from the driver) is
+//! recorded where it is learnt, before the line of the call that learnt it.
+
+use std::cell::Cell;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::{Pool, PoolConfig};
+use crate::driver::{DevicePtr, Stream};
+
+/// The buffer is handed to the writer thread when it holds this many bytes.
+pub(super) const FLUSH_AT: usize = 256 << 10;
+
+/// The writer thread takes what the buffer holds at least this often.
+pub(super) const FLUSH_EVERY: Duration = Duration::from_millis(200);
+
+thread_local! {
+    /// Out-of-memory answers of the driver seen by the calling thread's current
+    /// allocation (written with its line: `oom N`).
+    static OOMS: Cell<u32> = const { Cell::new(0) };
+}
+
+/// What the writer thread is sent.
+enum Msg {
+    /// Bytes to write.
+    Data(Vec<u8>),
+    /// Write everything sent before, then answer.
+    Flush(mpsc::Sender<()>),
+}
+
+/// The state the appending threads and the writer share.
+struct Shared {
+    /// Lines not yet handed to the writer.
+    buf: parking_lot::Mutex<Vec<u8>>,
+    /// Buffers the writer wrote out, for the appenders to reuse (no allocation and
+    /// no page faults on a new buffer).
+    spare: parking_lot::Mutex<Vec<Vec<u8>>>,
+    /// Set once the recording stopped (an I/O error): appends return at once.
+    stopped: AtomicBool,
+    /// The first error, as reported.
+    error: Mutex<Option<String>>,
+    /// The file, for messages.
+    path: PathBuf,
+}
+
+impl Shared {
+    /// Keeps the first error, stops the recording and reports it once on stderr.
+    fn fail(&self, what: &str, err: &std::io::Error) {
+        let msg = format!(
+            "flare-package: recording to {} stopped: {what}: {err}",
+            self.path.display()
+        );
+        let first = {
+            let mut e = self.error.lock().unwrap_or_else(|p| p.into_inner());
+            if e.is_none() {
+                *e = Some(msg.clone());
+                true
+            } else {
+                false
+            }
+        };
+        self.stopped.store(true, Ordering::Release);
+        if first {
+            eprintln!("{msg}");
+        }
+    }
+}
+
+/// A pool's recording (see the module documentation).
+pub(super) struct Recorder {
+    shared: Arc<Shared>,
+    tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Recorder {
+    /// Opens `path` (created or truncated) and writes the header: the format line and
+    /// the pool's configuration (`# flare-pool key=value ...`). A file that cannot be
+    /// created gives a recorder that is stopped already, its error kept and reported.
+    pub(super) fn open(path: &Path, header: &str) -> Recorder {
+        let shared = Arc::new(Shared {
+            buf: parking_lot::Mutex::new(Vec::with_capacity(FLUSH_AT + 4096)),
+            spare: parking_lot::Mutex::new(Vec::new()),
+            stopped: AtomicBool::new(false),
+            error: Mutex::new(None),
+            path: path.to_path_buf(),
+        });
+        let (tx, rx) = mpsc::channel::<Msg>();
+        let file = match File::create(path) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                shared.fail("cannot create the file", &e);
+                None
+            }
+        };
+        let writer = file.and_then(|file| {
+            let s = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("flare-record".into())
+                .spawn(move || write_loop(file, rx, s))
+                .map_err(|e| shared.fail("cannot start the writer thread", &e))
+                .ok()
+        });
+        let r = Recorder {
+            shared,
+            tx: Mutex::new(writer.as_ref().map(|_| tx)),
+            writer: Mutex::new(writer),
+        };
+        r.append(|b| b.extend_from_slice(header.as_bytes()));
+        r
+    }
+
+    /// The first I/O error, once the recording stopped.
+    pub(super) fn error(&self) -> Option<String> {
+        self.shared
+            .error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Appends with `f`; hands the buffer to the writer when it is full.
+    #[inline]
+    fn append(&self, f: impl FnOnce(&mut Vec<u8>)) {
+        if self.shared.stopped.load(Ordering::Relaxed) {
+            return;
+        }
+        let full = {
+            let mut b = self.shared.buf.lock();
+            f(&mut b);
+            if b.len() >= FLUSH_AT {
+                let next = self
+                    .shared
+                    .spare
+                    .lock()
+                    .pop()
+                    .unwrap_or_else(|| Vec::with_capacity(FLUSH_AT + 4096));
+                Some(std::mem::replace(&mut *b, next))
+            } else {
+                None
+            }
+        };
+        if let Some(data) = full {
+            self.send(Msg::Data(data));
+        }
+    }
+
+    fn send(&self, msg: Msg) {
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = tx.as_ref() {
+            let _ = tx.send(msg);
+        }
+    }
+
+    /// `a ID BYTES [TAG [STREAM]]`, after an `oom N` line when the driver answered
+    /// out-of-memory during this allocation.
+    #[inline]
+    pub(super) fn alloc(&self, ptr: DevicePtr, bytes: u64, tag: u32, stream: Option<Stream>) {
+        let ooms = OOMS.with(|c| c.replace(0));
+        self.append(|b| {
+            if ooms > 0 {
+                b.extend_from_slice(b"oom ");
+                dec(b, u64::from(ooms));
+                b.push(b'\n');
+            }
+            b.extend_from_slice(b"a ");
+            hex(b, ptr);
+            b.push(b' ');
+            dec(b, bytes);
+            if tag != 0 || stream.is_some() {
+                b.push(b' ');
+                dec(b, u64::from(tag));
+            }
+            if let Some(s) = stream {
+                b.push(b' ');
+                hex(b, s.raw());
+            }
+            b.push(b'\n');
+        });
+    }
+
+    /// `f ID [STREAM]`.
+    #[inline]
+    pub(super) fn free(&self, ptr: DevicePtr, stream: Option<Stream>) {
+        self.append(|b| {
+            b.extend_from_slice(b"f ");
+            hex(b, ptr);
+            if let Some(s) = stream {
+                b.push(b' ');
+                hex(b, s.raw());
+            }
+            b.push(b'\n');
+        });
+    }
+
+    /// `r ID STREAM` (`record_stream`).
+    pub(super) fn record_stream(&self, ptr: DevicePtr, stream: Stream) {
+        self.append(|b| {
+            b.extend_from_slice(b"r ");
+            hex(b, ptr);
+            b.push(b' ');
+            hex(b, stream.raw());
+            b.push(b'\n');
+        });
+    }
+
+    /// `done STREAM MARK`: the pool saw the work of `stream` complete through its
+    /// `mark`-th stream-ordered free.
+    pub(super) fn done(&self, stream: Stream, mark: u64) {
+        self.append(|b| {
+            b.extend_from_slice(b"done ");
+            hex(b, stream.raw());
+            b.push(b' ');
+            dec(b, mark);
+            b.push(b'\n');
+        });
+    }
+
+    /// A keyword line (`begin`, `finish`, `abort`, `trim`), or any whole line.
+    pub(super) fn line(&self, text: &str) {
+        self.append(|b| {
+            b.extend_from_slice(text.as_bytes());
+            b.push(b'\n');
+        });
+    }
+
+    /// Writes what was recorded so far to the file and waits for it.
+    pub(super) fn flush(&self) {
+        let data = std::mem::take(&mut *self.shared.buf.lock());
+        if !data.is_empty() {
+            self.send(Msg::Data(data));
+        }
+        let (tx, rx) = mpsc::channel();
+        self.send(Msg::Flush(tx));
+        let _ = rx.recv();
+    }
+
+    /// Writes what is left and joins the writer (the pool's drop).
+    pub(super) fn close(&self) {
+        let data = std::mem::take(&mut *self.shared.buf.lock());
+        if !data.is_empty() {
+            self.send(Msg::Data(data));
+        }
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(w) = writer {
+            let _ = w.join();
+        }
+    }
+}
+
+/// The calling thread's allocation got an out-of-memory answer from the driver
+/// (counted for its `oom` line).
+pub(super) fn note_oom() {
+    OOMS.with(|c| c.set(c.get().saturating_add(1)));
+}
+
+/// The calling thread's allocation is over without a line (it failed): its
+/// out-of-memory answers are forgotten.
+pub(super) fn forget_ooms() {
+    OOMS.with(|c| c.set(0));
+}
+
+impl Pool {
+    /// Records a tagged allocation (`a ID BYTES TAG [STREAM]`), when recording.
+    pub(super) fn record_tagged(
+        &self,
+        ptr: DevicePtr,
+        bytes: u64,
+        tag: u32,
+        stream: Option<Stream>,
+    ) {
+        if let Some(rec) = &self.rec {
+            rec.alloc(ptr, bytes, tag, stream);
+        }
+    }
+
+    /// An allocation call starts: out-of-memory answers counted by an earlier call
+    /// of this thread that failed are forgotten, when recording.
+    #[inline]
+    pub(super) fn record_call_start(&self) {
+        if self.rec.is_some() {
+            forget_ooms();
+        }
+    }
+}
+
+/// The writer thread: writes what it is sent, and what the buffer holds every
+/// [`FLUSH_EVERY`], until the recorder closes or a write fails.
+fn write_loop(mut file: File, rx: mpsc::Receiver<Msg>, shared: Arc<Shared>) {
+    let write = |file: &mut File, data: &[u8]| {
+        if shared.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        if let Err(e) = file.write_all(data) {
+            shared.fail("write failed", &e);
+        }
+    };
+    loop {
+        match rx.recv_timeout(FLUSH_EVERY) {
+            Ok(Msg::Data(mut d)) => {
+                write(&mut file, &d);
+                d.clear();
+                let mut spare = shared.spare.lock();
+                if spare.len() < 2 && d.capacity() >= FLUSH_AT {
+                    spare.push(d);
+                }
+            }
+            Ok(Msg::Flush(ack)) => {
+                if let Err(e) = file.flush() {
+                    shared.fail("flush failed", &e);
+                }
+                let _ = ack.send(());
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let data = std::mem::take(&mut *shared.buf.lock());
+                if !data.is_empty() {
+                    write(&mut file, &data);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    if !shared.stopped.load(Ordering::Acquire) {
+        if let Err(e) = file.sync_data() {
+            // A full disk may surface only here (delayed allocation).
+            if e.kind() != std::io::ErrorKind::InvalidInput {
+                shared.fail("sync failed", &e);
+            }
+        }
+    }
+}
+
+/// Appends `v` in lowercase hexadecimal with a `0x` prefix.
+#[inline]
+fn hex(b: &mut Vec<u8>, v: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut tmp = [0u8; 16];
+    let mut i = tmp.len();
+    let mut v = v;
+    loop {
+        i -= 1;
+        tmp[i] = DIGITS[(v & 15) as usize];
+        v >>= 4;
+        if v == 0 {
+            break;
+        }
+    }
+    b.extend_from_slice(b"0x");
+    b.extend_from_slice(&tmp[i..]);
+}
+
+/// Appends `v` in decimal.
+#[inline]
+fn dec(b: &mut Vec<u8>, v: u64) {
+    let mut tmp = [0u8; 20];
+    let mut i = tmp.len();
+    let mut v = v;
+    loop {
+        i -= 1;
+        tmp[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    b.extend_from_slice(&tmp[i..]);
+}
+
+/// The header of a recorded trace: the format line, the library version, and the
+/// pool's configuration as one `# flare-pool` comment line
+/// ([`crate::trace::RecordedConfig`] reads it back).
+pub(super) fn header(config: &PoolConfig, granularity: u64, device_total: u64) -> String {
+    format!(
+        "# flare-trace v1\n# recorded by flare-package {} (docs/trace-format.md, \"Recorded traces\")\n\
+         # flare-pool policy={} granularity={} device_total={} release_threshold={} \
+         best_fit_waste_percent={} cross_stream={} segment_whole_threshold={} \
+         thread_cache_entries={} thread_cache_bytes={} device={} peers={}\n",
+        env!("CARGO_PKG_VERSION"),
+        config.reuse_policy.name(),
+        granularity,
+        device_total,
+        config.release_threshold_bytes,
+        config.best_fit_max_waste_percent,
+        config.cross_stream_reuse.name(),
+        config.segment_whole_threshold_bytes,
+        config.thread_cache_entries,
+        config.thread_cache_bytes,
+        config.device,
+        if config.peer_devices.is_empty() {
+            "none".to_string()
+        } else {
+            config
+                .peer_devices
+                .iter()
+                .map(i32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn integers_format_as_std_does() {
+        for v in [0u64, 1, 9, 10, 15, 16, 255, 4096, 1 << 40, u64::MAX] {
+            let mut b = Vec::new();
+            super::dec(&mut b, v);
+            assert_eq!(String::from_utf8_lossy(&b), v.to_string());
+            let mut b = Vec::new();
+            super::hex(&mut b, v);
+            assert_eq!(String::from_utf8_lossy(&b), format!("{v:#x}"));
+        }
+    }
+}

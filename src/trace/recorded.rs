@@ -1,0 +1,151 @@
+//! The configuration header of a recorded trace: the `# flare-pool key=value ...`
+//! comment line a recording pool writes first (`docs/trace-format.md`, "Recorded
+//! traces"), read back so that a replay runs with the recorded pool's settings.
+
+use super::Problem;
+use crate::driver::sim::SimConfig;
+use crate::pool::{Backend, CrossStreamReuse, PoolConfig, ReusePolicy};
+
+/// The start of a recorded trace's configuration line.
+pub const RECORDED_HEADER: &str = "# flare-pool ";
+
+/// The settings of a recorded pool, as its trace's header gives them. Byte fields
+/// are bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedConfig {
+    /// The reuse policy (`policy=`).
+    pub policy: ReusePolicy,
+    /// The allocation granularity (`granularity=`).
+    pub granularity: u64,
+    /// The device's total memory (`device_total=`; `u64::MAX` when the query failed).
+    pub device_total: u64,
+    /// `release_threshold=`.
+    pub release_threshold: u64,
+    /// `best_fit_waste_percent=`.
+    pub best_fit_waste_percent: u32,
+    /// `cross_stream=`.
+    pub cross_stream: CrossStreamReuse,
+    /// `segment_whole_threshold=`.
+    pub segment_whole_threshold: u64,
+    /// `thread_cache_entries=`.
+    pub thread_cache_entries: u32,
+    /// `thread_cache_bytes=`.
+    pub thread_cache_bytes: u64,
+    /// The device ordinal (`device=`).
+    pub device: i32,
+    /// The peer devices (`peers=1,2`, or `none`).
+    pub peers: Vec<i32>,
+}
+
+impl Default for RecordedConfig {
+    /// A default [`PoolConfig`]'s settings on the default simulated device.
+    fn default() -> Self {
+        let c = PoolConfig::default();
+        let sim = SimConfig::default();
+        RecordedConfig {
+            policy: c.reuse_policy,
+            granularity: sim.granularity_bytes,
+            device_total: sim.capacity_bytes,
+            release_threshold: c.release_threshold_bytes,
+            best_fit_waste_percent: c.best_fit_max_waste_percent,
+            cross_stream: c.cross_stream_reuse,
+            segment_whole_threshold: c.segment_whole_threshold_bytes,
+            thread_cache_entries: c.thread_cache_entries,
+            thread_cache_bytes: c.thread_cache_bytes,
+            device: c.device,
+            peers: Vec::new(),
+        }
+    }
+}
+
+fn bad(key: &str, value: &str) -> Problem {
+    Problem::RecordedConfig(format!("{key}={value:?} cannot be read"))
+}
+
+fn number<T: std::str::FromStr>(key: &str, value: &str) -> Result<T, Problem> {
+    value.parse().map_err(|_| bad(key, value))
+}
+
+impl RecordedConfig {
+    /// Reads the `key=value` fields after [`RECORDED_HEADER`]. Keys not named here
+    /// are ignored (a later version may add some); a missing key keeps its default
+    /// ([`RecordedConfig::default`]).
+    ///
+    /// Errors: [`Problem::RecordedConfig`] for a value that cannot be read.
+    pub fn parse(fields: &str) -> Result<RecordedConfig, Problem> {
+        let mut c = RecordedConfig::default();
+        for field in fields.split([' ', '\t']).filter(|f| !f.is_empty()) {
+            let Some((key, value)) = field.split_once('=') else {
+                continue;
+            };
+            match key {
+                "policy" => c.policy = value.parse().map_err(|_| bad(key, value))?,
+                "granularity" => c.granularity = number(key, value)?,
+                "device_total" => c.device_total = number(key, value)?,
+                "release_threshold" => c.release_threshold = number(key, value)?,
+                "best_fit_waste_percent" => c.best_fit_waste_percent = number(key, value)?,
+                "cross_stream" => c.cross_stream = value.parse().map_err(|_| bad(key, value))?,
+                "segment_whole_threshold" => c.segment_whole_threshold = number(key, value)?,
+                "thread_cache_entries" => c.thread_cache_entries = number(key, value)?,
+                "thread_cache_bytes" => c.thread_cache_bytes = number(key, value)?,
+                "device" => c.device = number(key, value)?,
+                "peers" => {
+                    c.peers = if value == "none" {
+                        Vec::new()
+                    } else {
+                        value
+                            .split(',')
+                            .map(|p| number(key, p))
+                            .collect::<Result<_, _>>()?
+                    }
+                }
+                _ => {}
+            }
+        }
+        if !c.granularity.is_power_of_two() {
+            return Err(bad("granularity", &c.granularity.to_string()));
+        }
+        if c.device < 0 || c.peers.iter().any(|&p| p < 0) {
+            return Err(Problem::RecordedConfig(
+                "a negative device or peer ordinal".into(),
+            ));
+        }
+        Ok(c)
+    }
+
+    /// The configuration of a pool that replays the recorded one: these settings, on
+    /// a simulated device of the recorded granularity, total memory (the default
+    /// simulated device's when the recorded query failed) and device ordinals.
+    pub fn pool_config(&self) -> PoolConfig {
+        let defaults = SimConfig::default();
+        let devices = self
+            .peers
+            .iter()
+            .chain(std::iter::once(&self.device))
+            .copied()
+            .max()
+            .unwrap_or(0);
+        let sim = SimConfig {
+            capacity_bytes: if self.device_total == u64::MAX {
+                defaults.capacity_bytes
+            } else {
+                self.device_total
+            },
+            granularity_bytes: self.granularity,
+            device_count: u32::try_from(devices).unwrap_or(0).saturating_add(1),
+        };
+        PoolConfig {
+            backend: Backend::Simulated(sim),
+            device: self.device,
+            reuse_policy: self.policy,
+            release_threshold_bytes: self.release_threshold,
+            peer_devices: self.peers.clone(),
+            best_fit_max_waste_percent: self.best_fit_waste_percent,
+            cross_stream_reuse: self.cross_stream,
+            segment_whole_threshold_bytes: self.segment_whole_threshold,
+            thread_cache_entries: self.thread_cache_entries,
+            thread_cache_bytes: self.thread_cache_bytes,
+            record_path: None,
+        }
+    }
+}

@@ -697,6 +697,7 @@ impl TorchAllocator {
                     d.driver.clone(),
                 )?;
                 made_now = true;
+                pool.dedicate_to_captures();
                 pool.retention_begin()?;
                 e.insert(GraphPool {
                     pool,

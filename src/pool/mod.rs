@@ -81,6 +81,11 @@ pub struct Pool {
     tags_blocked: std::sync::atomic::AtomicU32,
     /// The recording ([`PoolConfig::record_path`]; `record.rs`), `None` when off.
     rec: Option<Arc<record::Recorder>>,
+    /// A pool that only captures allocate from (a PyTorch graph pool,
+    /// [`Pool::dedicate_to_captures`]): memory freed during a capture on its own
+    /// stream goes back to that stream's heap or bucket at once (coalescing), as a
+    /// free outside a capture does, instead of waiting whole in the capture's bucket.
+    captures_only: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Pool {
@@ -159,6 +164,7 @@ impl Pool {
             state: Mutex::new(State::new(granularity)),
             releases_done: Condvar::new(),
             tags_blocked: std::sync::atomic::AtomicU32::new(0),
+            captures_only: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

@@ -1184,11 +1184,11 @@ impl Pool {
     /// (as PyTorch's per-stream pools), so what another stream's heap holds idle
     /// cannot serve this growth; without this, memory a side stream used once (a
     /// warmup) stayed cached beside the growth. In a steady state no heap grows and
-    /// this costs nothing. Measured on the H200 with the PyTorch model of
-    /// `python/tests/gpu/run_h200.py` (per-tensor mode): see `BENCHMARKS.md`,
-    /// "PyTorch". Nothing is released inside a scope (a retention scope keeps what is
-    /// freed for reuse) or from the synchronous API's heap (its release needs a
-    /// device synchronize).
+    /// this costs nothing. (PyTorch's `torch.cuda.graph` empties the cache before
+    /// each capture, which releases such memory anyway; an engine with side streams
+    /// and no such call keeps it without this.) Nothing is released inside a scope (a
+    /// retention scope keeps what is freed for reuse) or from the synchronous API's
+    /// heap (its release needs a device synchronize).
     fn release_other_homes(&self, home: u32, need: u64) {
         let mut batch = Batch::default();
         {

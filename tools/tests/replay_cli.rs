@@ -2,6 +2,7 @@
 //! the table. One concern in one file: what a user of the command sees.
 #![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
+mod cli;
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
@@ -9,22 +10,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use cli::{flare_replay, stderr, stdout};
 use common::data;
-
-fn flare_replay(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flare-replay"))
-        .args(args)
-        .output()
-        .expect("run flare-replay")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// A scratch file with `text`, unique per test.
 fn scratch(name: &str, text: &str) -> PathBuf {

@@ -4,23 +4,11 @@
 //! file: importing snapshots, as a user of the command sees it.
 #![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
+mod cli;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn flare_replay(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flare-replay"))
-        .args(args)
-        .output()
-        .expect("run flare-replay")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use cli::{flare_replay, stderr, stdout};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()

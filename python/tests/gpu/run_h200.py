@@ -23,6 +23,10 @@ Parts (each a subprocess with a timeout; one failing does not stop the others):
               allocator and ours (4 each): median over median must be <= 1.
   two_gpu     two devices: a pool each (FLARE_TORCH_PEERS=0,1), the model on each,
               peer copies; skipped with a message when one GPU is visible.
+  record      issue 17: per-tensor mode with FLARE_TORCH_RECORD (eager, graphs,
+              replays), then `flare-replay --as-recorded --json` on every recorded
+              pool's trace (the binary: $FLARE_REPLAY, else target/release/flare-replay):
+              each replay's peak physical bytes must equal the recorded pool's.
 Results: OUTDIR/<part>.json, OUTDIR/summary.json; exit 0 when no part failed.
 """
 
@@ -40,7 +44,7 @@ HERE = pathlib.Path(__file__).resolve()
 REPO = HERE.parents[3]
 sys.path.insert(0, str(REPO / "python"))
 
-PARTS = ["reference", "tensor", "mempool", "sanitizer", "decode", "two_gpu"]
+PARTS = ["reference", "tensor", "mempool", "sanitizer", "decode", "two_gpu", "record"]
 # The decode part alternates processes of each allocator this many times (one
 # process each measured the reference's step at 4.6 to 9.3 ms in four runs on the
 # H200: a single pair of processes says nothing about a few percent).
@@ -547,12 +551,60 @@ def part_two_gpu(torch, res, out, quick):
     res.check("no hook failed", fp.hook_failures() == 0, fp.last_error())
 
 
+def part_record(torch, res, out, quick):
+    """Runs the model with recording on (FLARE_TORCH_RECORD, set by main for this
+    part), then writes each pool's recorded peak physical bytes for the parent to
+    compare with the replays."""
+    import flare_package as fp
+
+    dev = 0
+    model = build_model(torch, dev)
+    compare(torch, res, "eager == reference", run_eager(torch, model, dev, []), load_ref(torch, out)["eager"])
+    graphs = capture_graphs(torch, model, dev)
+    replay_all(torch, graphs, dev)
+    torch.cuda.synchronize(dev)
+    s = fp.stats(dev)
+    peaks = {"tensor": s["tensor"]["peak_physical_bytes"], "mempool": s["mempool"]["peak_physical_bytes"]}
+    # graph-K: the K-th graph pool made on the device; PyTorch numbers its graphs'
+    # pools (n, 0) in the order they are made.
+    for k, g in enumerate(sorted(s["graph_pools"], key=lambda g: tuple(g["id"])), start=1):
+        peaks[f"graph-{k}"] = g["snapshot"]["peak_physical_bytes"]
+    fp.record_flush()
+    res.fig("recorded_peaks", peaks)
+    res.check("no hook failed", fp.hook_failures() == 0, fp.last_error())
+
+
+def replay_recorded(out, res):
+    """The parent's half of the record part: each recorded pool's trace replayed
+    as recorded, its peak physical bytes compared with the pool's own."""
+    exe = os.environ.get("FLARE_REPLAY") or str(REPO / "target" / "release" / "flare-replay")
+    if not os.path.exists(exe):
+        res["errors"].append(f"flare-replay not found at {exe} (set FLARE_REPLAY)")
+        return
+    peaks = res.get("figures", {}).get("recorded_peaks", {})
+    replayed = {}
+    for name, want in peaks.items():
+        path = out / "record" / f"run.dev0.{name}.trace"
+        if not path.exists():
+            res["checks"][f"{name}: trace written"] = {"ok": False, "detail": str(path)}
+            continue
+        p = subprocess.run([exe, "--as-recorded", "--json", str(path)], capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            res["checks"][f"{name}: replays"] = {"ok": False, "detail": p.stderr[-500:]}
+            continue
+        got = json.loads(p.stdout.splitlines()[-1])["peak_physical_bytes"]
+        replayed[name] = got
+        res["checks"][f"{name}: replay peak physical == recorded"] = {"ok": got == want, "detail": f"replay {got}, recorded {want} ({path.stat().st_size} bytes of trace)"}
+    res["figures"]["replayed_peaks"] = replayed
+
+
 PART_FUNCS = {
     "reference": part_reference,
     "tensor": part_tensor,
     "tensor_short": part_tensor_short,
     "mempool": part_mempool,
     "two_gpu": part_two_gpu,
+    "record": part_record,
     "decode_default": part_decode,
     "decode_flare": part_decode,
 }
@@ -563,7 +615,7 @@ def child(part, out, quick):
     try:
         import torch
 
-        if part.startswith("tensor") or part in ("two_gpu", "decode_flare"):
+        if part.startswith("tensor") or part in ("two_gpu", "decode_flare", "record"):
             # Before anything touches CUDA: PyTorch swaps its allocator only before
             # it is initialised, and asking for the device's name initialises it
             # ("Can't swap an already initialized allocator", seen on the H200).
@@ -632,11 +684,16 @@ def main():
         penv = dict(env)
         if part == "two_gpu":
             penv.setdefault("FLARE_TORCH_PEERS", "0,1")
+        if part == "record":
+            (a.out / "record").mkdir(exist_ok=True)
+            penv["FLARE_TORCH_RECORD"] = str(a.out / "record" / "run")
         print(f"== {part}", flush=True)
         if part == "decode":
             r = run_decode(a.out, a.quick, a.timeout, penv)
         else:
             r = run_part(part, a.out, a.quick, a.timeout, penv)
+            if part == "record" and not r.get("errors"):
+                replay_recorded(a.out, r)
         results.append(r)
         if r.get("skipped"):
             print(f"   SKIPPED: {r['skipped']}")

@@ -509,21 +509,7 @@ fn run(args: &Args) -> Result<(), Stop> {
                 )
             })?;
             if args.json {
-                let row = JsonRow {
-                    trace: t.name(),
-                    policy: policy.name(),
-                    backend: args.backend.name(),
-                    allocations: report.allocations,
-                    peak_physical_bytes: report.peak_physical_bytes,
-                    final_physical_bytes: report.final_physical_bytes,
-                    mappings_created: report.mappings_created,
-                    reuse_hits: report.reuse_hits,
-                    out_of_memory_at_line: report.out_of_memory_at_line,
-                    seconds: report.seconds,
-                };
-                let line = serde_json::to_string(&row)
-                    .map_err(|e| (EXIT_FAILED, format!("JSON output: {e}")))?;
-                emit(&format!("{line}\n"))?;
+                emit_json_row(t.name(), policy.name(), args.backend.name(), &report)?;
             }
             rows.push((policy, report));
         }
@@ -644,6 +630,32 @@ fn convert(out: &Path, inputs: &[Input]) -> Result<(), Stop> {
     emit(&report)
 }
 
+/// Writes one `--json` row: a replay of trace `trace` under `policy` on `backend`.
+///
+/// Errors: status 1 when the row cannot be serialised or written.
+fn emit_json_row(
+    trace: &str,
+    policy: &str,
+    backend: &str,
+    report: &ReplayReport,
+) -> Result<(), Stop> {
+    let row = JsonRow {
+        trace,
+        policy,
+        backend,
+        allocations: report.allocations,
+        peak_physical_bytes: report.peak_physical_bytes,
+        final_physical_bytes: report.final_physical_bytes,
+        mappings_created: report.mappings_created,
+        reuse_hits: report.reuse_hits,
+        out_of_memory_at_line: report.out_of_memory_at_line,
+        seconds: report.seconds,
+    };
+    let line =
+        serde_json::to_string(&row).map_err(|e| (EXIT_FAILED, format!("JSON output: {e}")))?;
+    emit(&format!("{line}\n"))
+}
+
 /// `--as-recorded`: each trace on a pool of its recorded configuration.
 fn run_as_recorded(args: &Args, traces: &[Input]) -> Result<(), Stop> {
     for t in traces.iter().map(|i| &i.trace) {
@@ -667,21 +679,12 @@ fn run_as_recorded(args: &Args, traces: &[Input]) -> Result<(), Stop> {
             )
         })?;
         if args.json {
-            let row = JsonRow {
-                trace: t.name(),
-                policy: recorded.policy.name(),
-                backend: BackendArg::Sim.name(),
-                allocations: report.allocations,
-                peak_physical_bytes: report.peak_physical_bytes,
-                final_physical_bytes: report.final_physical_bytes,
-                mappings_created: report.mappings_created,
-                reuse_hits: report.reuse_hits,
-                out_of_memory_at_line: report.out_of_memory_at_line,
-                seconds: report.seconds,
-            };
-            let line = serde_json::to_string(&row)
-                .map_err(|e| (EXIT_FAILED, format!("JSON output: {e}")))?;
-            emit(&format!("{line}\n"))?;
+            emit_json_row(
+                t.name(),
+                recorded.policy.name(),
+                BackendArg::Sim.name(),
+                &report,
+            )?;
         } else {
             emit(&format!(
                 "{} (as recorded: {}, granularity {}, device {})\n  peak physical {} ({} B), \

@@ -162,6 +162,8 @@ impl State {
                 return;
             }
             (Piece::Handle, Outcome::Unmapped { .. }) => {
+                // Released or pending: no longer its tag's.
+                self.tag_handle_bytes(m.seg, size, false);
                 if m.alias != 0 {
                     self.counters.segment_handles_lent -= 1;
                     self.counters.segment_lent_bytes -= size;

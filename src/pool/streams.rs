@@ -315,6 +315,7 @@ impl Pool {
         let mut batch = Batch::default();
         {
             let mut st = lock(&self.state);
+            st.check_stream_free_of_tag_block(ptr)?;
             let (slot, recorded) = st.free_live(ptr, id)?;
             st.mapping_mut(slot).freed_on = Some(stream);
             let capture = match capture {

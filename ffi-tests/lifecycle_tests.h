@@ -563,7 +563,8 @@ static void test_forced_reuse(void) {
           offsetof(FlareSnapshot, thread_cache_count) ==
               offsetof(FlareSnapshot, segment_lent_bytes) + 8 &&
           offsetof(FlareSnapshot, tags_sleeping) == offsetof(FlareSnapshot, remote_frees) + 8 &&
-          sizeof(FlareSnapshot) == offsetof(FlareSnapshot, offloaded_bytes) + 8);
+          offsetof(FlareSnapshot, sleeping_block_count) == offsetof(FlareSnapshot, offloaded_bytes) + 8 &&
+          sizeof(FlareSnapshot) == offsetof(FlareSnapshot, sleeping_block_bytes) + 8);
     memset(&old, 0xab, sizeof old);
     old.struct_size = (uint32_t)offsetof(FlareSnapshot, reuse_forced_hits);
     OK(flare_pool_snapshot(pool, &old));

@@ -709,6 +709,16 @@ typedef struct FlareSnapshot {
      * (`SleepMode::Offload`).
      */
     uint64_t offloaded_bytes;
+    /**
+     * Of `sleeping_count`, the blocks of segments (segment mode): their
+     * handles released, their segment's reservation kept (a block holds no
+     * reservation of its own).
+     */
+    uint64_t sleeping_block_count;
+    /**
+     * Bytes of those blocks (512-byte multiples), part of `sleeping_bytes`.
+     */
+    uint64_t sleeping_block_bytes;
 } FlareSnapshot;
 
 /**

@@ -60,9 +60,11 @@ enum Op {
     Capture(u8),
     /// Make the `nth` next stream or event call of this kind fail with this code.
     FailStream(SimStreamCall, u32, CuResult),
-    /// `allocate_tagged_raw` (synchronous) for tag 1 + n % 2 (issue 15).
+    /// `allocate_tagged_raw` for tag 1 + n % 2 (issue 15): synchronous, or with bit
+    /// 2 of n set, stream-ordered on stream (n >> 3) % 4 (in segment mode, a block of
+    /// the tag's heap either way).
     AllocTagged(u8, u64),
-    /// Free the n-th tagged allocation.
+    /// Free the n-th tagged allocation: on its stream when it was allocated on one.
     FreeTagged(usize),
     /// Sleep tag 1 + n % 2, offloading or discarding.
     Sleep(u8, bool),
@@ -206,6 +208,8 @@ struct Model {
     live: Vec<(DevicePtr, u64, Option<usize>)>,
     /// Live tagged allocations: pointer, bytes asked, tag (1 or 2).
     tagged: Vec<(DevicePtr, u64, u32)>,
+    /// The stream each of `tagged` was allocated on (`None`: synchronous).
+    tagged_on: Vec<Option<usize>>,
     /// Whether tags 1 and 2 (indices 1, 2) sleep.
     asleep: [bool; 3],
     scope: bool,
@@ -324,11 +328,25 @@ impl Model {
             let mine: Vec<_> = self.tagged.iter().filter(|x| x.2 == t).collect();
             assert_eq!(c.live_count, mine.len() as u64, "{step:?}: tag {t} live");
             // Each holds a whole mapping of at least its rounded size (a best fit or
-            // a forced reuse may hand out a larger one).
+            // a forced reuse may hand out a larger one), or in segment mode a block
+            // of its size rounded to 512 bytes.
+            let least: u64 = mine
+                .iter()
+                .map(|x| {
+                    if self.is_block(x.1) {
+                        x.1.div_ceil(512) * 512
+                    } else {
+                        self.rounded(x.1)
+                    }
+                })
+                .sum();
             assert!(
-                c.live_bytes >= mine.iter().map(|x| self.rounded(x.1)).sum::<u64>()
+                c.live_bytes >= least
                     && c.live_bytes
-                        <= s.live_mapped_bytes + s.sleeping_bytes + s.sleeping_held_bytes,
+                        <= s.live_mapped_bytes
+                            + s.block_live_bytes
+                            + s.sleeping_bytes
+                            + s.sleeping_held_bytes,
                 "{step:?}: tag {t} live bytes {}",
                 c.live_bytes
             );
@@ -427,6 +445,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
         granularity: pool.granularity(),
         live: Vec::new(),
         tagged: Vec::new(),
+        tagged_on: Vec::new(),
         asleep: [false; 3],
         scope: false,
         streams: [created[0], created[1], created[2], 0],
@@ -643,17 +662,28 @@ fn run(setup: Setup, ops: Vec<Op>) {
             }
             Op::AllocTagged(t, bytes) => {
                 let tag = 1 + u32::from(t % 2);
-                match pool.allocate_tagged_raw(bytes, None, tag) {
+                let on = (t & 4 != 0).then_some(usize::from(t >> 3) % 4);
+                if on.is_some() {
+                    m.used_streams = true;
+                }
+                match pool.allocate_tagged_raw(bytes, on.map(|si| m.stream(si)), tag) {
                     Ok(ptr) => {
                         assert!(!m.asleep[tag as usize], "{op:?}: allocated while asleep");
-                        assert_eq!(ptr % m.granularity, 0, "a tagged allocation is whole");
+                        // A whole mapping, or in segment mode a block of the tag's
+                        // own heap.
+                        assert_eq!(ptr % m.align(bytes), 0, "{op:?}: {ptr:#x}");
                         assert!(
                             m.live.iter().all(|&(p, _, _)| p != ptr)
                                 && m.tagged.iter().all(|&(p, _, _)| p != ptr),
                             "{op:?}: {ptr:#x} handed out twice"
                         );
-                        sim.mark_busy(ptr, bytes);
+                        // Synchronous: work in flight reads it until the next
+                        // synchronize. (Stream-ordered: its stream's work, none here.)
+                        if on.is_none() {
+                            sim.mark_busy(ptr, bytes);
+                        }
                         m.tagged.push((ptr, bytes, tag));
+                        m.tagged_on.push(on);
                         m.allocations += 1;
                     }
                     Err(Error::TagState { tag: t2, .. }) => {
@@ -668,7 +698,11 @@ fn run(setup: Setup, ops: Vec<Op>) {
                             Error::Driver { .. } => {}
                             _ => panic!("{op:?}: untyped error {e:?}"),
                         }
-                        assert_names_call(&e, &CREATE_STEPS);
+                        let mut allowed = CREATE_STEPS.to_vec();
+                        if on.is_some() {
+                            allowed.push(DriverCall::StreamGetCaptureInfo);
+                        }
+                        assert_names_call(&e, &allowed);
                     }
                 }
             }
@@ -676,10 +710,15 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 if !m.tagged.is_empty() {
                     let k = i % m.tagged.len();
                     let (ptr, _, tag) = m.tagged[k];
-                    match pool.free_raw(ptr) {
+                    let freed = match m.tagged_on[k] {
+                        Some(si) => pool.free_async_raw(ptr, m.stream(si)),
+                        None => pool.free_raw(ptr),
+                    };
+                    match freed {
                         Ok(()) => {
                             assert!(!m.asleep[tag as usize], "{op:?}: freed while asleep");
                             m.tagged.swap_remove(k);
+                            m.tagged_on.swap_remove(k);
                             m.frees += 1;
                         }
                         Err(e) => {

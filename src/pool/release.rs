@@ -87,7 +87,7 @@ impl State {
     pub(super) fn collect_all(&mut self, batch: &mut Batch, captures: Captures, may_sync: bool) {
         let mut buckets = vec![ANY, HELD, SYNC_FREED];
         for (i, b) in self.buckets.iter().enumerate() {
-            if let BucketKind::Tag(_) = b.kind {
+            if let BucketKind::Tag(_) | BucketKind::TagBlocks(_) = b.kind {
                 buckets.push(i as u32);
             }
             if let BucketKind::Capture { epoch, .. } = b.kind {

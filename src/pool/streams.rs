@@ -315,7 +315,6 @@ impl Pool {
         let mut batch = Batch::default();
         {
             let mut st = lock(&self.state);
-            st.check_stream_free_of_tag_block(ptr)?;
             let (slot, recorded) = st.free_live(ptr, id)?;
             st.mapping_mut(slot).freed_on = Some(stream);
             let capture = match capture {
@@ -329,6 +328,8 @@ impl Pool {
             };
             if let Some(cid) = capture {
                 let b = st.capture_bucket(cid);
+                // A block of a tag's heap: kept for the capture, taken by nobody.
+                let b = st.tag_capture_bucket(slot, b);
                 match recorded {
                     // Live work on the recorded streams may still touch it: the
                     // capture reuses it only once their fences complete.
@@ -346,6 +347,8 @@ impl Pool {
             m.needs_sync = false;
             match recorded {
                 Some(others) => self.defer(&mut st, slot, own, stream, &others),
+                // A block of a tag's heap waits for its fence out of every bucket.
+                None if st.is_tag_block(slot) => self.defer(&mut st, slot, own, stream, &[]),
                 None => st.index_insert(slot, own),
             }
             if !st.counters.scope_open && st.cached_bytes() > self.release_threshold {
@@ -408,7 +411,10 @@ impl Pool {
                     // scope open then closes, or trim or destroy), once the live
                     // work of the other streams is done with it.
                     match self.driver.stream_capture(s) {
-                        Ok(Some(id)) => dest = st.capture_bucket(id),
+                        Ok(Some(id)) => {
+                            let b = st.capture_bucket(id);
+                            dest = st.tag_capture_bucket(slot, b);
+                        }
                         _ => return hold(st, slot),
                     }
                 }
@@ -430,6 +436,20 @@ impl Pool {
                 }
                 needs.push((own, mark));
             }
+        }
+        // A block of a tag's own heap never waits in a stream's bucket (other tags'
+        // allocations take from it): it waits, out of every index, for the freeing
+        // stream's fence too, then goes back to its heap ([`ANY`]).
+        if dest == own
+            && st.is_tag_block(slot)
+            && matches!(st.buckets[own as usize].kind, BucketKind::Stream(_))
+        {
+            let mark = st.mapping(slot).mark;
+            if self.cover(st, own) != Cover::Covered {
+                return hold(st, slot);
+            }
+            needs.push((own, mark));
+            dest = ANY;
         }
         st.mapping_mut(slot).bucket = dest;
         if needs.is_empty() {
@@ -511,7 +531,12 @@ impl Pool {
     /// reusing it instead of releasing and re-creating it on every pair. Returns
     /// whether a fence completed, and the buckets polled (then those of deferred
     /// memory).
-    fn poll(&self, st: &mut State, buckets: &[u32], record_first: bool) -> (bool, Vec<u32>) {
+    pub(super) fn poll(
+        &self,
+        st: &mut State,
+        buckets: &[u32],
+        record_first: bool,
+    ) -> (bool, Vec<u32>) {
         let mut list: Vec<u32> = buckets.to_vec();
         for d in &st.deferred {
             let own = st.mapping(d.slot).bucket;
@@ -647,7 +672,7 @@ impl Pool {
     }
 
     /// Indexes deferred mappings whose recorded streams' fences all completed.
-    fn settle_deferred(&self, st: &mut State) {
+    pub(super) fn settle_deferred(&self, st: &mut State) {
         let mut i = 0;
         while i < st.deferred.len() {
             let done = st.deferred[i]

@@ -103,6 +103,12 @@ pub(super) struct TagBooks {
     pub(super) seg_live: u64,
     /// While asleep in segment mode: the tag's segments put to sleep.
     pub(super) seg_sleep: SegSleep,
+    /// Its heap blocks freed with the synchronous `free` ([`BucketKind::TagBlocks`]),
+    /// made on first use.
+    pub(super) blocks_bucket: Option<u32>,
+    /// Capture buckets of its heap blocks freed during a capture, by the capture's
+    /// own bucket ([`State::tag_capture_bucket`]).
+    pub(super) capture_buckets: std::collections::HashMap<u32, u32>,
 }
 
 /// A handle of a segment put to sleep: released at sleep (or left pending), mapped
@@ -164,11 +170,13 @@ impl State {
             (m.tag, m.is_block(), m.seg)
         };
         if block {
-            // A block of a tag's own heap freed with the synchronous `free` goes
-            // back to that heap (its home: the tag's bucket).
+            // A block of a tag's own heap freed with the synchronous `free` waits
+            // whole for the tag's synchronous allocations or a release point's
+            // synchronize (`BucketKind::TagBlocks`), never in `SYNC_FREED`, which
+            // tag 0's allocations take from.
             let seg_tag = self.segs.segs[seg as usize].tag;
             if seg_tag != 0 && bucket == SYNC_FREED {
-                return self.tag_bucket(seg_tag);
+                return self.tag_blocks_bucket(seg_tag);
             }
             return bucket;
         }
@@ -275,21 +283,79 @@ impl State {
         }
     }
 
-    /// Error unless `ptr` may be freed on a stream: a live block of a tag's own heap
-    /// may not (its heap takes only memory freed with the synchronous `free`).
-    pub(super) fn check_stream_free_of_tag_block(&self, ptr: DevicePtr) -> Result<()> {
-        let Some(&slot) = self.live.get(&ptr) else {
-            return Ok(());
-        };
+    /// Whether `slot` is a block of a tag's own heap (tags other than 0).
+    pub(super) fn is_tag_block(&self, slot: u32) -> bool {
         let m = self.mref(slot);
-        if m.is_block() && self.segs.segs[m.seg as usize].tag != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{ptr:#x} is a block of tag {}'s heap (segment mode): free it with the \
-                 synchronous free",
-                self.segs.segs[m.seg as usize].tag
-            )));
+        m.is_block() && self.segs.segs[m.seg as usize].tag != 0
+    }
+
+    /// The bucket of tag `tag`'s heap blocks freed with the synchronous `free`
+    /// ([`BucketKind::TagBlocks`]), made on first use.
+    pub(super) fn tag_blocks_bucket(&mut self, tag: u32) -> u32 {
+        if let Some(b) = self.tags.get(&tag).and_then(|t| t.blocks_bucket) {
+            return b;
         }
-        Ok(())
+        let b = self.buckets.len() as u32;
+        self.buckets
+            .push(super::books::Bucket::new(BucketKind::TagBlocks(tag)));
+        self.tags.entry(tag).or_default().blocks_bucket = Some(b);
+        b
+    }
+
+    /// The bucket where `slot`, freed during a capture, waits for the capture's
+    /// release (`b`: the capture's bucket): `b` itself, or for a block of a tag's
+    /// heap a bucket of the same kind that no allocation takes from (not registered
+    /// for the capture's id): the capture's graph may replay into it, and no other
+    /// tag's allocation may take a block of the tag's handles. Released with the
+    /// capture's memory.
+    pub(super) fn tag_capture_bucket(&mut self, slot: u32, b: u32) -> u32 {
+        if !self.is_tag_block(slot) {
+            return b;
+        }
+        let tag = self.segs.segs[self.mref(slot).seg as usize].tag;
+        if let Some(&own) = self.tags.get(&tag).and_then(|t| t.capture_buckets.get(&b)) {
+            return own;
+        }
+        let kind = self.buckets[b as usize].kind;
+        let own = self.buckets.len() as u32;
+        self.buckets.push(super::books::Bucket::new(kind));
+        self.tags
+            .entry(tag)
+            .or_default()
+            .capture_buckets
+            .insert(b, own);
+        own
+    }
+
+    /// After a sleep's device synchronize (every queued work complete): every idle
+    /// block of tag `tag`'s segments still waiting in a bucket (a fence that could
+    /// not be recorded or waited on, a capture's memory) or for fences (deferred)
+    /// goes back to its heap. Walks the slot table (sleep only).
+    fn merge_idle_blocks(&mut self, tag: u32) {
+        let idle: Vec<u32> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let m = s.as_ref()?;
+                let seg = self.segs.segs.get(m.seg as usize)?;
+                (m.piece == Piece::Block
+                    && m.state == MappingState::Idle
+                    && seg.tag == tag
+                    && !seg.asleep)
+                    .then_some(i as u32)
+            })
+            .collect();
+        for slot in idle {
+            if !self.index_remove(slot) {
+                if let Some(k) = self.deferred.iter().position(|d| d.slot == slot) {
+                    self.deferred.swap_remove(k);
+                    let size = self.mref(slot).size();
+                    self.counters.event_wait_bytes -= size;
+                }
+            }
+            self.merge_free(slot);
+        }
     }
 
     /// The plan of a sleep of tag `tag`'s segments (segment mode): every segment of
@@ -560,10 +626,8 @@ impl Pool {
                 None => self.allocate_raw(bytes),
             };
         }
-        if stream.is_none() {
-            if let Some(size) = self.block_size(bytes)? {
-                return self.allocate_tag_block(tag, size, bytes);
-            }
+        if let Some(size) = self.block_size(bytes)? {
+            return self.allocate_tag_block(tag, size, bytes, stream);
         }
         let (rounded, max_size) = self.sizes(bytes)?;
         let ptr = match stream {
@@ -576,16 +640,48 @@ impl Pool {
     }
 
     /// A block of `size` bytes (`bytes` asked) of tag `tag`'s own heap (segment
-    /// mode): carved from its free blocks, else the heap grows by a whole handle; on
-    /// out-of-memory (outside a scope) what is idle is released (after a device
-    /// synchronize) and the growth retried once. Never another heap's memory.
-    fn allocate_tag_block(&self, tag: u32, size: u64, bytes: u64) -> Result<DevicePtr> {
+    /// mode), synchronous (`stream` `None`) or stream-ordered on `stream`: carved
+    /// from the heap's free blocks (memory any stream may use at once: blocks freed on
+    /// a stream go back to the heap only once their fence completed, blocks freed
+    /// with the synchronous `free` only after a device synchronize); for the
+    /// synchronous API, then a block the tag freed with the synchronous `free`
+    /// (taken whole, within the policy's bound); then, after polling the fences of
+    /// blocks freed on streams, the heap again; else the heap grows by a whole handle.
+    /// On out-of-memory (outside a scope) what is idle is released (the synchronous
+    /// API: after a device synchronize; a stream: only memory whose fences
+    /// completed) and the growth retried once. Never another tag's memory.
+    fn allocate_tag_block(
+        &self,
+        tag: u32,
+        size: u64,
+        bytes: u64,
+        stream: Option<Stream>,
+    ) -> Result<DevicePtr> {
+        let mine = |st: &mut State, p: DevicePtr| {
+            st.tag_live(p, tag);
+            if let Some(s) = stream {
+                self.driver.note_handoff(s, p, size);
+            }
+            p
+        };
         let key = {
             let mut st = lock(&self.state);
             let key = heap_key(st.tag_bucket(tag), size);
             if let Some(p) = st.carve(key, size, bytes, true) {
-                st.tag_live(p, tag);
-                return Ok(p);
+                return Ok(mine(&mut st, p));
+            }
+            if stream.is_none() && self.policy != ReusePolicy::None {
+                let b = st.tag_blocks_bucket(tag);
+                if let Some(p) = st.take_idle(b, size, bytes, self.policy, self.max_fit(size)) {
+                    return Ok(mine(&mut st, p));
+                }
+            }
+            if !st.deferred.is_empty() {
+                let _ = self.poll(&mut st, &[], false);
+                self.settle_deferred(&mut st);
+                if let Some(p) = st.carve(key, size, bytes, true) {
+                    return Ok(mine(&mut st, p));
+                }
             }
             key
         };
@@ -601,10 +697,7 @@ impl Pool {
             bytes: rounded,
         };
         let err = match self.grow_and_carve(key, size, bytes) {
-            Ok(p) => {
-                lock(&self.state).tag_live(p, tag);
-                return Ok(p);
-            }
+            Ok(p) => return Ok(mine(&mut lock(&self.state), p)),
             Err(e) if e.is_out_of_memory() => e,
             Err(e) => return Err(driver_error(e)),
         };
@@ -615,19 +708,20 @@ impl Pool {
             }
             st.counters.oom_retries += 1;
         }
-        let _ = self.release_now(super::release::Captures::Keep, true, false, false);
+        let _ = self.release_now(
+            super::release::Captures::Keep,
+            stream.is_none(),
+            false,
+            false,
+        );
         {
             let mut st = lock(&self.state);
             if let Some(p) = st.carve(key, size, bytes, true) {
-                st.tag_live(p, tag);
-                return Ok(p);
+                return Ok(mine(&mut st, p));
             }
         }
         match self.grow_and_carve(key, size, bytes) {
-            Ok(p) => {
-                lock(&self.state).tag_live(p, tag);
-                Ok(p)
-            }
+            Ok(p) => Ok(mine(&mut lock(&self.state), p)),
             Err(e) if e.is_out_of_memory() => {
                 let st = lock(&self.state);
                 Err(self.oom_error(&st, rounded, Some(e)))
@@ -904,11 +998,26 @@ impl Pool {
             let mut batch = Batch::default();
             {
                 let mut st = lock(&self.state);
+                // Blocks of its heap freed on streams: their fences completed with
+                // the synchronize; back to the heap.
+                if !st.deferred.is_empty() {
+                    let _ = self.poll(&mut st, &[], false);
+                    self.settle_deferred(&mut st);
+                }
                 let b = st.tag_bucket(tag);
-                for slot in st.idle.slots_in(b) {
+                let blocks = st.tag_blocks_bucket(tag);
+                for slot in st.idle.slots_in(b).into_iter().chain(st.idle.slots_in(blocks)) {
                     st.mark_releasing(slot, &mut batch);
                 }
-                // The handles of its heaps left wholly free.
+                st.start_release(&mut batch);
+            }
+            self.release_batch(batch)?;
+            // Then (those blocks back in their heap) the handles of its heaps left
+            // wholly free.
+            let mut batch = Batch::default();
+            {
+                let mut st = lock(&self.state);
+                let b = st.tag_bucket(tag);
                 for k in [b << 1, (b << 1) | 1] {
                     if let Some(&sid) = st.segs.by_key.get(&k).and_then(|v| v.first()) {
                         st.collect_heap_of(sid, &mut batch, true, None);
@@ -919,7 +1028,7 @@ impl Pool {
             self.release_batch(batch)?;
         }
         let (pieces, plan) = {
-            let st = lock(&self.state);
+            let mut st = lock(&self.state);
             let mut v: Vec<Piece2> = st
                 .live
                 .values()
@@ -940,6 +1049,7 @@ impl Pool {
                 .collect();
             v.sort_by_key(|p| p.ptr);
             let plan = if self.segments {
+                st.merge_idle_blocks(tag);
                 st.seg_sleep_plan(tag)
                     .map_err(|reason| Error::TagState { tag, reason })?
             } else {

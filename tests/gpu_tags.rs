@@ -281,7 +281,10 @@ fn gpu_sleep_during_a_capture_the_pool_never_saw() {
         .unwrap();
     let r = pool.sleep(1, SleepMode::Offload);
     let ended = d.stream_end_capture(blocking);
-    println!("blocking stream: sleep {r:?}; end capture ok: {}", ended.is_ok());
+    println!(
+        "blocking stream: sleep {r:?}; end capture ok: {}",
+        ended.is_ok()
+    );
     assert!(matches!(r, Err(Error::ScopeState(_))), "{r:?}");
     let graph = ended.expect("the capture stays valid");
     d.graph_destroy(graph).unwrap();

@@ -479,7 +479,10 @@ fn segment_census_and_reuse_stay_in_the_tag() {
         assert!(a.iter().all(|&q| p.abs_diff(q) >= 2 * MIB), "{p:#x}");
     }
     assert_eq!(pool.tag_census(0).physical_bytes, 4 * MIB);
-    let total: u64 = [0, 4].iter().map(|&t| pool.tag_census(t).physical_bytes).sum();
+    let total: u64 = [0, 4]
+        .iter()
+        .map(|&t| pool.tag_census(t).physical_bytes)
+        .sum();
     assert_eq!(total, pool.snapshot().physical_bytes);
     pool.free_raw(u).unwrap();
     pool.free_async_raw(v, s).unwrap();

@@ -1006,7 +1006,12 @@ impl Pool {
                 }
                 let b = st.tag_bucket(tag);
                 let blocks = st.tag_blocks_bucket(tag);
-                for slot in st.idle.slots_in(b).into_iter().chain(st.idle.slots_in(blocks)) {
+                for slot in st
+                    .idle
+                    .slots_in(b)
+                    .into_iter()
+                    .chain(st.idle.slots_in(blocks))
+                {
                     st.mark_releasing(slot, &mut batch);
                 }
                 st.start_release(&mut batch);

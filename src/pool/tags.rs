@@ -9,16 +9,20 @@
 //!   synchronize). Memory a tag frees on a stream joins the stream-order buckets,
 //!   which belong to tag 0 (the pool's shared idle memory): from then on it is tag
 //!   0's.
-//! - Segment mode: **segments are per tag**. A synchronous allocation of a tag other
-//!   than 0 is a block of the tag's own heaps (home: the tag's bucket, heap key
-//!   `heap_key(tag bucket, size)`), so a tag's handles hold no other tag's blocks;
-//!   every other heap (the synchronous API's, the streams') is tag 0's. A tag's heap
-//!   behaves as the synchronous API's (its frees merge at once; its handles are
-//!   released after a device synchronize). Its blocks are freed with the synchronous
-//!   `free` only (a stream-ordered free is refused: on a stream they would wait in
-//!   buckets that other tags' allocations take from). A stream-ordered allocation of
-//!   a tag other than 0, and a request above the whole-mapping threshold, take
-//!   whole mappings as outside segment mode.
+//! - Segment mode: **segments are per tag**. An allocation of a tag other than 0
+//!   (synchronous or stream-ordered) up to the whole-mapping threshold is a block of
+//!   the tag's own heaps (home: the tag's bucket, heap key `heap_key(tag bucket,
+//!   size)`), so a tag's handles hold no other tag's blocks; every other heap (the
+//!   synchronous API's, the streams') is tag 0's. The heap's free space holds only
+//!   memory any stream may use at once. A block of it freed with the synchronous
+//!   `free` waits whole in the tag's [`BucketKind::TagBlocks`] bucket (taken by the
+//!   tag's synchronous allocations; back in the heap after a release point's device
+//!   synchronize); one freed on a stream waits, out of every bucket, for that
+//!   stream's fence (then [`ANY`]: back in the heap); one freed during a capture
+//!   waits in a capture bucket of its own that nobody takes from
+//!   ([`State::tag_capture_bucket`]). No other tag's allocation ever takes it. A
+//!   request above the whole-mapping threshold takes a whole mapping as outside
+//!   segment mode.
 //! - The census of a tag other than 0 is kept in [`TagBooks`], updated where the
 //!   books move bytes (hand-out, free, index insert and removal, a heap's handle
 //!   booked or released, sleep, wake): O(1), no walk. Tag 0's is the snapshot less
@@ -602,14 +606,15 @@ impl Pool {
     /// with `None`, as [`Pool::allocate_raw`]. Tag 0 is exactly those functions.
     ///
     /// A tag other than 0 never takes a thread cache's memory. In segment mode, a
-    /// synchronous request (`stream` `None`) up to `segment_whole_threshold_bytes`
-    /// is a block (rounded up to 512 bytes) of the tag's own heap, which grows by
-    /// whole handles holding only the tag's blocks; such a block must be freed with
-    /// the synchronous [`Pool::free_raw`] (a stream-ordered free of it is an
-    /// [`Error::InvalidArgument`]). Otherwise it takes a whole mapping (rounded to
-    /// the granularity): an idle one of its own bucket (synchronous only), one freed
-    /// on a stream whose work is known complete (or, stream-ordered outside segment
-    /// mode, what [`Pool::allocate_async_raw`] may take), else a new one.
+    /// request up to `segment_whole_threshold_bytes` (synchronous or on `stream`) is
+    /// a block (rounded up to 512 bytes, aligned to 512) of the tag's own heap, which
+    /// grows by whole handles holding only the tag's blocks; freed with
+    /// [`Pool::free_raw`] or [`Pool::free_async_raw`], it stays the tag's (reused by
+    /// the tag once a release point or its stream's fence says its work is done).
+    /// Otherwise it takes a whole mapping (rounded to the granularity): an idle one of
+    /// its own bucket (synchronous only), one freed on a stream whose work is known
+    /// complete (or, stream-ordered outside segment mode, what
+    /// [`Pool::allocate_async_raw`] may take), else a new one.
     ///
     /// Errors: [`Error::TagState`] while the tag sleeps (or a sleep or wake of it
     /// runs); otherwise as [`Pool::allocate_raw`] / [`Pool::allocate_async_raw`].

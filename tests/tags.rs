@@ -949,3 +949,35 @@ fn stream_tagged_allocations() {
     check(&pool);
     no_faults(&sim);
 }
+
+/// Segment mode: a tag's block freed on a stream being captured is kept for the
+/// capture's graph, and the capture's own (tag 0) allocations on that stream do not
+/// take it; the capture's release (trim) puts it back in the tag's heap, whose handle,
+/// wholly free, is then released.
+#[test]
+fn a_tag_block_freed_during_a_capture_stays_the_tags() {
+    let (pool, sim) = keeping_pool(ReusePolicy::Segments, 16 * GIB);
+    let s = common::stream(&sim);
+    let t = pool.allocate_tagged_raw(1000, Some(s), 6).unwrap();
+    assert_eq!(
+        sim.stream_begin_capture(s.0, CaptureMode::Global),
+        CuResult::SUCCESS
+    );
+    pool.free_async_raw(t, s).unwrap();
+    assert_eq!(pool.snapshot().capture_held_bytes, 1024);
+    let u = pool.allocate_async_raw(1000, s).unwrap();
+    assert!(u.abs_diff(t) >= 2 * MIB, "tag 0 took the tag's block");
+    let c = pool.tag_census(6);
+    assert_eq!(
+        (c.live_count, c.idle_bytes, c.physical_bytes),
+        (0, 2 * MIB, 2 * MIB)
+    );
+    pool.free_async_raw(u, s).unwrap();
+    assert!(sim.stream_end_capture(s.0).is_success());
+    check(&pool);
+    pool.trim().unwrap();
+    check(&pool);
+    assert_eq!(pool.snapshot().physical_bytes, 0);
+    assert_eq!(pool.tag_census(6).physical_bytes, 0);
+    no_faults(&sim);
+}

@@ -1124,6 +1124,8 @@ impl Pool {
         let mut pending: Vec<(DevicePtr, PhysicalHandle, bool, DevicePtr)> = Vec::new();
         let mut unmapped = vec![true; plan.handles.len()];
         let mut seg_error = None;
+        // The whole mappings unmapped now (indices in `pieces`).
+        let mut asleep_pieces: Vec<usize> = (0..pieces.len()).collect();
         for (i, &(h, _, alias)) in plan.handles.iter().enumerate() {
             let mut alias_gone = false;
             let r = if alias != 0 {
@@ -1152,19 +1154,24 @@ impl Pool {
             if !lost {
                 // Undone: the whole mappings too, the tag awake.
                 let kept = self.map_back_pieces(&pieces, &mut failed);
-                let mut st = lock(&self.state);
-                for (j, &(hj, _, alias_j)) in plan.handles.iter().enumerate() {
-                    if alias_j != 0 && (j < i || (j == i && alias_gone)) {
-                        st.mapping_mut(hj.slot).alias = 0;
-                        st.counters.segment_handles_lent -= 1;
-                        st.counters.segment_lent_bytes -= hj.size;
+                if kept.is_empty() {
+                    let mut st = lock(&self.state);
+                    for (j, &(hj, _, alias_j)) in plan.handles.iter().enumerate() {
+                        if alias_j != 0 && (j < i || (j == i && alias_gone)) {
+                            st.mapping_mut(hj.slot).alias = 0;
+                            st.counters.segment_handles_lent -= 1;
+                            st.counters.segment_lent_bytes -= hj.size;
+                        }
                     }
+                    self.fail_awake(&mut st, tag, mode, host, &failed, &kept, &pieces, &offsets);
+                    return Err(Error::Driver {
+                        source: e,
+                        bytes: h.size,
+                    });
                 }
-                self.fail_awake(&mut st, tag, mode, host, &failed, &kept, &pieces, &offsets);
-                return Err(Error::Driver {
-                    source: e,
-                    bytes: h.size,
-                });
+                // A whole mapping could not be mapped back: the tag sleeps with it
+                // (and those like it); its segments sleep too, as below.
+                asleep_pieces.retain(|&k| kept.iter().any(|q| q.slot == pieces[k].slot));
             }
             // The undo was refused as well: the segments go to sleep after all.
             // Unmap again what was mapped back, and what is left from `i` on; a
@@ -1201,8 +1208,9 @@ impl Pool {
         }
         // Release every handle; a refused release keeps a whole mapping's handle
         // (mapped again at wake) and leaves a segment's pending.
-        let mut entries = Vec::with_capacity(pieces.len());
-        for (i, p) in pieces.iter().enumerate() {
+        let mut entries = Vec::with_capacity(asleep_pieces.len());
+        for &i in &asleep_pieces {
+            let p = &pieces[i];
             let mut q = *p;
             if let Err(e) = d.release(p.handle) {
                 failed.push(e.call);

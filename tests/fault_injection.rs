@@ -66,9 +66,10 @@ enum Op {
     AllocTagged(u8, u64),
     /// Free the n-th tagged allocation: on its stream when it was allocated on one.
     FreeTagged(usize),
-    /// Sleep tag 1 + n % 2, offloading or discarding.
+    /// Sleep tag n % 3 (0: the untagged allocations, in every policy, segment mode
+    /// included), offloading or discarding.
     Sleep(u8, bool),
-    /// Wake tag 1 + n % 2.
+    /// Wake tag n % 3.
     Wake(u8),
 }
 
@@ -322,6 +323,15 @@ impl Model {
             self.asleep.iter().filter(|&&a| a).count() as u64,
             "{step:?}: tags asleep"
         );
+        // Tag 0: its census says whether it sleeps and counts the untagged
+        // allocations (what a sleep of it left physical is checked at the sleep).
+        let c0 = pool.tag_census(0);
+        assert_eq!(c0.sleeping, self.asleep[0], "{step:?}: tag 0");
+        assert_eq!(
+            c0.live_count,
+            self.live.len() as u64,
+            "{step:?}: tag 0 live"
+        );
         for t in 1..3u32 {
             let c = pool.tag_census(t);
             assert_eq!(c.sleeping, self.asleep[t as usize], "{step:?}: tag {t}");
@@ -478,6 +488,28 @@ fn run(setup: Setup, ops: Vec<Op>) {
         );
         if sync_op && m.capture.is_some() {
             continue;
+        }
+        // While tag 0 sleeps, the untagged allocations are refused (nothing changes)
+        // and its memory is neither freed nor touched.
+        if m.asleep[0] {
+            let refused = match *op {
+                Op::Alloc(bytes) => Some(pool.allocate_raw(bytes)),
+                Op::AllocAsync(si, bytes) => {
+                    Some(pool.allocate_async_raw(bytes, m.stream(usize::from(si) % 4)))
+                }
+                _ => None,
+            };
+            if let Some(r) = refused {
+                assert!(
+                    matches!(r, Err(Error::TagState { tag: 0, .. })),
+                    "{op:?} while tag 0 sleeps: {r:?}"
+                );
+                m.check(&pool, op);
+                continue;
+            }
+            if matches!(op, Op::Free(_) | Op::FreeAsync(_) | Op::Launch(..)) {
+                continue;
+            }
         }
         match *op {
             Op::Alloc(bytes) => match pool.allocate_raw(bytes) {
@@ -654,8 +686,14 @@ fn run(setup: Setup, ops: Vec<Op>) {
                         }
                     })
                     .sum();
+                // (While tag 0 sleeps its allocations are sleeping bytes.)
+                let asleep0 = if m.asleep[0] {
+                    s.sleeping_bytes + s.sleeping_held_bytes
+                } else {
+                    0
+                };
                 assert!(
-                    s.live_mapped_bytes + s.block_live_bytes >= rounded,
+                    s.live_mapped_bytes + s.block_live_bytes + asleep0 >= rounded,
                     "{s:#?}"
                 );
                 assert!(d.mapped_bytes >= s.live_mapped_bytes, "{s:#?}\n{d:#?}");
@@ -732,7 +770,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 }
             }
             Op::Sleep(t, offload) => {
-                let tag = 1 + u32::from(t % 2);
+                let tag = u32::from(t % 3);
                 let mode = if offload {
                     SleepMode::Offload
                 } else {
@@ -757,15 +795,21 @@ fn run(setup: Setup, ops: Vec<Op>) {
                                 assert_eq!(c.physical_bytes, 0, "{op:?}");
                             }
                             if offload {
-                                let asked: u64 =
-                                    m.tagged.iter().filter(|x| x.2 == tag).map(|x| x.1).sum();
+                                let asked: u64 = if tag == 0 {
+                                    m.live.iter().map(|x| x.1).sum()
+                                } else {
+                                    m.tagged.iter().filter(|x| x.2 == tag).map(|x| x.1).sum()
+                                };
                                 assert_eq!(c.offloaded_bytes, asked, "{op:?}");
                             }
                         }
                         Err(e) => {
                             assert!(e.driver_error().is_some(), "{op:?}: {e:?}");
+                            // A memory call, or (tag 0's sleep releases what is idle
+                            // as trim does) a stream or event call.
                             assert!(
-                                m.fired_all() > fired_all_before,
+                                m.fired_all() > fired_all_before
+                                    || (tag == 0 && m.stream_fired() > stream_fired_before),
                                 "{op:?}: {e:?} not injected"
                             );
                             // Awake, unless undoing the failure failed too.
@@ -778,7 +822,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 }
             }
             Op::Wake(t) => {
-                let tag = 1 + u32::from(t % 2);
+                let tag = u32::from(t % 3);
                 let r = pool.wake(tag);
                 if !m.asleep[tag as usize] {
                     assert!(matches!(r, Err(Error::TagState { .. })), "{op:?}: {r:?}");
@@ -786,10 +830,14 @@ fn run(setup: Setup, ops: Vec<Op>) {
                     match r {
                         Ok(()) => {
                             m.asleep[tag as usize] = false;
-                            for &(p, b, tg) in &m.tagged {
-                                if tg == tag {
-                                    assert_eq!(sim.touch(p, b, 0), CuResult::SUCCESS, "{op:?}");
-                                }
+                            let mine = m
+                                .tagged
+                                .iter()
+                                .filter(|x| x.2 == tag)
+                                .map(|x| (x.0, x.1))
+                                .chain(m.live.iter().filter(|_| tag == 0).map(|x| (x.0, x.1)));
+                            for (p, b) in mine {
+                                assert_eq!(sim.touch(p, b, 0), CuResult::SUCCESS, "{op:?}");
                             }
                         }
                         Err(e) => {

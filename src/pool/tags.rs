@@ -908,8 +908,10 @@ impl Pool {
     /// awake and usable. If a map-back is refused too: a whole mapping's handle is
     /// kept and the tag sleeps with it ([`Pool::wake`] maps it again); a segment's
     /// handle makes the sleep go on for every segment of the tag (a handle whose
-    /// unmap the driver refuses is left pending, released at the next release point,
-    /// and a new one mapped at wake), the tag asleep, and the error returned. A
+    /// unmap the driver refuses is left pending, released at the next release point
+    /// or wake, and a new one mapped at wake), the tag asleep, and the error
+    /// returned (so does a whole mapping's refused map-back when segments were
+    /// unmapped too: the segments sleep with it). A
     /// handle the driver refuses to release is kept: a whole mapping's counted in
     /// `sleeping_held_bytes` (and the census's physical bytes) and mapped again at
     /// wake; a segment's left pending (the pool's, retried at the next release
@@ -1399,6 +1401,10 @@ impl Pool {
     /// leaves it to the driver, the wake still succeeds). Every pointer of the tag is
     /// valid again: same bytes (offload) or unspecified contents (discard).
     ///
+    /// First, what the pool holds pending (a release refused part-way, or what an
+    /// earlier wake's undo could not undo) is released again (`cuMemUnmap`,
+    /// `cuMemRelease`, `cuMemAddressFree`; no synchronize), as at a release point.
+    ///
     /// Failures: any step refused (the device full: `cuMemCreate` out of memory)
     /// undoes what this wake mapped and created, in reverse, and returns the error;
     /// the tag stays asleep, its host copy kept, and a later wake can succeed. A
@@ -1411,6 +1417,23 @@ impl Pool {
     /// room: free memory or trim, then wake again); [`Error::Driver`] for another
     /// refused call.
     pub fn wake(&self, tag: u32) -> Result<()> {
+        // What a release or an earlier wake's undo left pending is retried first
+        // (no synchronize: a pending leftover's work is done): a leftover still
+        // mapped at one of the tag's addresses would make this wake's map fail.
+        let mut batch = Batch::default();
+        {
+            let mut st = lock(&self.state);
+            if st
+                .tags
+                .get(&tag)
+                .is_some_and(|t| !t.busy && t.sleeping.is_some())
+                && !st.pending.is_empty()
+            {
+                st.collect_pending(&mut batch);
+                st.start_release(&mut batch);
+            }
+        }
+        let _ = self.release_batch(batch);
         let (mode, host, pieces, seg, blocks) = {
             let mut st = lock(&self.state);
             let t = st.tags.entry(tag).or_default();

@@ -982,3 +982,36 @@ fn a_tag_block_freed_during_a_capture_stays_the_tags() {
     assert_eq!(pool.tag_census(6).physical_bytes, 0);
     no_faults(&sim);
 }
+
+/// Segment mode: a sleep that fails after planning (the host allocation refused)
+/// leaves the tag's heap as it was: its free space serves the tag's next block with
+/// no driver call, and a trim releases the handle once it is wholly free.
+#[test]
+fn a_failed_segment_sleep_leaves_the_heap_usable() {
+    let (pool, sim) = keeping_pool(ReusePolicy::Segments, 16 * GIB);
+    let a: Vec<_> = (0..3)
+        .map(|_| pool.allocate_tagged_raw(1000, None, 2).unwrap())
+        .collect();
+    sim.inject_failure(DriverCall::HostAlloc, 1, CuResult::OUT_OF_MEMORY);
+    assert!(matches!(
+        pool.sleep(2, SleepMode::Offload),
+        Err(Error::Driver { .. })
+    ));
+    sim.clear_failures();
+    assert!(!pool.tag_census(2).sleeping);
+    check(&pool);
+    let creates = sim.call_count(DriverCall::Create);
+    let b = pool.allocate_tagged_raw(1000, None, 2).unwrap();
+    assert_eq!(
+        sim.call_count(DriverCall::Create),
+        creates,
+        "carved, not grown"
+    );
+    assert_eq!(b, a[2] + 1024, "the next 1024 bytes of the handle");
+    for p in a.into_iter().chain([b]) {
+        pool.free_raw(p).unwrap();
+    }
+    pool.trim().unwrap();
+    check(&pool);
+    assert_eq!(pool.snapshot().physical_bytes, 0);
+}

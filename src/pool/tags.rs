@@ -413,6 +413,19 @@ impl State {
         Ok(plan)
     }
 
+    /// A sleep of the segments of `plan` did not happen (the tag stays awake): their
+    /// free blocks, taken out of the free index for the sleep, go back into it.
+    fn seg_restore_free(&mut self, plan: &SegPlan) {
+        for &slot in &plan.free {
+            let (seg, size) = {
+                let m = self.mref(slot);
+                (m.seg, m.size())
+            };
+            let key = self.segs.segs[seg as usize].key;
+            self.segs.free.insert(slot, key, size);
+        }
+    }
+
     /// Books the segments of `plan` asleep for tag `tag`: their handles out of the
     /// segments (released, or pending when in `pending`), their live blocks asleep
     /// (`offsets`: each one's offset in the host buffer), their free blocks out of
@@ -1062,13 +1075,23 @@ impl Pool {
             v.sort_by_key(|p| p.ptr);
             let plan = if self.segments {
                 st.merge_idle_blocks(tag);
-                st.seg_sleep_plan(tag)
-                    .map_err(|reason| Error::TagState { tag, reason })?
+                let plan = st
+                    .seg_sleep_plan(tag)
+                    .map_err(|reason| Error::TagState { tag, reason })?;
+                // Out of the free index from now on: no carve, lend or release (a
+                // trim on another thread) touches the handles this sleep unmaps.
+                for &slot in &plan.free {
+                    st.segs.free.remove(slot);
+                }
+                plan
             } else {
                 SegPlan::default()
             };
             (v, plan)
         };
+        // Every return below that leaves the segments awake puts their free blocks
+        // back first.
+        let restore = |st: &mut State| st.seg_restore_free(&plan);
         // Offload: one pinned buffer, each allocation's requested bytes at its
         // offset: the whole mappings', then the live blocks'.
         let mut host = None;
@@ -1079,7 +1102,9 @@ impl Pool {
                 + plan.live.iter().map(|l| l.2).sum::<u64>();
             if total > 0 {
                 let buf = d.host_alloc(total).map_err(|source| {
-                    lock(&self.state).counters.count_failure(source.call);
+                    let mut st = lock(&self.state);
+                    st.counters.count_failure(source.call);
+                    restore(&mut st);
                     Error::Driver {
                         source,
                         bytes: total,
@@ -1094,6 +1119,7 @@ impl Pool {
                     if n > 0 {
                         if let Err(source) = d.copy_to_host(buf, at, ptr, n) {
                             let _ = d.host_free(buf);
+                            restore(&mut lock(&self.state));
                             return Err(Error::Driver { source, bytes: n });
                         }
                     }
@@ -1112,6 +1138,7 @@ impl Pool {
                 let mut failed = vec![e.call];
                 let kept = self.map_back_pieces(&pieces[..i], &mut failed);
                 let mut st = lock(&self.state);
+                restore(&mut st);
                 self.fail_awake(&mut st, tag, mode, host, &failed, &kept, &pieces, &offsets);
                 return Err(Error::Driver {
                     source: e,
@@ -1158,6 +1185,7 @@ impl Pool {
                 let kept = self.map_back_pieces(&pieces, &mut failed);
                 if kept.is_empty() {
                     let mut st = lock(&self.state);
+                    restore(&mut st);
                     for (j, &(hj, _, alias_j)) in plan.handles.iter().enumerate() {
                         if alias_j != 0 && (j < i || (j == i && alias_gone)) {
                             st.mapping_mut(hj.slot).alias = 0;

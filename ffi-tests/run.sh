@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the release static library, then compiles and runs the C11 and C++17 ABI
-# tests and the C program of README.md (extracted from it, so that the README cannot
+# tests, the C++17 tag program (tags.cpp) and the C program of README.md (extracted from it, so that the README cannot
 # drift) against it: plainly, under AddressSanitizer + UndefinedBehaviorSanitizer
 # (leak detection on), under valgrind (memcheck, definite leaks are errors), and the
 # CMake consumer project when cmake is present. Exits non-zero on any failure.
@@ -62,10 +62,12 @@ run_exit0() {
   fi
 }
 
-compile() { # compile OUT LANG(c|cpp) EXTRA_FLAGS...
+compile() { # compile OUT LANG(c|cpp|tags) EXTRA_FLAGS...
   local out=$1 lang=$2; shift 2
   if [ "$lang" = c ]; then
     gcc -std=c11 "${warn[@]}" -g "$@" -I"$root/include" "$here/lifecycle.c" "$lib" "${syslibs[@]}" -o "$out"
+  elif [ "$lang" = tags ]; then
+    g++ -std=c++17 "${warn[@]}" -g "$@" -I"$root/include" "$here/tags.cpp" "$lib" "${syslibs[@]}" -o "$out"
   else
     g++ -std=c++17 "${warn[@]}" -g "$@" -I"$root/include" "$here/lifecycle.cpp" "$lib" "${syslibs[@]}" -o "$out"
   fi
@@ -92,9 +94,11 @@ compile_readme() { # compile_readme OUT EXTRA_FLAGS...
 echo "== plain"
 compile "$build/lifecycle_c" c -O2
 compile "$build/lifecycle_cpp" cpp -O2
+compile "$build/tags_cpp" tags -O2
 compile_readme "$build/readme_example" -O2
 run "C11" "$build/lifecycle_c"
 run "C++17" "$build/lifecycle_cpp"
+run "C++17 tags" "$build/tags_cpp"
 run_exit0 "README example" "$build/readme_example"
 
 if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
@@ -102,11 +106,13 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   san=(-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   compile "$build/lifecycle_c_asan" c "${san[@]}"
   compile "$build/lifecycle_cpp_asan" cpp "${san[@]}"
+  compile "$build/tags_cpp_asan" tags "${san[@]}"
   compile_readme "$build/readme_example_asan" -g "${san[@]}"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   run "C11 asan+ubsan" "$build/lifecycle_c_asan"
   run "C++17 asan+ubsan" "$build/lifecycle_cpp_asan"
+  run "C++17 tags asan+ubsan" "$build/tags_cpp_asan"
   run_exit0 "README example asan+ubsan" "$build/readme_example_asan"
   unset ASAN_OPTIONS UBSAN_OPTIONS
 fi
@@ -117,6 +123,7 @@ if [ "${SKIP_VALGRIND:-0}" != 1 ]; then
   vg=(valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite)
   run "C11 valgrind" "${vg[@]}" "$build/lifecycle_c"
   run "C++17 valgrind" "${vg[@]}" "$build/lifecycle_cpp"
+  run "C++17 tags valgrind" "${vg[@]}" "$build/tags_cpp"
   run_exit0 "README example valgrind" "${vg[@]}" "$build/readme_example"
 fi
 

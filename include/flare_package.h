@@ -722,6 +722,16 @@ typedef struct FlareSnapshot {
      * (`SleepMode::Offload`).
      */
     uint64_t offloaded_bytes;
+    /**
+     * Of `sleeping_count`, the blocks of segments (segment mode): their
+     * handles released, their segment's reservation kept (a block holds no
+     * reservation of its own).
+     */
+    uint64_t sleeping_block_count;
+    /**
+     * Bytes of those blocks (512-byte multiples), part of `sleeping_bytes`.
+     */
+    uint64_t sleeping_block_bytes;
 } FlareSnapshot;
 
 /**
@@ -1143,12 +1153,13 @@ enum FlareStatus flare_package_record_stream(struct FlarePool *pool, void *ptr, 
  * Allocates `size` bytes for tag `tag`, stream-ordered on `stream` (as
  * `flare_package_allocate_async`; NULL is the legacy stream), and writes its device
  * address to `*out_ptr`. Tag 0 is exactly `flare_package_allocate_async`. A tag
- * other than 0 takes a whole mapping (the size rounded up to the granularity) in
- * every reuse policy, `FLARE_REUSE_SEGMENTS` included, so that its handles hold no
- * other tag's memory; its memory is counted by `flare_pool_tag_census` and put to
- * sleep by `flare_pool_sleep`. Free it with `flare_package_free` or
- * `flare_package_free_async` (a stream-ordered free makes the idle memory the pool's
- * shared memory, tag 0's).
+ * other than 0 holds memory of its own, so that its handles hold no other tag's
+ * memory: a whole mapping (the size rounded up to the granularity), or in
+ * `FLARE_REUSE_SEGMENTS` (up to `segment_whole_threshold_bytes`) a block (the size
+ * rounded up to 512 bytes) of the tag's own heap. Its memory is counted by
+ * `flare_pool_tag_census` and put to sleep by `flare_pool_sleep`. Free it with
+ * `flare_package_free` or `flare_package_free_async` (a whole mapping freed on a
+ * stream becomes the pool's shared idle memory, tag 0's; a block stays the tag's).
  *
  * Errors: `FLARE_STATUS_TAG_STATE` while the tag sleeps (nothing changes); otherwise
  * as `flare_package_allocate_async`. Nothing is written on failure. Thread-safe.
@@ -1169,15 +1180,20 @@ enum FlareStatus flare_package_allocate_tagged(struct FlarePool *pool,
  * (`FLARE_SLEEP_OFFLOAD`), then unmaps and releases every physical handle the tag
  * holds, live and idle, keeping every address reservation: the tag's pointers stay
  * reserved and become valid again at `flare_pool_wake`. The driver's free memory
- * rises by the tag's physical bytes. Allocating or freeing with the tag is refused
- * until then; other tags are untouched.
+ * rises by the tag's physical bytes. Any tag may sleep, tag 0 (the untagged
+ * functions') included; in `FLARE_REUSE_SEGMENTS` each tag's blocks live in handles
+ * of its own, and offload copies its live blocks only. Allocating or freeing with
+ * the tag is refused until then; other tags are untouched.
  *
  * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool or a mode that is not a
  * `FlareSleepMode`; `FLARE_STATUS_SCOPE_STATE` inside a retention scope or while one
- * of the pool's streams is captured; `FLARE_STATUS_TAG_STATE` when the tag already
- * sleeps; `FLARE_STATUS_NOT_SUPPORTED` for tag 0 in `FLARE_REUSE_SEGMENTS`;
- * `FLARE_STATUS_DRIVER_ERROR` when a step is refused: the tag is then awake and
- * usable, its contents intact (see the Rust `Pool::sleep` for the one exception).
+ * of the pool's streams is captured, or any blocking stream of the context (a
+ * non-blocking stream the pool has never seen cannot be detected: do not sleep while
+ * capturing); `FLARE_STATUS_TAG_STATE` when the tag already sleeps (or, in
+ * `FLARE_REUSE_SEGMENTS`, while its segments' memory is in flight: trim, then sleep
+ * again); `FLARE_STATUS_DRIVER_ERROR` when a step is refused: the tag is then awake
+ * and usable, its contents intact (see the Rust `Pool::sleep` for the exceptions:
+ * an undo refused as well).
  *
  * # Safety
  * `pool` is NULL or a live pool.

@@ -60,13 +60,16 @@ enum Op {
     Capture(u8),
     /// Make the `nth` next stream or event call of this kind fail with this code.
     FailStream(SimStreamCall, u32, CuResult),
-    /// `allocate_tagged_raw` (synchronous) for tag 1 + n % 2 (issue 15).
+    /// `allocate_tagged_raw` for tag 1 + n % 2 (issue 15): synchronous, or with bit
+    /// 2 of n set, stream-ordered on stream (n >> 3) % 4 (in segment mode, a block of
+    /// the tag's heap either way).
     AllocTagged(u8, u64),
-    /// Free the n-th tagged allocation.
+    /// Free the n-th tagged allocation: on its stream when it was allocated on one.
     FreeTagged(usize),
-    /// Sleep tag 1 + n % 2, offloading or discarding.
+    /// Sleep tag n % 3 (0: the untagged allocations, in every policy, segment mode
+    /// included), offloading or discarding.
     Sleep(u8, bool),
-    /// Wake tag 1 + n % 2.
+    /// Wake tag n % 3.
     Wake(u8),
 }
 
@@ -206,6 +209,8 @@ struct Model {
     live: Vec<(DevicePtr, u64, Option<usize>)>,
     /// Live tagged allocations: pointer, bytes asked, tag (1 or 2).
     tagged: Vec<(DevicePtr, u64, u32)>,
+    /// The stream each of `tagged` was allocated on (`None`: synchronous).
+    tagged_on: Vec<Option<usize>>,
     /// Whether tags 1 and 2 (indices 1, 2) sleep.
     asleep: [bool; 3],
     scope: bool,
@@ -318,17 +323,40 @@ impl Model {
             self.asleep.iter().filter(|&&a| a).count() as u64,
             "{step:?}: tags asleep"
         );
+        // Tag 0: its census says whether it sleeps and counts the untagged
+        // allocations (what a sleep of it left physical is checked at the sleep).
+        let c0 = pool.tag_census(0);
+        assert_eq!(c0.sleeping, self.asleep[0], "{step:?}: tag 0");
+        assert_eq!(
+            c0.live_count,
+            self.live.len() as u64,
+            "{step:?}: tag 0 live"
+        );
         for t in 1..3u32 {
             let c = pool.tag_census(t);
             assert_eq!(c.sleeping, self.asleep[t as usize], "{step:?}: tag {t}");
             let mine: Vec<_> = self.tagged.iter().filter(|x| x.2 == t).collect();
             assert_eq!(c.live_count, mine.len() as u64, "{step:?}: tag {t} live");
             // Each holds a whole mapping of at least its rounded size (a best fit or
-            // a forced reuse may hand out a larger one).
+            // a forced reuse may hand out a larger one), or in segment mode a block
+            // of its size rounded to 512 bytes.
+            let least: u64 = mine
+                .iter()
+                .map(|x| {
+                    if self.is_block(x.1) {
+                        x.1.div_ceil(512) * 512
+                    } else {
+                        self.rounded(x.1)
+                    }
+                })
+                .sum();
             assert!(
-                c.live_bytes >= mine.iter().map(|x| self.rounded(x.1)).sum::<u64>()
+                c.live_bytes >= least
                     && c.live_bytes
-                        <= s.live_mapped_bytes + s.sleeping_bytes + s.sleeping_held_bytes,
+                        <= s.live_mapped_bytes
+                            + s.block_live_bytes
+                            + s.sleeping_bytes
+                            + s.sleeping_held_bytes,
                 "{step:?}: tag {t} live bytes {}",
                 c.live_bytes
             );
@@ -427,6 +455,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
         granularity: pool.granularity(),
         live: Vec::new(),
         tagged: Vec::new(),
+        tagged_on: Vec::new(),
         asleep: [false; 3],
         scope: false,
         streams: [created[0], created[1], created[2], 0],
@@ -459,6 +488,28 @@ fn run(setup: Setup, ops: Vec<Op>) {
         );
         if sync_op && m.capture.is_some() {
             continue;
+        }
+        // While tag 0 sleeps, the untagged allocations are refused (nothing changes)
+        // and its memory is neither freed nor touched.
+        if m.asleep[0] {
+            let refused = match *op {
+                Op::Alloc(bytes) => Some(pool.allocate_raw(bytes)),
+                Op::AllocAsync(si, bytes) => {
+                    Some(pool.allocate_async_raw(bytes, m.stream(usize::from(si) % 4)))
+                }
+                _ => None,
+            };
+            if let Some(r) = refused {
+                assert!(
+                    matches!(r, Err(Error::TagState { tag: 0, .. })),
+                    "{op:?} while tag 0 sleeps: {r:?}"
+                );
+                m.check(&pool, op);
+                continue;
+            }
+            if matches!(op, Op::Free(_) | Op::FreeAsync(_) | Op::Launch(..)) {
+                continue;
+            }
         }
         match *op {
             Op::Alloc(bytes) => match pool.allocate_raw(bytes) {
@@ -635,25 +686,42 @@ fn run(setup: Setup, ops: Vec<Op>) {
                         }
                     })
                     .sum();
+                // (While tag 0 sleeps its allocations are sleeping bytes.)
+                let asleep0 = if m.asleep[0] {
+                    s.sleeping_bytes + s.sleeping_held_bytes
+                } else {
+                    0
+                };
                 assert!(
-                    s.live_mapped_bytes + s.block_live_bytes >= rounded,
+                    s.live_mapped_bytes + s.block_live_bytes + asleep0 >= rounded,
                     "{s:#?}"
                 );
                 assert!(d.mapped_bytes >= s.live_mapped_bytes, "{s:#?}\n{d:#?}");
             }
             Op::AllocTagged(t, bytes) => {
                 let tag = 1 + u32::from(t % 2);
-                match pool.allocate_tagged_raw(bytes, None, tag) {
+                let on = (t & 4 != 0).then_some(usize::from(t >> 3) % 4);
+                if on.is_some() {
+                    m.used_streams = true;
+                }
+                match pool.allocate_tagged_raw(bytes, on.map(|si| m.stream(si)), tag) {
                     Ok(ptr) => {
                         assert!(!m.asleep[tag as usize], "{op:?}: allocated while asleep");
-                        assert_eq!(ptr % m.granularity, 0, "a tagged allocation is whole");
+                        // A whole mapping, or in segment mode a block of the tag's
+                        // own heap.
+                        assert_eq!(ptr % m.align(bytes), 0, "{op:?}: {ptr:#x}");
                         assert!(
                             m.live.iter().all(|&(p, _, _)| p != ptr)
                                 && m.tagged.iter().all(|&(p, _, _)| p != ptr),
                             "{op:?}: {ptr:#x} handed out twice"
                         );
-                        sim.mark_busy(ptr, bytes);
+                        // Synchronous: work in flight reads it until the next
+                        // synchronize. (Stream-ordered: its stream's work, none here.)
+                        if on.is_none() {
+                            sim.mark_busy(ptr, bytes);
+                        }
                         m.tagged.push((ptr, bytes, tag));
+                        m.tagged_on.push(on);
                         m.allocations += 1;
                     }
                     Err(Error::TagState { tag: t2, .. }) => {
@@ -668,7 +736,11 @@ fn run(setup: Setup, ops: Vec<Op>) {
                             Error::Driver { .. } => {}
                             _ => panic!("{op:?}: untyped error {e:?}"),
                         }
-                        assert_names_call(&e, &CREATE_STEPS);
+                        let mut allowed = CREATE_STEPS.to_vec();
+                        if on.is_some() {
+                            allowed.push(DriverCall::StreamGetCaptureInfo);
+                        }
+                        assert_names_call(&e, &allowed);
                     }
                 }
             }
@@ -676,10 +748,15 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 if !m.tagged.is_empty() {
                     let k = i % m.tagged.len();
                     let (ptr, _, tag) = m.tagged[k];
-                    match pool.free_raw(ptr) {
+                    let freed = match m.tagged_on[k] {
+                        Some(si) => pool.free_async_raw(ptr, m.stream(si)),
+                        None => pool.free_raw(ptr),
+                    };
+                    match freed {
                         Ok(()) => {
                             assert!(!m.asleep[tag as usize], "{op:?}: freed while asleep");
                             m.tagged.swap_remove(k);
+                            m.tagged_on.swap_remove(k);
                             m.frees += 1;
                         }
                         Err(e) => {
@@ -693,7 +770,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 }
             }
             Op::Sleep(t, offload) => {
-                let tag = 1 + u32::from(t % 2);
+                let tag = u32::from(t % 3);
                 let mode = if offload {
                     SleepMode::Offload
                 } else {
@@ -718,15 +795,21 @@ fn run(setup: Setup, ops: Vec<Op>) {
                                 assert_eq!(c.physical_bytes, 0, "{op:?}");
                             }
                             if offload {
-                                let asked: u64 =
-                                    m.tagged.iter().filter(|x| x.2 == tag).map(|x| x.1).sum();
+                                let asked: u64 = if tag == 0 {
+                                    m.live.iter().map(|x| x.1).sum()
+                                } else {
+                                    m.tagged.iter().filter(|x| x.2 == tag).map(|x| x.1).sum()
+                                };
                                 assert_eq!(c.offloaded_bytes, asked, "{op:?}");
                             }
                         }
                         Err(e) => {
                             assert!(e.driver_error().is_some(), "{op:?}: {e:?}");
+                            // A memory call, or (tag 0's sleep releases what is idle
+                            // as trim does) a stream or event call.
                             assert!(
-                                m.fired_all() > fired_all_before,
+                                m.fired_all() > fired_all_before
+                                    || (tag == 0 && m.stream_fired() > stream_fired_before),
                                 "{op:?}: {e:?} not injected"
                             );
                             // Awake, unless undoing the failure failed too.
@@ -739,7 +822,7 @@ fn run(setup: Setup, ops: Vec<Op>) {
                 }
             }
             Op::Wake(t) => {
-                let tag = 1 + u32::from(t % 2);
+                let tag = u32::from(t % 3);
                 let r = pool.wake(tag);
                 if !m.asleep[tag as usize] {
                     assert!(matches!(r, Err(Error::TagState { .. })), "{op:?}: {r:?}");
@@ -747,10 +830,14 @@ fn run(setup: Setup, ops: Vec<Op>) {
                     match r {
                         Ok(()) => {
                             m.asleep[tag as usize] = false;
-                            for &(p, b, tg) in &m.tagged {
-                                if tg == tag {
-                                    assert_eq!(sim.touch(p, b, 0), CuResult::SUCCESS, "{op:?}");
-                                }
+                            let mine = m
+                                .tagged
+                                .iter()
+                                .filter(|x| x.2 == tag)
+                                .map(|x| (x.0, x.1))
+                                .chain(m.live.iter().filter(|_| tag == 0).map(|x| (x.0, x.1)));
+                            for (p, b) in mine {
+                                assert_eq!(sim.touch(p, b, 0), CuResult::SUCCESS, "{op:?}");
                             }
                         }
                         Err(e) => {

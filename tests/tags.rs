@@ -130,8 +130,17 @@ fn offload_sleep_and_wake_keep_addresses_and_bytes() {
         pool.free_raw(spare).unwrap();
         let before = pool.snapshot().physical_bytes;
         let held = pool.tag_census(1).physical_bytes;
-        // 2 + 2 + 6 + 64 MiB live, 4 MiB idle.
-        assert_eq!(held, 78 * MIB);
+        let segments = policy == ReusePolicy::Segments;
+        if segments {
+            // Blocks of the tag's heaps: the small class (up to 1 MiB) one 2 MiB
+            // handle; the large class grows by the need or an eighth of what it has
+            // mapped (rounded to 2 MiB): 2, then 6 (5 MiB + 512), then 64, then 10
+            // (a need of 4 MiB; 72 / 8 = 9, rounded up) holding the idle 4 MiB.
+            assert_eq!(held, (2 + 2 + 6 + 64 + 10) * MIB);
+        } else {
+            // 2 + 2 + 6 + 64 MiB live, 4 MiB idle.
+            assert_eq!(held, 78 * MIB);
+        }
         pool.sleep(1, SleepMode::Offload).unwrap();
         let s = check_with_devices(&pool, 1);
         assert_eq!(s.physical_bytes, before - held, "{policy:?}");
@@ -175,9 +184,16 @@ fn offload_sleep_and_wake_keep_addresses_and_bytes() {
         assert_eq!(sim.host_bytes(), 0);
         let c = pool.tag_census(1);
         assert!(!c.sleeping);
+        // The idle memory was released by the sleep: the 4 MiB mapping, or in
+        // segment mode the 10 MiB handle it was carved from (wholly free).
+        let live = if segments {
+            MIB + 2 * MIB + (5 * MIB + 512) + 64 * MIB
+        } else {
+            74 * MIB
+        };
         assert_eq!(
             (c.physical_bytes, c.offloaded_bytes, c.live_bytes),
-            (74 * MIB, 0, 74 * MIB)
+            (74 * MIB, 0, live)
         );
         for (i, (&p, &n)) in t1.iter().zip(&sizes).enumerate() {
             same(&sim, p, i as u64, n as usize);
@@ -314,8 +330,10 @@ fn tag_zero_sleep_settles_the_thread_caches() {
     check(&pool);
 }
 
-/// Segment mode: a tag other than 0 takes whole mappings (its handles hold no other
-/// tag's blocks), and sleeps without touching tag 0's blocks; tag 0 cannot sleep.
+/// Segment mode: a tag's synchronous requests are blocks of its own heap, so its
+/// handles hold none of tag 0's blocks (nor tag 0's any of its); each tag sleeps
+/// (tag 0 included) without touching the other's bytes, and wakes at the same
+/// addresses with its bytes back.
 #[test]
 fn segments_keep_tags_apart() {
     let (pool, sim) = pool_with(ReusePolicy::Segments, 16 * GIB);
@@ -326,24 +344,457 @@ fn segments_keep_tags_apart() {
     let t: Vec<_> = (0..8)
         .map(|_| pool.allocate_tagged_raw(4096, None, 1).unwrap())
         .collect();
-    let s = check(&pool);
-    assert_eq!(s.block_live_count, 8, "tagged requests are not blocks");
-    assert_eq!(pool.tag_census(1).physical_bytes, 8 * 2 * MIB);
-    assert!(matches!(
-        pool.sleep(0, SleepMode::Discard),
-        Err(Error::NotSupported(_))
-    ));
-    pool.sleep(1, SleepMode::Offload).unwrap();
-    let s = check(&pool);
-    assert_eq!(s.physical_bytes, s.segment_mapped_bytes);
-    for (i, &b) in blocks.iter().enumerate() {
-        same(&sim, b, 50 + i as u64, 4096);
+    for (i, &p) in t.iter().enumerate() {
+        fill(&sim, p, 70 + i as u64, 4096);
     }
-    pool.wake(1).unwrap();
+    let s = check(&pool);
+    // 16 blocks of 4 KiB: two heaps of one 2 MiB handle each (a growth maps the need,
+    // 4 KiB, rounded to the 2 MiB granularity).
+    assert_eq!((s.block_live_count, s.block_live_bytes), (16, 16 * 4096));
+    assert_eq!((s.segment_handles, s.physical_bytes), (2, 4 * MIB));
+    let c1 = pool.tag_census(1);
+    assert_eq!(
+        (
+            c1.live_count,
+            c1.live_bytes,
+            c1.physical_bytes,
+            c1.idle_bytes
+        ),
+        (8, 8 * 4096, 2 * MIB, 2 * MIB - 8 * 4096)
+    );
+    let c0 = pool.tag_census(0);
+    assert_eq!(
+        (
+            c0.live_count,
+            c0.live_bytes,
+            c0.physical_bytes,
+            c0.idle_bytes
+        ),
+        (8, 8 * 4096, 2 * MIB, 2 * MIB - 8 * 4096)
+    );
+    // Apart: no tag-1 block lies within 2 MiB of a tag-0 block (each heap is its own
+    // reservation).
+    for &p in &t {
+        assert!(blocks.iter().all(|&b| p.abs_diff(b) >= 2 * MIB));
+    }
+    for (tag, mine, theirs, seed, other_seed) in
+        [(1u32, &t, &blocks, 70u64, 50u64), (0, &blocks, &t, 50, 70)]
+    {
+        for mode in [SleepMode::Offload, SleepMode::Discard] {
+            pool.sleep(tag, mode).unwrap();
+            let s = check(&pool);
+            assert_eq!(s.physical_bytes, 2 * MIB, "tag {tag} {mode:?}");
+            assert_eq!(sim.state().physical_bytes, 2 * MIB);
+            assert_eq!((s.sleeping_count, s.sleeping_block_count), (8, 8));
+            assert_eq!(
+                (s.sleeping_bytes, s.sleeping_block_bytes),
+                (8 * 4096, 8 * 4096)
+            );
+            let c = pool.tag_census(tag);
+            assert!(c.sleeping);
+            assert_eq!((c.physical_bytes, c.idle_bytes, c.live_count), (0, 0, 8));
+            // Offload copies the live blocks' bytes only, not the free space.
+            let want = if mode == SleepMode::Offload {
+                8 * 4096
+            } else {
+                0
+            };
+            assert_eq!((c.offloaded_bytes, sim.host_bytes()), (want, want));
+            for &p in mine.iter() {
+                assert_eq!(sim.touch(p, 1, 0), CuResult::INVALID_VALUE);
+            }
+            for (i, &b) in theirs.iter().enumerate() {
+                same(&sim, b, other_seed + i as u64, 4096);
+            }
+            pool.wake(tag).unwrap();
+            let s = check_with_devices(&pool, 1);
+            assert_eq!(
+                (s.physical_bytes, s.sleeping_count, s.tags_sleeping),
+                (4 * MIB, 0, 0)
+            );
+            assert_eq!(sim.host_bytes(), 0);
+            for (i, &p) in mine.iter().enumerate() {
+                if mode == SleepMode::Offload {
+                    same(&sim, p, seed + i as u64, 4096);
+                } else {
+                    // Contents unspecified: written again for the next round.
+                    assert_eq!(sim.touch(p, 4096, 0), CuResult::SUCCESS);
+                    fill(&sim, p, seed + i as u64, 4096);
+                }
+            }
+        }
+    }
     for p in blocks.into_iter().chain(t) {
         pool.free_raw(p).unwrap();
     }
+    pool.trim().unwrap();
     check(&pool);
+    assert_eq!(pool.snapshot().physical_bytes, 0);
+    no_faults(&sim);
+}
+
+/// Segment mode: the census of a tag counts its blocks' sizes (rounded to 512) as
+/// live and the rest of its heap's handles as idle. A block the tag frees, with the
+/// synchronous free or on a stream, stays the tag's: tag 0's allocations (on that
+/// stream too) never take it; after a release point it is back in the tag's heap,
+/// and the tag's next allocation of its size takes it.
+#[test]
+fn segment_census_and_reuse_stay_in_the_tag() {
+    let (pool, sim) = keeping_pool(ReusePolicy::Segments, 16 * GIB);
+    let s = common::stream(&sim);
+    let a: Vec<_> = (0..4)
+        .map(|i| {
+            let stream = (i == 3).then_some(s);
+            pool.allocate_tagged_raw(1000, stream, 4).unwrap()
+        })
+        .collect();
+    let c = pool.tag_census(4);
+    assert_eq!(
+        c,
+        TagCensus {
+            sleeping: false,
+            live_count: 4,
+            live_bytes: 4 * 1024,
+            peak_live_bytes: 4 * 1024,
+            idle_bytes: 2 * MIB - 4 * 1024,
+            physical_bytes: 2 * MIB,
+            offloaded_bytes: 0,
+        }
+    );
+    // One block of one handle: the stream-ordered one is in the tag's heap too.
+    assert_eq!(a[3], a[2] + 1024);
+    pool.free_raw(a[1]).unwrap();
+    pool.free_async_raw(a[3], s).unwrap();
+    let c = pool.tag_census(4);
+    assert_eq!(
+        (c.live_count, c.live_bytes, c.idle_bytes, c.physical_bytes),
+        (2, 2048, 2 * MIB - 2048, 2 * MIB)
+    );
+    check(&pool);
+    // Tag 0 takes none of it, synchronous or on the stream: its blocks grow heaps of
+    // its own.
+    let u = pool.allocate_raw(1000).unwrap();
+    let v = pool.allocate_async_raw(1000, s).unwrap();
+    for p in [u, v] {
+        assert!(a.iter().all(|&q| p.abs_diff(q) >= 2 * MIB), "{p:#x}");
+    }
+    assert_eq!(pool.tag_census(0).physical_bytes, 4 * MIB);
+    let total: u64 = [0, 4]
+        .iter()
+        .map(|&t| pool.tag_census(t).physical_bytes)
+        .sum();
+    assert_eq!(total, pool.snapshot().physical_bytes);
+    pool.free_raw(u).unwrap();
+    pool.free_async_raw(v, s).unwrap();
+    // A release point: both blocks back in the tag's heap (its handle kept: two
+    // blocks live); tag 0's handles, wholly free, released.
+    pool.trim().unwrap();
+    check(&pool);
+    assert_eq!(pool.tag_census(4).physical_bytes, 2 * MIB);
+    assert_eq!(pool.tag_census(0).physical_bytes, 0);
+    // The smallest fit of 1024 bytes is the hole a[1] left.
+    let again = pool.allocate_tagged_raw(1000, None, 4).unwrap();
+    assert_eq!(again, a[1]);
+    for p in [a[0], again, a[2]] {
+        pool.free_raw(p).unwrap();
+    }
+    assert_eq!(pool.tag_census(4).idle_bytes, 2 * MIB);
+    pool.trim().unwrap();
+    check(&pool);
+    assert_eq!(pool.tag_census(4).physical_bytes, 0);
+    assert_eq!(pool.snapshot().physical_bytes, 0);
+    no_faults(&sim);
+}
+
+/// Segment mode, tag 0 asleep with thread caches and a stream's heap holding its
+/// memory: the sleep settles the caches, releases what is idle, and releases every
+/// handle of tag 0's heaps (the synchronous API's and the stream's); wake maps new
+/// ones at the same addresses with the bytes back; tag 5's heap is untouched.
+#[test]
+fn tag_zero_sleeps_in_segment_mode() {
+    let (pool, sim) = keeping_pool(ReusePolicy::Segments, 16 * GIB);
+    let s = common::stream(&sim);
+    let sync_live = pool.allocate_raw(3 * MIB).unwrap();
+    fill(&sim, sync_live, 1, 3 * MIB as usize);
+    let cached = pool.allocate_raw(4096).unwrap();
+    pool.free_raw(cached).unwrap();
+    assert_eq!(pool.snapshot().thread_cache_count, 1);
+    let on_stream = pool.allocate_async_raw(5000, s).unwrap();
+    fill(&sim, on_stream, 2, 5000);
+    let tagged = pool.allocate_tagged_raw(6000, None, 5).unwrap();
+    fill(&sim, tagged, 3, 6000);
+    let tag5 = pool.tag_census(5).physical_bytes;
+    assert_eq!(tag5, 2 * MIB);
+    pool.sleep(0, SleepMode::Offload).unwrap();
+    let snap = check(&pool);
+    assert_eq!(snap.thread_cache_count, 0);
+    assert_eq!(snap.physical_bytes, tag5, "only tag 5's heap is held");
+    assert_eq!(pool.tag_census(0).offloaded_bytes, 3 * MIB + 5000);
+    assert_eq!(pool.tag_census(0).physical_bytes, 0);
+    assert!(matches!(
+        pool.allocate_raw(4096),
+        Err(Error::TagState { tag: 0, .. })
+    ));
+    assert!(matches!(
+        pool.allocate_async_raw(4096, s),
+        Err(Error::TagState { tag: 0, .. })
+    ));
+    // Tag 5 works on.
+    let t2 = pool.allocate_tagged_raw(4096, None, 5).unwrap();
+    pool.free_raw(t2).unwrap();
+    pool.wake(0).unwrap();
+    check_with_devices(&pool, 1);
+    same(&sim, sync_live, 1, 3 * MIB as usize);
+    same(&sim, on_stream, 2, 5000);
+    same(&sim, tagged, 3, 6000);
+    pool.free_raw(sync_live).unwrap();
+    pool.free_async_raw(on_stream, s).unwrap();
+    pool.free_raw(tagged).unwrap();
+    pool.trim().unwrap();
+    check(&pool);
+    assert_eq!(pool.snapshot().physical_bytes, 0);
+    no_faults(&sim);
+}
+
+/// Segment mode: a wake that cannot fit fails with out-of-memory, undoes the
+/// handles it mapped, keeps the host copy; it succeeds once memory is freed.
+#[test]
+fn segment_wake_on_a_full_device_fails_cleanly_then_succeeds() {
+    let (pool, sim) = pool_with(ReusePolicy::Segments, 64 * MIB);
+    // Four blocks of 8 MiB: four handles of 8 MiB (a growth maps the need when an
+    // eighth of what is mapped is less).
+    let ptrs: Vec<_> = (0..4)
+        .map(|i| {
+            let p = pool.allocate_tagged_raw(8 * MIB, None, 1).unwrap();
+            fill(&sim, p, i, 8 * MIB as usize);
+            p
+        })
+        .collect();
+    assert_eq!(pool.snapshot().segment_handles, 4);
+    pool.sleep(1, SleepMode::Offload).unwrap();
+    // Another tag takes 48 of the 64 MiB: 16 left, 32 needed.
+    let filler = pool.allocate_tagged_raw(48 * MIB, None, 2).unwrap();
+    let creates = sim.call_count(DriverCall::Create);
+    let err = pool.wake(1).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+    // Two handles fitted before the third failed; both were released again.
+    assert_eq!(sim.call_count(DriverCall::Create), creates + 3);
+    let s = check(&pool);
+    assert_eq!(s.physical_bytes, 48 * MIB);
+    assert!(pool.tag_census(1).sleeping);
+    assert_eq!(pool.tag_census(1).offloaded_bytes, 32 * MIB);
+    pool.free_raw(filler).unwrap();
+    pool.trim().unwrap();
+    pool.wake(1).unwrap();
+    check(&pool);
+    for (i, &p) in ptrs.iter().enumerate() {
+        same(&sim, p, i as u64, 8 * MIB as usize);
+    }
+}
+
+/// Segment mode, three handles of the tag's heap (one 2 MiB block each): every
+/// call a sleep makes, failing once, leaves the books and the driver agreeing and
+/// the tag awake and usable with its bytes, except a refused release (that handle
+/// is left pending, the sleep succeeds) and a refused unmap whose undo is refused
+/// too (the sleep goes on: the tag asleep, the error returned).
+#[test]
+fn every_segment_sleep_call_failing() {
+    for (fail, awake) in [
+        (vec![(DriverCall::Synchronize, 1)], true),
+        (vec![(DriverCall::HostAlloc, 1)], true),
+        (vec![(DriverCall::MemcpyDtoH, 2)], true),
+        (vec![(DriverCall::Unmap, 1)], true),
+        (vec![(DriverCall::Unmap, 3)], true),
+        (vec![(DriverCall::Release, 2)], false),
+        // The third unmap refused, then mapping the second back.
+        (vec![(DriverCall::Unmap, 3), (DriverCall::Map, 1)], false),
+    ] {
+        let (pool, sim) = pool_with(ReusePolicy::Segments, 16 * GIB);
+        let ptrs: Vec<_> = (0..3)
+            .map(|i| {
+                let p = pool.allocate_tagged_raw(2 * MIB, None, 1).unwrap();
+                fill(&sim, p, i, 2 * MIB as usize);
+                p
+            })
+            .collect();
+        assert_eq!(pool.snapshot().segment_handles, 3);
+        for &(call, nth) in &fail {
+            sim.inject_failure(call, nth, CuResult::UNKNOWN);
+        }
+        let r = pool.sleep(1, SleepMode::Offload);
+        sim.clear_failures();
+        let s = check_with_devices(&pool, 1);
+        let c = pool.tag_census(1);
+        if awake {
+            assert!(r.is_err(), "{fail:?}");
+            assert!(!c.sleeping, "{fail:?}");
+            assert_eq!(sim.host_bytes(), 0, "{fail:?}");
+            assert_eq!(s.physical_bytes, 6 * MIB, "{fail:?}");
+        } else {
+            assert!(c.sleeping, "{fail:?}");
+            assert_eq!(c.physical_bytes, 0, "{fail:?}");
+            if fail[0].0 == DriverCall::Release {
+                r.unwrap();
+                assert_eq!((s.pending_count, s.pending_bytes), (1, 2 * MIB));
+            } else {
+                assert!(r.is_err(), "{fail:?}");
+            }
+            pool.wake(1).unwrap();
+        }
+        check_with_devices(&pool, 1);
+        for (i, &p) in ptrs.iter().enumerate() {
+            same(&sim, p, i as u64, 2 * MIB as usize);
+        }
+        // Usable: a new allocation and a free of the tag, another sleep and wake.
+        let q = pool.allocate_tagged_raw(MIB, None, 1).unwrap();
+        pool.free_raw(q).unwrap();
+        pool.sleep(1, SleepMode::Offload).unwrap();
+        pool.wake(1).unwrap();
+        for (i, &p) in ptrs.iter().enumerate() {
+            same(&sim, p, i as u64, 2 * MIB as usize);
+        }
+        for p in ptrs {
+            pool.free_raw(p).unwrap();
+        }
+        pool.trim().unwrap();
+        check(&pool);
+        assert_eq!(pool.snapshot().physical_bytes, 0, "{fail:?}");
+    }
+}
+
+/// Segment mode: every call a wake makes, failing once: the tag stays asleep, the
+/// books agree with the driver, the host copy is kept; the next wake (which first
+/// releases what an undo left pending) restores every byte.
+#[test]
+fn every_segment_wake_call_failing() {
+    for fail in [
+        vec![(DriverCall::Create, 1)],
+        vec![(DriverCall::Create, 3)],
+        vec![(DriverCall::Map, 2)],
+        vec![(DriverCall::SetAccess, 2)],
+        vec![(DriverCall::MemcpyHtoD, 3)],
+        // The third copy refused, then the undo's second unmap (of the second
+        // handle): that handle is left pending, still mapped.
+        vec![(DriverCall::MemcpyHtoD, 3), (DriverCall::Unmap, 2)],
+        // The second map refused, then releasing that handle again.
+        vec![(DriverCall::Map, 2), (DriverCall::Release, 1)],
+    ] {
+        let (pool, sim) = pool_with(ReusePolicy::Segments, 16 * GIB);
+        let ptrs: Vec<_> = (0..3)
+            .map(|i| {
+                let p = pool.allocate_tagged_raw(2 * MIB, None, 1).unwrap();
+                fill(&sim, p, i, 2 * MIB as usize);
+                p
+            })
+            .collect();
+        pool.sleep(1, SleepMode::Offload).unwrap();
+        for &(call, nth) in &fail {
+            sim.inject_failure(call, nth, CuResult::UNKNOWN);
+        }
+        assert!(pool.wake(1).is_err(), "{fail:?}");
+        sim.clear_failures();
+        let s = check_with_devices(&pool, 1);
+        assert!(pool.tag_census(1).sleeping, "{fail:?}");
+        assert_eq!(s.tags_sleeping, 1);
+        assert_eq!(
+            sim.host_bytes(),
+            3 * 2 * MIB,
+            "{fail:?}: the host copy is kept"
+        );
+        assert_eq!(
+            (s.sleeping_count, s.sleeping_block_count),
+            (3, 3),
+            "{fail:?}"
+        );
+        // Only what an undo could not give back stays (pending, the pool's).
+        assert_eq!(s.physical_bytes, s.pending_bytes, "{fail:?}");
+        assert_eq!(pool.tag_census(1).physical_bytes, 0, "{fail:?}");
+        // The wake first releases what an undo left pending (a handle still mapped
+        // at one of the tag's addresses), then maps the tag again.
+        pool.wake(1).unwrap();
+        assert_eq!(pool.snapshot().pending_count, 0, "{fail:?}");
+        check_with_devices(&pool, 1);
+        for (i, &p) in ptrs.iter().enumerate() {
+            same(&sim, p, i as u64, 2 * MIB as usize);
+        }
+        for p in ptrs {
+            pool.free_raw(p).unwrap();
+        }
+        pool.trim().unwrap();
+        check(&pool);
+        assert_eq!(pool.snapshot().physical_bytes, 0, "{fail:?}");
+    }
+}
+
+/// A pool in segment mode dropped with a tag (and tag 0) asleep releases
+/// everything: segments' reservations, the handles left, the host copies.
+#[test]
+fn a_segment_pool_dropped_asleep_leaves_nothing() {
+    let (pool, sim) = pool_with(ReusePolicy::Segments, 16 * GIB);
+    let _a = pool.allocate_tagged_raw(6000, None, 1).unwrap();
+    let _b = pool.allocate_raw(7000).unwrap();
+    pool.sleep(1, SleepMode::Offload).unwrap();
+    pool.sleep(0, SleepMode::Offload).unwrap();
+    drop(pool);
+    let d = sim.state();
+    assert_eq!((d.handles, d.reservations, d.mappings), (0, 0, 0));
+    assert_eq!(sim.host_bytes(), 0);
+}
+
+/// A capture of a blocking stream the pool has never seen: the device synchronize
+/// would break it, so sleep is a scope-state error (the legacy stream's capture
+/// query answers `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`) and the capture stays valid.
+/// A non-blocking stream's capture cannot be seen that way: the documented limit
+/// (the synchronize fails, the tag stays awake, that capture is invalidated).
+#[test]
+fn sleep_during_a_capture_the_pool_never_saw() {
+    let (pool, sim) = pool_with(ReusePolicy::Segments, 16 * GIB);
+    let a = pool.allocate_tagged_raw(4096, None, 1).unwrap();
+    let blocking = sim
+        .stream_create_with_flags(flare_package::driver::sim::CU_STREAM_DEFAULT)
+        .unwrap();
+    assert_eq!(
+        sim.stream_begin_capture(blocking, CaptureMode::Global),
+        CuResult::SUCCESS
+    );
+    let syncs = sim.call_count(DriverCall::Synchronize);
+    assert!(matches!(
+        pool.sleep(1, SleepMode::Offload),
+        Err(Error::ScopeState(_))
+    ));
+    assert_eq!(
+        sim.call_count(DriverCall::Synchronize),
+        syncs,
+        "no synchronize"
+    );
+    assert!(!pool.tag_census(1).sleeping);
+    assert!(
+        sim.stream_end_capture(blocking).is_success(),
+        "capture still valid"
+    );
+    no_faults(&sim);
+    // The limit: a non-blocking stream's capture.
+    let other = common::stream(&sim);
+    assert_eq!(
+        sim.stream_begin_capture(other.0, CaptureMode::Global),
+        CuResult::SUCCESS
+    );
+    assert!(matches!(
+        pool.sleep(1, SleepMode::Offload),
+        Err(Error::Driver { .. })
+    ));
+    assert!(!pool.tag_census(1).sleeping);
+    assert_eq!(
+        sim.stream_end_capture(other.0),
+        CuResult::STREAM_CAPTURE_INVALIDATED
+    );
+    // The broken capture is the one fault the driver recorded.
+    assert_eq!(sim.faults().len(), 1);
+    pool.snapshot().check_invariants().unwrap();
+    pool.sleep(1, SleepMode::Discard).unwrap();
+    pool.wake(1).unwrap();
+    pool.free_raw(a).unwrap();
+    pool.snapshot().check_invariants().unwrap();
 }
 
 /// Dropping a pool with a tag asleep releases everything: reservations, host copy.
@@ -498,4 +949,69 @@ fn stream_tagged_allocations() {
     pool.wake(4).unwrap();
     check(&pool);
     no_faults(&sim);
+}
+
+/// Segment mode: a tag's block freed on a stream being captured is kept for the
+/// capture's graph, and the capture's own (tag 0) allocations on that stream do not
+/// take it; the capture's release (trim) puts it back in the tag's heap, whose handle,
+/// wholly free, is then released.
+#[test]
+fn a_tag_block_freed_during_a_capture_stays_the_tags() {
+    let (pool, sim) = keeping_pool(ReusePolicy::Segments, 16 * GIB);
+    let s = common::stream(&sim);
+    let t = pool.allocate_tagged_raw(1000, Some(s), 6).unwrap();
+    assert_eq!(
+        sim.stream_begin_capture(s.0, CaptureMode::Global),
+        CuResult::SUCCESS
+    );
+    pool.free_async_raw(t, s).unwrap();
+    assert_eq!(pool.snapshot().capture_held_bytes, 1024);
+    let u = pool.allocate_async_raw(1000, s).unwrap();
+    assert!(u.abs_diff(t) >= 2 * MIB, "tag 0 took the tag's block");
+    let c = pool.tag_census(6);
+    assert_eq!(
+        (c.live_count, c.idle_bytes, c.physical_bytes),
+        (0, 2 * MIB, 2 * MIB)
+    );
+    pool.free_async_raw(u, s).unwrap();
+    assert!(sim.stream_end_capture(s.0).is_success());
+    check(&pool);
+    pool.trim().unwrap();
+    check(&pool);
+    assert_eq!(pool.snapshot().physical_bytes, 0);
+    assert_eq!(pool.tag_census(6).physical_bytes, 0);
+    no_faults(&sim);
+}
+
+/// Segment mode: a sleep that fails after planning (the host allocation refused)
+/// leaves the tag's heap as it was: its free space serves the tag's next block with
+/// no driver call, and a trim releases the handle once it is wholly free.
+#[test]
+fn a_failed_segment_sleep_leaves_the_heap_usable() {
+    let (pool, sim) = keeping_pool(ReusePolicy::Segments, 16 * GIB);
+    let a: Vec<_> = (0..3)
+        .map(|_| pool.allocate_tagged_raw(1000, None, 2).unwrap())
+        .collect();
+    sim.inject_failure(DriverCall::HostAlloc, 1, CuResult::OUT_OF_MEMORY);
+    assert!(matches!(
+        pool.sleep(2, SleepMode::Offload),
+        Err(Error::Driver { .. })
+    ));
+    sim.clear_failures();
+    assert!(!pool.tag_census(2).sleeping);
+    check(&pool);
+    let creates = sim.call_count(DriverCall::Create);
+    let b = pool.allocate_tagged_raw(1000, None, 2).unwrap();
+    assert_eq!(
+        sim.call_count(DriverCall::Create),
+        creates,
+        "carved, not grown"
+    );
+    assert_eq!(b, a[2] + 1024, "the next 1024 bytes of the handle");
+    for p in a.into_iter().chain([b]) {
+        pool.free_raw(p).unwrap();
+    }
+    pool.trim().unwrap();
+    check(&pool);
+    assert_eq!(pool.snapshot().physical_bytes, 0);
 }

@@ -64,6 +64,9 @@ impl CuResult {
     pub const STREAM_CAPTURE_UNSUPPORTED: CuResult = CuResult(900);
     /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` (901).
     pub const STREAM_CAPTURE_INVALIDATED: CuResult = CuResult(901);
+    /// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` (906): the legacy stream used (or its
+    /// capture queried) while a blocking stream of its context is being captured.
+    pub const STREAM_CAPTURE_IMPLICIT: CuResult = CuResult(906);
     /// `CUDA_ERROR_UNKNOWN` (999).
     pub const UNKNOWN: CuResult = CuResult(999);
 

@@ -361,11 +361,11 @@ versioned_struct! {
     }
 }
 
-// The layouts the C tests assert too (`sizeof` 96, 448, 40 and 56 on 64-bit targets).
+// The layouts the C tests assert too (`sizeof` 104, 464, 40 and 56 on 64-bit targets).
 const _: () = assert!(size_of::<FlareStatus>() == 4 && size_of::<FlareBackend>() == 4);
 const _: () = assert!(size_of::<FlareReusePolicy>() == 4 && size_of::<FlareDriverCall>() == 4);
 const _: () = assert!(size_of::<FlareCrossStreamReuse>() == 4);
-const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 55 * 8);
+const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 57 * 8);
 const _: () = assert!(size_of::<FlarePoolConfig>() == 104);
 const _: () = assert!(size_of::<FlareDestroyReport>() == 8 + 4 * 8);
 const _: () = assert!(size_of::<FlareTagCensus>() == 8 + 6 * 8);
@@ -537,9 +537,15 @@ mod tests {
                 (407, Some(400)),
                 // Ending inside offloaded_bytes (440..448): the fields before it.
                 (447, Some(440)),
-                // This header's 448 bytes, and a newer caller's larger struct: all.
+                // A caller compiled before the sleeping block counters (448 bytes, up
+                // to offloaded_bytes): not one of them.
                 (448, Some(448)),
-                (4096, Some(448)),
+                (455, Some(448)),
+                // Ending inside sleeping_block_bytes (456..464).
+                (463, Some(456)),
+                // This header's 464 bytes, and a newer caller's larger struct: all.
+                (464, Some(464)),
+                (4096, Some(464)),
             ],
         );
         // best_fit_max_waste_percent (4 bytes at 60) filled what was the tail
@@ -634,7 +640,10 @@ mod tests {
         assert_eq!(offset_of!(FlareSnapshot, sleeping_held_count), 424);
         assert_eq!(offset_of!(FlareSnapshot, sleeping_held_bytes), 432);
         assert_eq!(offset_of!(FlareSnapshot, offloaded_bytes), 440);
-        assert_eq!(size_of::<FlareSnapshot>(), 448);
+        // The two sleeping block counters (segments per tag), after those: 448 to 464.
+        assert_eq!(offset_of!(FlareSnapshot, sleeping_block_count), 448);
+        assert_eq!(offset_of!(FlareSnapshot, sleeping_block_bytes), 456);
+        assert_eq!(size_of::<FlareSnapshot>(), 464);
         // The tag census: two u32, six u64.
         assert_eq!(offset_of!(FlareTagCensus, live_count), 8);
         assert_eq!(offset_of!(FlareTagCensus, offloaded_bytes), 48);
@@ -672,10 +681,13 @@ mod tests {
             sleeping_held_count: 89,
             sleeping_held_bytes: 97,
             offloaded_bytes: 101,
+            sleeping_block_count: 103,
+            sleeping_block_bytes: 107,
             ..Snapshot::default()
         };
         let c = FlareSnapshot::from_snapshot(&s);
-        assert_eq!((c.struct_size, c.scope_open), (448, 1));
+        assert_eq!((c.struct_size, c.scope_open), (464, 1));
+        assert_eq!((c.sleeping_block_count, c.sleeping_block_bytes), (103, 107));
         assert_eq!(
             (
                 c.tags_sleeping,

@@ -42,6 +42,12 @@ pub(super) enum BucketKind {
     /// that tag's synchronous allocations, released after a device synchronize (as
     /// [`SYNC_FREED`]), and at the tag's sleep.
     Tag(u32),
+    /// Blocks of tag `t`'s own heap (segment mode) freed with the synchronous `free`:
+    /// work queued before the free may still run, so they stay whole here, taken only
+    /// by the tag's synchronous allocations, and go back to the heap after a device
+    /// synchronize (a release point), as a stream heap's blocks freed with the
+    /// synchronous `free` do. Their bytes are counted by the heap (`tags.rs`).
+    TagBlocks(u32),
     /// Freed during the capture with this id: reused only by allocations in it;
     /// `epoch` is the retention scope open when it was first seen (0: none), whose
     /// close releases it.
@@ -422,7 +428,7 @@ impl State {
         }
         let c = &mut self.counters;
         let counter = match kind {
-            Some(BucketKind::Tag(_)) => return,
+            Some(BucketKind::Tag(_) | BucketKind::TagBlocks(_)) => return,
             Some(BucketKind::Stream(_) | BucketKind::Held) => &mut c.event_wait_bytes,
             Some(BucketKind::Capture { .. }) => &mut c.capture_held_bytes,
             Some(BucketKind::Any | BucketKind::SyncFreed) | None => return,

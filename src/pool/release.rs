@@ -87,7 +87,7 @@ impl State {
     pub(super) fn collect_all(&mut self, batch: &mut Batch, captures: Captures, may_sync: bool) {
         let mut buckets = vec![ANY, HELD, SYNC_FREED];
         for (i, b) in self.buckets.iter().enumerate() {
-            if let BucketKind::Tag(_) = b.kind {
+            if let BucketKind::Tag(_) | BucketKind::TagBlocks(_) = b.kind {
                 buckets.push(i as u32);
             }
             if let BucketKind::Capture { epoch, .. } = b.kind {
@@ -162,6 +162,8 @@ impl State {
                 return;
             }
             (Piece::Handle, Outcome::Unmapped { .. }) => {
+                // Released or pending: no longer its tag's.
+                self.tag_handle_bytes(m.seg, size, false);
                 if m.alias != 0 {
                     self.counters.segment_handles_lent -= 1;
                     self.counters.segment_lent_bytes -= size;

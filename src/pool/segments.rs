@@ -77,6 +77,12 @@ pub(super) struct Segment {
     pub(super) busy: u32,
     /// A failed undo left a mapping inside the claimed range: never reset.
     pub(super) va_lost: bool,
+    /// The tag whose heap this is (issue 15): a tag's own heaps (home
+    /// [`BucketKind::Tag`]) hold only its blocks; every other heap is tag 0's.
+    pub(super) tag: u32,
+    /// Its tag sleeps: its handles are released (`tags.rs`), its blocks kept in the
+    /// books, its free blocks out of the index, and `busy` raised by one.
+    pub(super) asleep: bool,
 }
 
 impl Segment {
@@ -348,6 +354,7 @@ impl State {
     /// Books a new segment of heap `key` on `reservation`; returns its id.
     pub(super) fn add_segment(&mut self, key: u32, reservation: Reservation) -> u32 {
         let sid = self.segs.segs.len() as u32;
+        let tag = self.heap_tag(key);
         self.segs.segs.push(Segment {
             reservation,
             key,
@@ -359,6 +366,8 @@ impl State {
             dirty_at: None,
             busy: 0,
             va_lost: false,
+            tag,
+            asleep: false,
         });
         self.segs.by_key.entry(key).or_default().push(sid);
         let c = &mut self.counters;
@@ -403,6 +412,7 @@ impl State {
         c.segment_mapped_bytes += size;
         c.block_free_bytes += size;
         self.add_physical(size, 0);
+        self.tag_handle_bytes(claim.seg, size, true);
         let hslot = self.add_slot(Mapping {
             state: MappingState::InSegment,
             piece: Piece::Handle,
@@ -1037,7 +1047,12 @@ impl State {
 
     /// Keeps what a failed growth's undo left with the driver (a handle, mapped at
     /// `ptr` or not) pending: retried at the next release point.
-    fn keep_pending_handle(&mut self, ptr: DevicePtr, handle: PhysicalHandle, mapped: bool) {
+    pub(super) fn keep_pending_handle(
+        &mut self,
+        ptr: DevicePtr,
+        handle: PhysicalHandle,
+        mapped: bool,
+    ) {
         self.add_physical(handle.size, 0);
         let c = &mut self.counters;
         c.pending_count += 1;
@@ -1216,7 +1231,12 @@ impl Pool {
 
     /// Grows heap `key` and carves the block from it. Another thread may carve the
     /// new memory first: then it grows again (a few times at most).
-    fn grow_and_carve(&self, key: u32, size: u64, bytes: u64) -> Result<DevicePtr, DriverError> {
+    pub(super) fn grow_and_carve(
+        &self,
+        key: u32,
+        size: u64,
+        bytes: u64,
+    ) -> Result<DevicePtr, DriverError> {
         for _ in 0..2 {
             if let Some(p) = self.grow(key, size, bytes, false)? {
                 return Ok(p);

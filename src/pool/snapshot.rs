@@ -167,6 +167,12 @@ macro_rules! snapshot_counters {
             /// Bytes of pinned host memory holding sleeping tags' contents
             /// (`SleepMode::Offload`).
             offloaded_bytes,
+            /// Of `sleeping_count`, the blocks of segments (segment mode): their
+            /// handles released, their segment's reservation kept (a block holds no
+            /// reservation of its own).
+            sleeping_block_count,
+            /// Bytes of those blocks (512-byte multiples), part of `sleeping_bytes`.
+            sleeping_block_bytes,
         }
     };
 }
@@ -262,6 +268,12 @@ impl Snapshot {
             || (self.sleeping_held_count == 0) != (self.sleeping_held_bytes == 0)
         {
             return Err("sleeping counts and bytes disagree".into());
+        }
+        if self.sleeping_block_count > self.sleeping_count
+            || self.sleeping_block_bytes > self.sleeping_bytes
+            || (self.sleeping_block_count == 0) != (self.sleeping_block_bytes == 0)
+        {
+            return Err("sleeping block counts and bytes disagree".into());
         }
         if self.segment_mapped_bytes != self.block_live_bytes + self.block_free_bytes {
             return Err(format!(

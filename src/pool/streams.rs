@@ -349,6 +349,8 @@ impl Pool {
                     .load(std::sync::atomic::Ordering::Relaxed);
             if let Some(cid) = capture.filter(|_| !own_capture) {
                 let b = st.capture_bucket(cid);
+                // A block of a tag's heap: kept for the capture, taken by nobody.
+                let b = st.tag_capture_bucket(slot, b);
                 match recorded {
                     // Live work on the recorded streams may still touch it: the
                     // capture reuses it only once their fences complete.
@@ -367,6 +369,8 @@ impl Pool {
             m.needs_sync = false;
             match recorded {
                 Some(others) => self.defer(&mut st, slot, own, stream, &others),
+                // A block of a tag's heap waits for its fence out of every bucket.
+                None if st.is_tag_block(slot) => self.defer(&mut st, slot, own, stream, &[]),
                 None => st.index_insert(slot, own),
             }
             if !st.counters.scope_open && st.cached_bytes() > self.release_threshold {
@@ -452,7 +456,10 @@ impl Pool {
                     // scope open then closes, or trim or destroy), once the live
                     // work of the other streams is done with it.
                     match self.driver.stream_capture(s) {
-                        Ok(Some(id)) => dest = st.capture_bucket(id),
+                        Ok(Some(id)) => {
+                            let b = st.capture_bucket(id);
+                            dest = st.tag_capture_bucket(slot, b);
+                        }
                         _ => return hold(st, slot),
                     }
                 }
@@ -474,6 +481,20 @@ impl Pool {
                 }
                 needs.push((own, mark));
             }
+        }
+        // A block of a tag's own heap never waits in a stream's bucket (other tags'
+        // allocations take from it): it waits, out of every index, for the freeing
+        // stream's fence too, then goes back to its heap ([`ANY`]).
+        if dest == own
+            && st.is_tag_block(slot)
+            && matches!(st.buckets[own as usize].kind, BucketKind::Stream(_))
+        {
+            let mark = st.mapping(slot).mark;
+            if self.cover(st, own) != Cover::Covered {
+                return hold(st, slot);
+            }
+            needs.push((own, mark));
+            dest = ANY;
         }
         st.mapping_mut(slot).bucket = dest;
         if needs.is_empty() {
@@ -697,7 +718,7 @@ impl Pool {
     }
 
     /// Indexes deferred mappings whose recorded streams' fences all completed.
-    fn settle_deferred(&self, st: &mut State) {
+    pub(super) fn settle_deferred(&self, st: &mut State) {
         let mut i = 0;
         while i < st.deferred.len() {
             let done = st.deferred[i]

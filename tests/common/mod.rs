@@ -94,7 +94,8 @@ pub fn check_counts(s: &Snapshot, d: &SimState) {
     // A sleeping allocation keeps its reservation only (and a handle the driver
     // refused to release, unmapped).
     let handles = whole - s.sleeping_count + s.sleeping_held_count + s.segment_handles;
-    let reservations = whole + s.segment_count;
+    // A sleeping block holds no reservation of its own (its segment's is counted).
+    let reservations = whole - s.sleeping_block_count + s.segment_count;
     // A lent handle holds a second (retired) mapping.
     let mappings = whole - s.sleeping_count + s.segment_handles + s.segment_handles_lent;
     for (what, n, want) in [
@@ -142,11 +143,13 @@ pub fn check_with_devices(pool: &Pool, devices: u64) -> Snapshot {
     if let Some(sim) = pool.sim_driver() {
         let d = sim.state();
         // A lent handle's retired mapping keeps its access, unless it is what a
-        // failed lend could not undo (mapped, never granted access).
+        // failed lend could not undo (mapped, never granted access); so does a
+        // pending leftover still mapped after a refused unmap (a wake's undo).
         let granted = (whole_mappings(&s) - s.sleeping_count + s.segment_handles) * devices;
         assert!(
             d.access_grants >= granted
-                && d.access_grants <= granted + s.segment_handles_lent * devices,
+                && d.access_grants
+                    <= granted + (s.segment_handles_lent + s.pending_count) * devices,
             "access grants {} vs (live + idle + segment handles (+ lent)) x devices\n{s:#?}\n{d:#?}",
             d.access_grants
         );

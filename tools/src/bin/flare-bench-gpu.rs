@@ -76,7 +76,8 @@
 //!    batches of [`BATCH_PAIRS`] pairs timed together (the mean pair of each batch:
 //!    the timer's overhead spread over the batch).
 //! 8. Sleep and wake (issue 15): a tag of 10 GiB (2 GiB with `--quick`) in 2 MiB
-//!    allocations and in 1 GiB allocations, put to sleep and woken, in offload mode
+//!    allocations and in 1 GiB allocations (whole mappings), and in 2 MiB blocks of
+//!    the tag's own heap (segment mode), put to sleep and woken, in offload mode
 //!    (contents to pinned host memory and back) and in discard mode: the time of each
 //!    `sleep` and `wake` (median of 3 rounds, 1 with `--quick`), the driver's free
 //!    memory before and after the sleep, and for offload the bandwidth it reached
@@ -577,11 +578,25 @@ struct SleepWake {
     copy_to_host_bytes_per_second: Option<f64>,
     /// `cuMemcpyHtoD` of the same, bytes per second.
     copy_to_device_bytes_per_second: Option<f64>,
+    /// What an offload's host memory costs apart from the copy, for the tag's size
+    /// (`host_bytes`): `cuMemHostAlloc` and `cuMemFreeHost` of one pinned buffer of
+    /// that size (what sleep and wake do today), seconds; and the host side of a
+    /// staging route through a bounded pinned buffer into ordinary pageable memory:
+    /// a copy of that many bytes from a 64 MiB buffer into freshly allocated pageable
+    /// memory (first touch: page faults and zeroing), and the same copy into it again
+    /// (warm), seconds, one thread.
+    host_bytes: u64,
+    pinned_alloc_seconds: Option<f64>,
+    pinned_free_seconds: Option<f64>,
+    pageable_first_touch_seconds: f64,
+    pageable_warm_copy_seconds: f64,
     rows: Vec<SleepWakeRow>,
 }
 
 #[derive(Debug, Serialize)]
 struct SleepWakeRow {
+    /// `best-fit` (whole mappings) or `segments` (blocks of the tag's own heap).
+    policy: &'static str,
     allocation_bytes: u64,
     allocations: u64,
     /// `offload` or `discard`.
@@ -786,12 +801,56 @@ impl Bench {
         let per_second = |bytes: u64, ns: f64| (ns > 0.0).then(|| bytes as f64 / (ns * 1e-9));
         let copy_down = per_second(GIB, stats(down).median_ns);
         let copy_up = per_second(GIB, stats(up).median_ns);
+        // The host memory's own cost, apart from the copy: pinning the tag's size
+        // (what offload does now), and first-touching as much pageable memory (what
+        // a staging route would do instead), then copying into it warm.
+        eprintln!("sleep and wake: host memory of {}", fmt_bytes(total));
+        let d = Pool::new(self.config())?.driver().clone();
+        let t = Instant::now();
+        let pinned = d.host_alloc(total);
+        let pinned_alloc_seconds = pinned.as_ref().ok().map(|_| t.elapsed().as_secs_f64());
+        let pinned_free_seconds = match pinned {
+            Ok(h) => {
+                let t = Instant::now();
+                d.host_free(h)?;
+                Some(t.elapsed().as_secs_f64())
+            }
+            Err(_) => None,
+        };
+        let chunk = vec![0x5au8; (64 * MIB) as usize];
+        let t = Instant::now();
+        let mut pageable: Vec<u8> = Vec::with_capacity(total as usize);
+        while pageable.len() < total as usize {
+            let n = chunk.len().min(total as usize - pageable.len());
+            pageable.extend_from_slice(&chunk[..n]);
+        }
+        let pageable_first_touch_seconds = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for c in pageable.chunks_mut(chunk.len()) {
+            c.copy_from_slice(&chunk[..c.len()]);
+        }
+        let pageable_warm_copy_seconds = t.elapsed().as_secs_f64();
+        std::hint::black_box(&pageable);
+        drop(pageable);
         let mut rows = Vec::new();
-        for size in [2 * MIB, GIB] {
+        let cases = [
+            (ReusePolicy::BestFit, 2 * MIB),
+            (ReusePolicy::BestFit, GIB),
+            (ReusePolicy::Segments, 2 * MIB),
+        ];
+        for (policy, size) in cases {
             for mode in [SleepMode::Offload, SleepMode::Discard] {
                 let n = total / size;
-                eprintln!("sleep and wake: {n} x {} ({mode:?})", fmt_bytes(size));
-                let pool = Pool::new(self.config())?;
+                let policy_name = if policy == ReusePolicy::Segments {
+                    "segments"
+                } else {
+                    "best-fit"
+                };
+                eprintln!(
+                    "sleep and wake: {n} x {} ({mode:?}, {policy_name})",
+                    fmt_bytes(size)
+                );
+                let pool = Pool::new(self.config().with_policy(policy))?;
                 let ptrs = (0..n)
                     .map(|_| pool.allocate_tagged_raw(size, None, 1))
                     .collect::<Result<Vec<_>, _>>()?;
@@ -820,6 +879,7 @@ impl Bench {
                 let sleep_bw = per_second(total, sleep_ns).filter(|_| offload);
                 let wake_bw = per_second(total, wake_ns).filter(|_| offload);
                 rows.push(SleepWakeRow {
+                    policy: policy_name,
                     allocation_bytes: size,
                     allocations: n,
                     mode: if offload { "offload" } else { "discard" },
@@ -836,6 +896,11 @@ impl Bench {
         Ok(SleepWake {
             copy_to_host_bytes_per_second: copy_down,
             copy_to_device_bytes_per_second: copy_up,
+            host_bytes: total,
+            pinned_alloc_seconds,
+            pinned_free_seconds,
+            pageable_first_touch_seconds,
+            pageable_warm_copy_seconds,
             rows,
         })
     }
@@ -2237,9 +2302,23 @@ fn print_sleep_wake(s: &SleepWake) {
         gbs(s.copy_to_host_bytes_per_second),
         gbs(s.copy_to_device_bytes_per_second)
     );
+    let secs = |v: Option<f64>| opt(v, |x| format!("{:.0} ms", x * 1e3));
+    let rate = |x: f64| format!("{:.1} GB/s", s.host_bytes as f64 / x / 1e9);
+    println!(
+        "host memory of {} apart from the copy: cuMemHostAlloc {}, cuMemFreeHost {}; \
+         pageable, one thread: first touch (copy into fresh memory) {} ({}), warm copy {} ({})",
+        fmt_bytes(s.host_bytes),
+        secs(s.pinned_alloc_seconds),
+        secs(s.pinned_free_seconds),
+        secs(Some(s.pageable_first_touch_seconds)),
+        rate(s.pageable_first_touch_seconds),
+        secs(Some(s.pageable_warm_copy_seconds)),
+        rate(s.pageable_warm_copy_seconds)
+    );
     let mut t = Table::new();
     t.set_header(vec![
         "sleep / wake",
+        "policy",
         "mode",
         "sleep",
         "wake",
@@ -2253,6 +2332,7 @@ fn print_sleep_wake(s: &SleepWake) {
         };
         t.add_row(vec![
             format!("{} x {}", r.allocations, fmt_bytes(r.allocation_bytes)),
+            r.policy.to_string(),
             r.mode.to_string(),
             format!("{:.1} ms", r.sleep_seconds * 1e3),
             format!("{:.1} ms", r.wake_seconds * 1e3),

@@ -646,7 +646,9 @@ impl Pool {
             };
         }
         if let Some(size) = self.block_size(bytes)? {
-            return self.allocate_tag_block(tag, size, bytes, stream);
+            let ptr = self.allocate_tag_block(tag, size, bytes, stream)?;
+            self.record_tagged(ptr, bytes, tag, stream);
+            return Ok(ptr);
         }
         let (rounded, max_size) = self.sizes(bytes)?;
         let ptr = match stream {

@@ -53,7 +53,7 @@ for area in "${areas[@]}"; do
   FLARE_MUTANTS_C=$([ "$area" = ffi ] && echo 1 || echo 0) \
   CARGO_PROFILE_RELEASE_OVERFLOW_CHECKS=true \
     cargo mutants "${files[@]}" --output "$out.tmp" --jobs "$jobs" \
-      --test-workspace=true --features testing --cargo-test-arg=--release \
+      --test-workspace=true --features testing --profile release \
       ${MUTANTS_ARGS:-} >/dev/null || true
   mv "$out.tmp/mutants.out" "$out" 2>/dev/null || mv "$out.tmp" "$out"
   rm -rf "$out.tmp"

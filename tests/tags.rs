@@ -1015,3 +1015,23 @@ fn a_failed_segment_sleep_leaves_the_heap_usable() {
     check(&pool);
     assert_eq!(pool.snapshot().physical_bytes, 0);
 }
+
+/// A stream the simulated driver never made is refused by a tagged stream-ordered
+/// allocation as by an untagged one (its capture query fails: `cuStreamGetCaptureInfo`
+/// returns `CUDA_ERROR_INVALID_HANDLE` for a handle that is no stream), in every
+/// policy, and nothing is allocated.
+#[test]
+fn a_tagged_allocation_on_a_stream_that_does_not_exist_is_refused() {
+    for policy in [ReusePolicy::BestFit, ReusePolicy::Segments] {
+        let (pool, _sim) = pool_with(policy, 4 * GIB);
+        let bogus = flare_package::Stream(0xdead_0000);
+        let untagged = pool.allocate_async_raw(MIB, bogus);
+        assert!(untagged.is_err(), "{policy:?}: untagged {untagged:?}");
+        for tag in [0, 3] {
+            let r = pool.allocate_tagged_raw(MIB, Some(bogus), tag);
+            assert!(r.is_err(), "{policy:?}, tag {tag}: {r:?}");
+        }
+        let s = check(&pool);
+        assert_eq!((s.live_count, s.physical_bytes), (0, 0), "{policy:?}");
+    }
+}

@@ -680,6 +680,14 @@ impl Pool {
         bytes: u64,
         stream: Option<Stream>,
     ) -> Result<DevicePtr> {
+        // The tag's heap serves every stream: a hit would never ask the driver about
+        // `stream`, so ask first, as the untagged path does on its stream heap's
+        // miss (a handle that is no stream is refused there, not handed memory).
+        if let Some(s) = stream {
+            self.driver
+                .stream_capture(s)
+                .map_err(|source| Error::Driver { source, bytes: 0 })?;
+        }
         let mine = |st: &mut State, p: DevicePtr| {
             st.tag_live(p, tag);
             if let Some(s) = stream {

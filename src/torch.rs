@@ -278,7 +278,17 @@ impl TorchConfig {
             }
         }
         if let Some(v) = get("FLARE_TORCH_RECORD").filter(|v| !v.is_empty()) {
-            c.record_path = Some(v.into());
+            // A prefix of file names: `/tmp` would write `/tmp.dev0.tensor.trace` in
+            // `/`, and `dir/` names no file; both are mistakes, refused here.
+            let path = std::path::PathBuf::from(&v);
+            if v.ends_with('/') || path.is_dir() {
+                return Err(Error::InvalidArgument(format!(
+                    "FLARE_TORCH_RECORD={v:?} is a directory: give a prefix of file names \
+                     in it, e.g. {:?}",
+                    path.join("run")
+                )));
+            }
+            c.record_path = Some(path);
         }
         Ok(c)
     }

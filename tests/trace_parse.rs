@@ -444,3 +444,16 @@ fn parse_reader_reads_bytes_like_a_file() {
         "<stdin>: cannot read the trace: disk on fire"
     );
 }
+
+/// `oom N` counts the driver's out-of-memory answers in one allocation: 1 to 64.
+#[test]
+fn oom_counts_are_1_to_64() {
+    assert_eq!(trace::MAX_OOM_ANSWERS, 64);
+    let t = trace::parse_str("oom", "oom 64\na 1 4096\n").unwrap();
+    assert!(matches!(t.events()[0], trace::Event::Oom { count: 64 }));
+    for bad in ["oom 0\n", "oom 65\n", "oom 4294967295\n"] {
+        let err = trace::parse_str("oom", bad).unwrap_err();
+        assert_eq!(err.line(), Some(1), "{bad}");
+        assert!(err.to_string().contains("count"), "{bad}: {err}");
+    }
+}

@@ -95,6 +95,18 @@ fn config_defaults_and_environment() {
         assert!(text.contains(name) && text.contains(value), "{text}");
     }
 
+    // FLARE_TORCH_RECORD is a prefix of file names: a directory is refused (a new
+    // user's `FLARE_TORCH_RECORD=/tmp` wrote `/tmp.dev0.tensor.trace` into `/`).
+    for dir in [
+        std::env::temp_dir().display().to_string(),
+        "some/dir/".into(),
+    ] {
+        let text = TorchConfig::from_lookup(|n| (n == "FLARE_TORCH_RECORD").then(|| dir.clone()))
+            .expect_err("a directory")
+            .to_string();
+        assert!(text.contains("is a directory"), "{text}");
+    }
+
     // A simulated machine no engine could run on is refused when configured, not at
     // the first allocation: 1 byte holds no 2 MiB granule; 0 devices, or more than
     // the simulator has, name no device to allocate on.

@@ -123,6 +123,10 @@ impl fmt::Display for Excerpt {
     }
 }
 
+/// The largest count of an `oom N` line: the out-of-memory answers one allocation
+/// of a pool can get from the driver are a few (see the parser).
+pub const MAX_OOM_ANSWERS: u64 = 64;
+
 /// One event of a trace. Allocation ids are dense indices `0..Trace::id_count()`,
 /// one per distinct id token of the file (an id reused after its free keeps its
 /// index).
@@ -190,7 +194,7 @@ pub enum Event {
         /// The mark, 1 or more.
         mark: u64,
     },
-    /// `oom N`: during the next allocation, the recorded pool's driver answered
+    /// `oom N` (N from 1 to [`MAX_OOM_ANSWERS`]): during the next allocation, the recorded pool's driver answered
     /// out-of-memory `count` times (the replay makes its next `count` handle
     /// creations fail so).
     Oom {
@@ -569,7 +573,11 @@ impl Parser {
             }
             "oom" => {
                 arity(1, "a count")?;
-                let count = parse_decimal("count", args[0], 1, u64::from(u32::MAX))?;
+                // An allocation asks the driver for a handle a few times at most (a
+                // create, a retry after releasing, a growth's retries): a larger count
+                // was not recorded by a pool, and replaying it would inject that many
+                // failures.
+                let count = parse_decimal("count", args[0], 1, MAX_OOM_ANSWERS)?;
                 Event::Oom {
                     count: u32::try_from(count).unwrap_or(u32::MAX),
                 }

@@ -481,8 +481,14 @@ struct Ev<'a> {
     device: usize,
 }
 
+/// The largest address or size an event may carry (see `Ev::uint`).
+const MAX_EVENT_INT: u64 = 1 << 62;
+
 impl Ev<'_> {
-    /// The event's non-negative int key `key` (an address or a size, bytes).
+    /// The event's non-negative int key `key` (an address or a size, bytes), at most
+    /// 2^62: an address plus a size (rounded up to 512 bytes) never overflows, and a
+    /// size stays within the flare-trace limit of 2^63 (real addresses and sizes are
+    /// far below: 57-bit virtual addresses, devices of a few hundred GiB).
     fn uint(&self, key: &str) -> Result<u64, SnapshotError> {
         let v = self.p.get(self.dict, key).ok_or_else(|| {
             SnapshotError::Layout(format!(
@@ -493,10 +499,11 @@ impl Ev<'_> {
         self.p
             .int(v)
             .and_then(|i| u64::try_from(i).ok())
+            .filter(|&u| u <= MAX_EVENT_INT)
             .ok_or_else(|| {
                 SnapshotError::Layout(format!(
                     "event {} of device {} (`{}`): `{key}` is {} {}, not an int from 0 to \
-                     2^64 - 1 (device_traces[{}][{}])",
+                     2^62 (device_traces[{}][{}])",
                     self.index,
                     self.device,
                     self.action,

@@ -359,6 +359,16 @@ fn missing_keys_are_named() {
     let (code, _, err) = run_on("str-addr.pickle", &p, &[]);
     assert_eq!(code, Some(2));
     assert!(err.contains("`addr` is str \"0x10\""), "{err}");
+    // a size above 2^62 (here 2^63 - 1) is refused as input, not replayed: its
+    // 512-byte rounding would not fit a flare-trace size (at most 2^63)
+    let p = snapshot(vec![vec![ev("alloc", 0, i64::MAX)]], vec![]);
+    let (code, _, err) = run_on("huge-size.pickle", &p, &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not an int from 0 to 2^62"), "{err}");
+    // 2^62 itself is accepted (and replays as an out-of-memory on the simulated H200)
+    let p = snapshot(vec![vec![ev("alloc", 0, 1 << 62)]], vec![]);
+    let (code, _, err) = run_on("edge-size.pickle", &p, &["--convert", "-"]);
+    assert_eq!(code, Some(0), "{err}");
     // an event without action
     let p = snapshot(vec![vec![P::Dict(vec![("addr", P::Int(0))])]], vec![]);
     let (code, _, err) = run_on("no-action.pickle", &p, &[]);
@@ -559,6 +569,13 @@ fn convert_and_snapshot_options_are_checked() {
         assert!(stderr(&o).contains(message), "{args:?}: {}", stderr(&o));
         assert!(stdout(&o).is_empty(), "{args:?}");
     }
+    // converting onto the snapshot itself would lose it: refused, the file intact
+    let copy = scratch("self.pickle", &std::fs::read(&eager).unwrap());
+    let before = std::fs::read(&copy).unwrap();
+    let o = flare_replay(&["--convert", s(&copy), s(&copy)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("that is the snapshot being converted"));
+    assert_eq!(std::fs::read(&copy).unwrap(), before);
     // an unwritable output is a failure (status 1)
     let o = flare_replay(&["--convert", "/nonexistent/dir/out.trace", s(&eager)]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));

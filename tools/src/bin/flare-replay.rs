@@ -198,8 +198,11 @@ struct Args {
     /// Replay recorded traces as the recorded pool ran them: with the configuration
     /// of their `# flare-pool` header (policy, granularity, device memory, ...) on
     /// the simulated driver, no implicit scope; one row each (--policy, --capacity,
-    /// --backend and --best-fit-waste-percent do not apply).
-    #[arg(long)]
+    /// --backend and --best-fit-waste-percent do not apply, and are refused).
+    #[arg(
+        long,
+        conflicts_with_all = ["convert", "backend", "capacity", "policy", "best_fit_waste_percent"]
+    )]
     as_recorded: bool,
 
     /// Trace files (flare-trace v1) or PyTorch memory snapshots; `-` is standard
@@ -613,6 +616,22 @@ fn convert(out: &Path, inputs: &[Input]) -> Result<(), Stop> {
     };
     if out == Path::new("-") {
         return emit(text);
+    }
+    // Writing over the snapshot being converted would lose it.
+    let same = |a: &Path, b: &Path| {
+        std::fs::canonicalize(a)
+            .ok()
+            .zip(std::fs::canonicalize(b).ok())
+            .is_some_and(|(a, b)| a == b)
+    };
+    if same(out, Path::new(t.name())) {
+        return Err(Stop::Failed(
+            EXIT_BAD_INPUT,
+            format!(
+                "--convert {}: that is the snapshot being converted; write the trace elsewhere",
+                out.display()
+            ),
+        ));
     }
     std::fs::write(out, text)
         .map_err(|e| (EXIT_FAILED, format!("writing {}: {e}", out.display())))?;

@@ -160,7 +160,7 @@ fn replay_inner(
     let mut streams =
         if trace.has_streams() {
             match pool.sim_driver() {
-                Some(sim) => Some(SimStreams::new(sim, trace)),
+                Some(sim) => Some(SimStreams::new(sim, trace, as_recorded)),
                 None => return Err(ReplayError::Pool {
                     file: trace.name.clone(),
                     line: 0,
@@ -295,6 +295,14 @@ fn replay_inner(
             Event::Trim if implicit_scope => Ok(()),
             Event::Trim => pool.trim(),
         };
+        // After a call (not after `done` and `oom`: the recorded pool wrote those
+        // during the call that follows, before its own fences of that call).
+        if let (Some(ss), false) = (
+            streams.as_mut(),
+            matches!(event, Event::Done { .. } | Event::Oom { .. }),
+        ) {
+            ss.keep_busy();
+        }
         if let Err(e) = result {
             failure = Some((line, e));
             break;
@@ -391,37 +399,93 @@ fn allocate(
 /// stream per stream name (names whose value is 0 or 1 are the legacy stream, as
 /// for the pool), and the marks of each, as the recorded pool counted them: one per
 /// stream-ordered free on it, and one per free on another stream of memory recorded
-/// on it (`r`). Each mark queues a kernel on its stream over the freed memory and
-/// records an event after it, so the pool's fences complete only when a `done`
-/// line completes the work through their mark (`event_synchronize` of that event).
+/// on it (`r`). Each mark records an event on its stream and then queues a kernel over
+/// the freed memory, so the pool's fences complete only when a `done` line completes
+/// the work: `done S K` completes everything queued on S before mark K + 1 (the
+/// event recorded before that mark's kernel; every of the pool's fences covering at
+/// most K was recorded before it), or all of S's work when K is its last mark.
+///
+/// As recorded, a stream with marks also always has work at its tail that only a
+/// `done` line completes (a kernel touching no memory, queued again after each call's
+/// line once it completed; not after `done` lines, which the recorded pool wrote
+/// during the next call, before that call's own fences): the recorded engine's own work between its frees (kernels
+/// after each allocation, say), which the trace does not carry. Without it a fence
+/// the pool records after a device synchronize would complete at once in the replay,
+/// where the recorded one waited for the engine's later work (found by a recording
+/// whose frees the pool had synchronized and whose stream then ran more kernels).
 struct SimStreams {
     sim: Arc<SimDriver>,
     /// The stream of each name index, made on first use.
     streams: Vec<Option<Stream>>,
     /// Names, for making streams.
     names: Vec<String>,
-    /// Per stream (legacy as 0): marks so far, events by mark not yet completed,
-    /// the highest `done` mark not yet reached.
+    /// Per stream (legacy as 0): marks so far, the events recorded before marks not
+    /// yet completed, the highest `done` mark not yet reached, the tail's work.
     marks: HashMap<u64, Marks>,
     /// The streams each live id was recorded on (`r` lines), by id index.
     recorded: HashMap<u32, Vec<u32>>,
+    /// Keep work that only `done` completes at each stream's tail (as recorded).
+    background: bool,
 }
 
-#[derive(Default)]
 struct Marks {
+    stream: Stream,
     count: u64,
+    /// (mark, event recorded on the stream just before the mark's kernel).
     events: VecDeque<(u64, u64)>,
     pending: u64,
+    /// The event after the tail's work, while `background`.
+    tail: Option<u64>,
+}
+
+impl Marks {
+    fn new(stream: Stream) -> Marks {
+        Marks {
+            stream,
+            count: 0,
+            events: VecDeque::new(),
+            pending: 0,
+            tail: None,
+        }
+    }
+
+    /// Completes all the work queued on the stream so far.
+    fn complete_all(&mut self, sim: &SimDriver) {
+        let _ = sim.stream_complete(self.stream.raw());
+        for (_, e) in self.events.drain(..) {
+            let _ = sim.event_destroy(e);
+        }
+    }
+
+    /// Completes the work queued before mark `through + 1` (all of it when
+    /// `through` is the last mark).
+    fn complete_through(&mut self, sim: &SimDriver, through: u64) {
+        if through >= self.count {
+            self.complete_all(sim);
+            return;
+        }
+        while let Some(&(mark, e)) = self.events.front() {
+            if mark > through + 1 {
+                break;
+            }
+            self.events.pop_front();
+            if mark == through + 1 {
+                let _ = sim.event_synchronize(e);
+            }
+            let _ = sim.event_destroy(e);
+        }
+    }
 }
 
 impl SimStreams {
-    fn new(sim: Arc<SimDriver>, trace: &Trace) -> SimStreams {
+    fn new(sim: Arc<SimDriver>, trace: &Trace, background: bool) -> SimStreams {
         SimStreams {
             sim,
             streams: vec![None; trace.stream_names().len()],
             names: trace.stream_names().to_vec(),
             marks: HashMap::new(),
             recorded: HashMap::new(),
+            background,
         }
     }
 
@@ -485,13 +549,15 @@ impl SimStreams {
         own
     }
 
-    /// One mark on `s`: a kernel over the freed memory, an event after it; then a
-    /// `done` waiting for this mark is applied.
+    /// One mark on `s`: an event, then a kernel over the freed memory; then a `done`
+    /// waiting for this mark is applied.
     fn mark(&mut self, s: Stream, ptr: DevicePtr, bytes: u64) {
         let sim = Arc::clone(&self.sim);
-        let m = self.marks.entry(Self::key(s)).or_default();
+        let m = self
+            .marks
+            .entry(Self::key(s))
+            .or_insert_with(|| Marks::new(s));
         m.count += 1;
-        let _ = sim.launch(s.raw(), ptr, bytes.max(1));
         if let Ok(e) = sim.event_create() {
             if sim.event_record(e, s.raw()) == CuResult::SUCCESS {
                 m.events.push_back((m.count, e));
@@ -499,42 +565,64 @@ impl SimStreams {
                 let _ = sim.event_destroy(e);
             }
         }
+        let _ = sim.launch(s.raw(), ptr, bytes.max(1));
         if m.pending > 0 {
-            let through = m.pending.min(m.count);
-            if through == m.pending {
+            // The pending mark is at or past this one: all is complete.
+            if m.pending <= m.count {
                 m.pending = 0;
             }
-            complete(&sim, m, through);
+            m.complete_all(&sim);
         }
     }
 
-    /// `done STREAM MARK`: the work of the stream through `mark` completes (now, or
-    /// once the replay reaches that mark: the recorded pool saw it during the call
+    /// `done STREAM MARK`: the recorded pool saw a fence covering the stream's marks
+    /// through `mark` complete: the work queued before mark `mark + 1` completes (now,
+    /// or once the replay reaches that mark: the recorded pool saw it during the call
     /// that made it).
     fn done(&mut self, stream: u32, mark: u64) {
         let s = self.stream(stream);
         let sim = Arc::clone(&self.sim);
-        let m = self.marks.entry(Self::key(s)).or_default();
+        let m = self
+            .marks
+            .entry(Self::key(s))
+            .or_insert_with(|| Marks::new(s));
         if mark > m.count {
             m.pending = m.pending.max(mark);
         }
-        complete(&sim, m, mark.min(m.count));
+        m.complete_through(&sim, mark);
     }
-}
 
-/// Completes the simulated work of a stream through mark `through`: synchronizes
-/// the event of the highest mark at or below it and destroys the events it covers.
-fn complete(sim: &SimDriver, m: &mut Marks, through: u64) {
-    let mut last = None;
-    while m.events.front().is_some_and(|&(mark, _)| mark <= through) {
-        if let Some((_, e)) = m.events.pop_front() {
-            if let Some(prev) = last.replace(e) {
-                let _ = sim.event_destroy(prev);
+    /// As recorded, after each call's line: a stream with marks whose tail's work
+    /// completed gets new work that only a `done` line completes.
+    fn keep_busy(&mut self) {
+        if !self.background {
+            return;
+        }
+        let sim = &self.sim;
+        for m in self.marks.values_mut() {
+            if m.count == 0 {
+                continue;
+            }
+            let idle = match m.tail {
+                Some(e) => sim.event_query(e) == CuResult::SUCCESS,
+                None => true,
+            };
+            if !idle {
+                continue;
+            }
+            if let Some(e) = m.tail.take() {
+                let _ = sim.event_destroy(e);
+            }
+            if sim.launch(m.stream.raw(), 0, 0) != CuResult::SUCCESS {
+                continue;
+            }
+            if let Ok(e) = sim.event_create() {
+                if sim.event_record(e, m.stream.raw()) == CuResult::SUCCESS {
+                    m.tail = Some(e);
+                } else {
+                    let _ = sim.event_destroy(e);
+                }
             }
         }
-    }
-    if let Some(e) = last {
-        let _ = sim.event_synchronize(e);
-        let _ = sim.event_destroy(e);
     }
 }

@@ -457,3 +457,125 @@ fn oom_counts_are_1_to_64() {
         assert!(err.to_string().contains("count"), "{bad}: {err}");
     }
 }
+
+/// The `# flare-pool` header of a recorded trace: every key once (a recording pool
+/// writes them all, so a default in place of a missing one would not be "as
+/// recorded"), a device of some memory, one header per trace.
+#[test]
+fn recorded_header_rules() {
+    const FULL: &str = "policy=exact granularity=2097152 device_total=150323855360 \
+        release_threshold=0 best_fit_waste_percent=30 cross_stream=when-complete \
+        segment_whole_threshold=18446744073709551615 thread_cache_entries=32 \
+        thread_cache_bytes=1073741824 device=0 peers=none";
+    let header = |fields: &str| format!("# flare-trace v1\n# flare-pool {fields}\na x 512\n");
+    let t = trace::parse_str("test.trace", &header(FULL)).unwrap();
+    let c = t.recorded_config().unwrap();
+    assert_eq!(c.device_total, 150_323_855_360);
+    assert_eq!(c.granularity, 2 << 20);
+    // An unknown key (a later version's) is ignored.
+    assert!(trace::parse_str("test.trace", &header(&format!("{FULL} future_key=1"))).is_ok());
+    let problem = |fields: &str| -> String {
+        let (line, p) = error_of(&header(fields));
+        assert_eq!(line, 2, "{fields}");
+        assert!(matches!(p, Problem::RecordedConfig(_)), "{p:?}");
+        p.to_string()
+    };
+    for key in trace::RECORDED_KEYS {
+        let without: Vec<&str> = FULL
+            .split(' ')
+            .filter(|f| !f.starts_with(&format!("{key}=")))
+            .collect();
+        assert_eq!(without.len(), 10, "{key}");
+        let msg = problem(&without.join(" "));
+        assert!(msg.contains(&format!("{key}= is missing")), "{msg}");
+    }
+    let msg = problem(&format!("{FULL} policy=best-fit"));
+    assert!(msg.contains("policy= is given twice"), "{msg}");
+    let msg = problem(&FULL.replace("device_total=150323855360", "device_total=0"));
+    assert!(msg.contains("device_total"), "{msg}");
+    // The query-failed marker is accepted.
+    let t = FULL.replace(
+        "device_total=150323855360",
+        "device_total=18446744073709551615",
+    );
+    assert!(trace::parse_str("test.trace", &header(&t)).is_ok());
+    let (line, p) = error_of(&format!(
+        "# flare-trace v1\n# flare-pool {FULL}\na x 512\n# flare-pool {FULL}\n"
+    ));
+    assert_eq!(line, 4);
+    assert!(p.to_string().contains("second"), "{p}");
+}
+
+/// `done` lines: a stream's marks (one per `f ID STREAM`, one per other stream
+/// recorded with `r` on a freed id) bound them by the next call's line, and they
+/// increase; an `r` of an id that is not live names the `r`.
+#[test]
+fn done_lines_follow_the_streams_marks() {
+    const S: &str = "0x100000000";
+    const T: &str = "0x100000001";
+    // Two marks on S (its own free; T's free of an id recorded on S), one on T.
+    let ok = format!(
+        "a x 512 0 {S}\nf x {S}\na y 512 0 {T}\nr y {S}\nf y {T}\n\
+         done {S} 1\ndone {S} 2\ndone {T} 1\n\
+         a z 512 0 {S}\ndone {S} 3\nf z {S}\n"
+    );
+    let t = trace::parse_str("test.trace", &ok).unwrap();
+    let dones: Vec<_> = t
+        .events()
+        .iter()
+        .filter(|e| matches!(e, Event::Done { .. }))
+        .collect();
+    assert_eq!(dones.len(), 4);
+    // `done S 3` before the `f` that makes S's third mark: the pool saw it during
+    // that call. Past the next call's line it is an error, on that call's line.
+    let (line, p) = error_of(&format!("a x 512 0 {S}\nf x {S}\ndone {S} 2\na y 512\n"));
+    assert_eq!(line, 4);
+    assert_eq!(
+        p,
+        Problem::DoneBeyondMarks {
+            stream: S.into(),
+            mark: 2,
+            marks: 1,
+            done_line: 3
+        }
+    );
+    // A `done` with no call after it: the last event's line.
+    let (line, p) = error_of(&format!("a x 512 0 {S}\nf x {S}\ndone {S} 2\n"));
+    assert_eq!(line, 3);
+    assert!(
+        matches!(p, Problem::DoneBeyondMarks { marks: 1, .. }),
+        "{p:?}"
+    );
+    // A stream with no marks at all.
+    let (_, p) = error_of(&format!("a x 512\ndone {T} 1\nf x\n"));
+    assert!(
+        matches!(p, Problem::DoneBeyondMarks { marks: 0, .. }),
+        "{p:?}"
+    );
+    // Not increasing.
+    let (line, p) = error_of(&format!(
+        "a x 512 0 {S}\nf x {S}\na y 512 0 {S}\nf y {S}\ndone {S} 2\ndone {S} 1\n"
+    ));
+    assert_eq!(line, 6);
+    assert_eq!(
+        p,
+        Problem::DoneNotIncreasing {
+            stream: S.into(),
+            mark: 1,
+            previous: 2
+        }
+    );
+    // The legacy stream's two names are one stream's marks.
+    let legacy = "a x 512 0 0x0\nf x 0x0\na y 512 0 0x1\nf y 0x1\ndone 0x0 2\n";
+    assert!(trace::parse_str("test.trace", legacy).is_ok());
+    // `r` of an id not live.
+    let (line, p) = error_of(&format!("a x 512\nf x\nr x {S}\n"));
+    assert_eq!(line, 3);
+    assert_eq!(p, Problem::RecordNotLive { id: "x".into() });
+    let msg = p.to_string();
+    assert!(
+        msg.starts_with("record-stream (r) of allocation id"),
+        "{msg}"
+    );
+    assert!(msg.contains("\"x\", which is not live"), "{msg}");
+}

@@ -27,7 +27,7 @@ use std::path::Path;
 
 mod recorded;
 mod replay;
-pub use recorded::{RecordedConfig, RECORDED_HEADER};
+pub use recorded::{RecordedConfig, RECORDED_HEADER, RECORDED_KEYS};
 pub use replay::{replay, replay_as_recorded, replay_census, ReplayError, ReplayReport, TagReplay};
 
 /// Largest allocation size a trace may name, bytes (2^63).
@@ -264,6 +264,37 @@ pub enum Problem {
         /// The id token (as an [`Excerpt`]).
         id: Excerpt,
     },
+    /// An `r` for an id that is not live (never allocated, or already freed).
+    #[error("record-stream (r) of allocation id {id}, which is not live (never allocated, or already freed)")]
+    RecordNotLive {
+        /// The id token (as an [`Excerpt`]).
+        id: Excerpt,
+    },
+    /// A `done STREAM MARK` whose mark is not above the stream's previous `done`
+    /// (a pool writes one only when its stream's completed mark advances).
+    #[error("done {stream} {mark} after done {stream} {previous}: a stream's done marks increase")]
+    DoneNotIncreasing {
+        /// The stream name (as an [`Excerpt`]).
+        stream: Excerpt,
+        /// This line's mark.
+        mark: u64,
+        /// The stream's previous `done` mark.
+        previous: u64,
+    },
+    /// A `done STREAM MARK` for a mark the stream does not have by the end of the
+    /// next call's line (a pool learns of a mark's completion during the call that
+    /// makes it at the latest).
+    #[error("done {stream} {mark} (line {done_line}): the stream has {marks} marks by the next call's line")]
+    DoneBeyondMarks {
+        /// The stream name (as an [`Excerpt`]).
+        stream: Excerpt,
+        /// The `done` line's mark.
+        mark: u64,
+        /// The stream's marks by the end of the next call's line.
+        marks: u64,
+        /// The line of the `done`.
+        done_line: usize,
+    },
     /// A `begin` while a scope opened by an earlier `begin` is still open (retention
     /// scopes do not nest).
     #[error(
@@ -296,7 +327,7 @@ pub enum Problem {
         max: u64,
     },
     /// A `# flare-pool` header line (a recorded pool's configuration) with a value
-    /// that cannot be read.
+    /// that cannot be read, a key missing or repeated, or a second such line.
     #[error("recorded configuration: {0}")]
     RecordedConfig(String),
     /// A `trim` inside a retention scope (nothing retained may be released there).
@@ -417,6 +448,14 @@ struct Parser {
     live_since: Vec<usize>,
     /// The line of the `begin` of the open scope, 0 when none is open.
     open_scope: usize,
+    /// Per stream key ([`Parser::mark_key`]): marks so far (as the replay counts
+    /// them) and the last `done` mark.
+    marks: HashMap<u32, (u64, u64)>,
+    /// The streams each live id was recorded on (`r` lines), by id index.
+    recorded: HashMap<u32, Vec<u32>>,
+    /// `done` lines beyond their stream's marks, checked after the next call's line:
+    /// (stream key, stream index, mark, line).
+    pending_done: Vec<(u32, u32, u64, usize)>,
 }
 
 /// The UTF-8 byte-order mark, ignored at the start of a trace.
@@ -440,6 +479,9 @@ fn parse_bytes(name: String, bytes: &[u8]) -> Result<Trace, TraceError> {
         streams: HashMap::new(),
         live_since: Vec::new(),
         open_scope: 0,
+        marks: HashMap::new(),
+        recorded: HashMap::new(),
+        pending_done: Vec::new(),
     };
     for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
         let line = i + 1;
@@ -456,7 +498,25 @@ fn parse_bytes(name: String, bytes: &[u8]) -> Result<Trace, TraceError> {
             });
         }
     }
+    // A `done` with no call after it.
+    if let Err(problem) = p.check_pending_done() {
+        return Err(TraceError::Parse {
+            file: p.trace.name,
+            line: p.trace.lines.last().copied().unwrap_or(0),
+            problem,
+        });
+    }
     Ok(p.trace)
+}
+
+/// Whether a stream name is the legacy default stream: its value (hex with `0x`, or
+/// decimal) is 0 or 1, as for the pool.
+pub(crate) fn is_legacy_stream_name(name: &str) -> bool {
+    let value = match name.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => name.parse::<u64>().ok(),
+    };
+    value.is_some_and(|v| v <= 1)
 }
 
 fn is_sep(c: char) -> bool {
@@ -467,9 +527,13 @@ impl Parser {
     fn line(&mut self, line: usize, text: &str) -> Result<(), Problem> {
         let text = text.trim_matches(is_sep);
         if let Some(header) = text.strip_prefix(RECORDED_HEADER) {
-            if self.trace.recorded.is_none() {
-                self.trace.recorded = Some(RecordedConfig::parse(header)?);
+            if self.trace.recorded.is_some() {
+                // Two recordings joined, or an edited file: which one holds?
+                return Err(Problem::RecordedConfig(
+                    "a second `# flare-pool` header (a recorded trace has one)".into(),
+                ));
             }
+            self.trace.recorded = Some(RecordedConfig::parse(header)?);
             return Ok(());
         }
         if text.is_empty() || text.starts_with('#') {
@@ -523,6 +587,7 @@ impl Parser {
                 if let Some(s) = self.live_since.get_mut(slot) {
                     *s = line;
                 }
+                self.recorded.remove(&id);
                 self.trace.allocations += 1;
                 if tag != 0 {
                     self.trace.has_tags = true;
@@ -554,6 +619,17 @@ impl Parser {
                 if let Some(since) = self.live_since.get_mut(id as usize) {
                     *since = 0;
                 }
+                let recorded = self.recorded.remove(&id).unwrap_or_default();
+                if let Some(own) = stream {
+                    let own = self.mark_key(own);
+                    self.marks.entry(own).or_default().0 += 1;
+                    for other in recorded {
+                        let other = self.mark_key(other);
+                        if other != own {
+                            self.marks.entry(other).or_default().0 += 1;
+                        }
+                    }
+                }
                 match stream {
                     Some(stream) => Event::FreeAsync { id, stream },
                     None => Event::Free { id },
@@ -562,13 +638,32 @@ impl Parser {
             "r" => {
                 arity(2, "an id and a stream")?;
                 let stream = self.stream(args[1])?;
-                let id = self.live_id(args[0])?;
+                let id = self.live_id(args[0]).map_err(|_| Problem::RecordNotLive {
+                    id: Excerpt::new(args[0]),
+                })?;
+                let list = self.recorded.entry(id).or_default();
+                if !list.contains(&stream) {
+                    list.push(stream);
+                }
                 Event::RecordStream { id, stream }
             }
             "done" => {
                 arity(2, "a stream and a mark")?;
                 let stream = self.stream(args[0])?;
                 let mark = parse_decimal("mark", args[1], 1, u64::MAX)?;
+                let key = self.mark_key(stream);
+                let (count, last) = self.marks.entry(key).or_default();
+                if mark <= *last {
+                    return Err(Problem::DoneNotIncreasing {
+                        stream: Excerpt::new(args[0]),
+                        mark,
+                        previous: *last,
+                    });
+                }
+                *last = mark;
+                if mark > *count {
+                    self.pending_done.push((key, stream, mark, line));
+                }
                 Event::Done { stream, mark }
             }
             "oom" => {
@@ -619,6 +714,9 @@ impl Parser {
         if matches!(event, Event::Begin | Event::Finish | Event::Abort) {
             self.trace.has_scope_events = true;
         }
+        if !matches!(event, Event::Done { .. } | Event::Oom { .. }) {
+            self.check_pending_done()?;
+        }
         self.trace.events.push(event);
         self.trace.lines.push(line);
         Ok(())
@@ -633,6 +731,37 @@ impl Parser {
             .ok_or_else(|| Problem::FreeNotLive {
                 id: Excerpt::new(token),
             })
+    }
+
+    /// The key marks are counted under for stream index `s`: the replay's (every
+    /// legacy-stream name, `0x0` or `0x1`, is one stream).
+    fn mark_key(&self, s: u32) -> u32 {
+        match self.trace.stream_names.get(s as usize) {
+            Some(name) if is_legacy_stream_name(name) => u32::MAX,
+            _ => s,
+        }
+    }
+
+    /// After a call's line: every `done` beyond its stream's marks before it is
+    /// reached now.
+    fn check_pending_done(&mut self) -> Result<(), Problem> {
+        for (key, stream, mark, done_line) in std::mem::take(&mut self.pending_done) {
+            let marks = self.marks.get(&key).map_or(0, |m| m.0);
+            if mark > marks {
+                let name = self
+                    .trace
+                    .stream_names
+                    .get(stream as usize)
+                    .map_or("", String::as_str);
+                return Err(Problem::DoneBeyondMarks {
+                    stream: Excerpt::new(name),
+                    mark,
+                    marks,
+                    done_line,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The dense index of stream name `token`, interning it on first sight.

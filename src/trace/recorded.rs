@@ -9,6 +9,21 @@ use crate::pool::{Backend, CrossStreamReuse, PoolConfig, ReusePolicy};
 /// The start of a recorded trace's configuration line.
 pub const RECORDED_HEADER: &str = "# flare-pool ";
 
+/// The keys of the header, each required once ([`RecordedConfig::parse`]).
+pub const RECORDED_KEYS: [&str; 11] = [
+    "policy",
+    "granularity",
+    "device_total",
+    "release_threshold",
+    "best_fit_waste_percent",
+    "cross_stream",
+    "segment_whole_threshold",
+    "thread_cache_entries",
+    "thread_cache_bytes",
+    "device",
+    "peers",
+];
+
 /// The settings of a recorded pool, as its trace's header gives them. Byte fields
 /// are bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,16 +83,27 @@ fn number<T: std::str::FromStr>(key: &str, value: &str) -> Result<T, Problem> {
 
 impl RecordedConfig {
     /// Reads the `key=value` fields after [`RECORDED_HEADER`]. Keys not named here
-    /// are ignored (a later version may add some); a missing key keeps its default
-    /// ([`RecordedConfig::default`]).
+    /// are ignored (a later version may add some); every key named here is
+    /// required, once: a recording pool writes them all, so a missing or repeated one
+    /// is a header edited by hand, and a replay "as recorded" with a default in its
+    /// place would not be.
     ///
-    /// Errors: [`Problem::RecordedConfig`] for a value that cannot be read.
+    /// Errors: [`Problem::RecordedConfig`] for a value that cannot be read, a key
+    /// missing or given twice, a granularity that is not a power of two, a
+    /// `device_total` of 0 (the recording pool writes `u64::MAX` when its query
+    /// failed), a negative device or peer ordinal.
     pub fn parse(fields: &str) -> Result<RecordedConfig, Problem> {
         let mut c = RecordedConfig::default();
+        let mut seen = [false; RECORDED_KEYS.len()];
         for field in fields.split([' ', '\t']).filter(|f| !f.is_empty()) {
             let Some((key, value)) = field.split_once('=') else {
                 continue;
             };
+            if let Some(i) = RECORDED_KEYS.iter().position(|&k| k == key) {
+                if std::mem::replace(&mut seen[i], true) {
+                    return Err(Problem::RecordedConfig(format!("{key}= is given twice")));
+                }
+            }
             match key {
                 "policy" => c.policy = value.parse().map_err(|_| bad(key, value))?,
                 "granularity" => c.granularity = number(key, value)?,
@@ -101,6 +127,16 @@ impl RecordedConfig {
                 }
                 _ => {}
             }
+        }
+        if let Some(i) = seen.iter().position(|&s| !s) {
+            return Err(Problem::RecordedConfig(format!(
+                "{}= is missing (a recording pool writes every key: {})",
+                RECORDED_KEYS[i],
+                RECORDED_KEYS.join(", ")
+            )));
+        }
+        if c.device_total == 0 {
+            return Err(bad("device_total", "0"));
         }
         if !c.granularity.is_power_of_two() {
             return Err(bad("granularity", &c.granularity.to_string()));

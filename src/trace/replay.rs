@@ -495,11 +495,7 @@ impl SimStreams {
             return *s;
         }
         let name = self.names.get(i as usize).map_or("", String::as_str);
-        let value = match name.strip_prefix("0x") {
-            Some(hex) => u64::from_str_radix(hex, 16).ok(),
-            None => name.parse::<u64>().ok(),
-        };
-        let s = if value.is_some_and(|v| v <= 1) {
+        let s = if super::is_legacy_stream_name(name) {
             Stream::LEGACY
         } else {
             // Non-blocking, as an engine's (and PyTorch's) side streams are; a failed

@@ -292,8 +292,10 @@ class Simulated(unittest.TestCase):
         self.assertIn("unknown pointer", fp.last_error())
         self.assertIsNone(lib.flare_torch_alloc(MIB, 64, None))
         self.assertIn("device ordinal 64", fp.last_error())
-        with self.assertRaises(fp.FlareError):
-            fp.use_simulated()  # already made
+        with self.assertRaises(fp.FlareError) as cm:
+            fp.use_simulated()  # already made, by the first use_simulated
+        self.assertIn("earlier flare_torch_use_simulated", str(cm.exception))
+        self.assertIn("must be the first call, once", str(cm.exception))
 
 
 if __name__ == "__main__":

@@ -395,7 +395,10 @@ pub extern "C" fn flare_torch_use_simulated(capacity_bytes: u64, device_count: u
         config.backend = Backend::Simulated(sim);
         ALLOCATOR.set(Ok(TorchAllocator::new(config))).map_err(|_| {
             Error::InvalidArgument(
-                "the PyTorch allocator is already made (a flare_torch_* call came first)".into(),
+                "the PyTorch allocator is already made (by an earlier flare_torch_use_simulated, \
+                 or by another flare_torch_* call that came first): use_simulated must be the \
+                 first call, once"
+                    .into(),
             )
         })
     })

@@ -15,6 +15,10 @@
 
 use std::fmt;
 
+/// The highest pickle protocol this reader takes (Python 3.8's and later's
+/// highest; `PROTO` names 2 to 5).
+pub const MAX_PROTOCOL: u8 = 5;
+
 /// The index of an object in a [`Pickle`]'s arena.
 pub type ObjId = usize;
 
@@ -393,9 +397,15 @@ impl Machine<'_> {
 
     fn step(&mut self, op: u8) -> Result<(), PickleError> {
         match op {
-            // PROTO, FRAME
+            // PROTO (2 to 5, what Python 3 writes; a later protocol may add opcodes
+            // this reader would misread), FRAME
             0x80 => {
-                self.byte()?;
+                let protocol = self.byte()?;
+                if !(2..=MAX_PROTOCOL).contains(&protocol) {
+                    return self.invalid(format!(
+                        "pickle protocol {protocol} (this reader takes 2 to {MAX_PROTOCOL})"
+                    ));
+                }
             }
             0x95 => {
                 self.take(8)?;
@@ -640,6 +650,28 @@ mod tests {
             .map(|&d| p.get(d, "k").and_then(|v| p.str(v)))
             .collect();
         assert_eq!(v, [Some("v"), Some("v"), Some("w")]);
+    }
+
+    #[test]
+    fn protocols_2_to_5_only() {
+        // pickle.dumps(None, P) for P in 2..=5 is b'\x80' P b'N.' (protocol 4 and 5
+        // add a FRAME only for larger pickles).
+        for protocol in 2..=5u8 {
+            let bytes = [0x80, protocol, b'N', b'.'];
+            assert_eq!(
+                read(&bytes).map(|p| p.obj(p.root()).cloned()),
+                Ok(Some(Obj::None))
+            );
+        }
+        for protocol in [0u8, 1, 6, 9, 255] {
+            let bytes = [0x80, protocol, b'N', b'.'];
+            match read(&bytes) {
+                Err(PickleError::Invalid { what, at: 0 }) => {
+                    assert!(what.contains(&format!("protocol {protocol}")), "{what}")
+                }
+                other => panic!("protocol {protocol}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -29,7 +29,7 @@
 //! counted ([`Summary::skipped_frees`]).
 #![forbid(unsafe_code)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::fmt::Write as _;
 
@@ -709,7 +709,7 @@ fn choose_device(per_device: &[bool], asked: Option<usize>) -> Result<usize, Sna
 struct Writer {
     body: String,
     /// Live allocations: address -> (bytes, index of the event that made it).
-    live: HashMap<u64, (u64, usize)>,
+    live: BTreeMap<u64, (u64, usize)>,
     live_bytes: u64,
     peak: u64,
     allocations: u64,
@@ -719,13 +719,31 @@ struct Writer {
 }
 
 impl Writer {
-    /// `a 0xADDR BYTES`. Errors when `addr` is live.
+    /// `a 0xADDR BYTES`. Errors when `addr` is live, or when `[addr, addr + bytes)`
+    /// overlaps a live allocation (two live blocks or segments never share a byte;
+    /// a block's size here is at most the real block's: the layout's, or the
+    /// request rounded as the caching allocator rounds it at least).
     fn alloc(&mut self, ev: &Ev<'_>, addr: u64, bytes: u64) -> Result<(), SnapshotError> {
         if let Some(&(_, since)) = self.live.get(&addr) {
             return Err(SnapshotError::Unsupported(format!(
                 "{}: address {addr:#x} is live (allocated by event {since} and not freed): \
                  an inconsistent snapshot",
                 ev.at()
+            )));
+        }
+        let end = addr.saturating_add(bytes);
+        let before = self
+            .live
+            .range(..addr)
+            .next_back()
+            .filter(|(&a, &(b, _))| a.saturating_add(b) > addr);
+        let after = self.live.range(addr..end).next();
+        if let Some((&a, &(b, since))) = before.or(after) {
+            return Err(SnapshotError::Unsupported(format!(
+                "{}: {addr:#x}..{end:#x} overlaps {a:#x}..{:#x}, live (allocated by event \
+                 {since} and not freed): an inconsistent snapshot",
+                ev.at(),
+                a.saturating_add(b)
             )));
         }
         self.live.insert(addr, (bytes, ev.index));

@@ -600,3 +600,72 @@ fn help_describes_snapshots() {
     let short = stdout(&flare_replay(&["-h"]));
     assert!(short.contains("PyTorch memory snapshot"), "{short}");
 }
+
+/// A snapshot whose live allocations share bytes is inconsistent (the caching
+/// allocator never hands out a byte twice, and a segment is mapped once): refused,
+/// naming the events, in both event kinds.
+#[test]
+fn inconsistent_snapshots_are_refused() {
+    let refused = |name: &str, events: Vec<P>, args: &[&str]| -> String {
+        let (code, _, err) = run_on(name, &snapshot(vec![events], vec![]), args);
+        assert_eq!(code, Some(2), "{name}: {err}");
+        assert!(err.contains("an inconsistent snapshot"), "{name}: {err}");
+        err
+    };
+    // The same address allocated twice.
+    let err = refused(
+        "twice.pickle",
+        vec![ev("alloc", 0, 4096), ev("alloc", 0, 4096)],
+        &[],
+    );
+    assert!(
+        err.contains("address 0x0 is live (allocated by event 0"),
+        "{err}"
+    );
+    // 4096 bytes at 0 (a request of 4096 is a 4096-byte block at least), then a
+    // block at 1024 inside it, both live.
+    let err = refused(
+        "inside.pickle",
+        vec![ev("alloc", 0, 4096), ev("alloc", 1024, 512)],
+        &[],
+    );
+    assert!(err.contains("0x400..0x600 overlaps 0x0..0x1000"), "{err}");
+    // A block that runs into the next live one (0x1000 is live; 0x800 + 4096 ends
+    // past it).
+    let err = refused(
+        "into.pickle",
+        vec![ev("alloc", 4096, 512), ev("alloc", 2048, 4096)],
+        &[],
+    );
+    assert!(
+        err.contains("0x800..0x1800 overlaps 0x1000..0x1200"),
+        "{err}"
+    );
+    // Freed in between: no overlap.
+    let (code, _, err) = run_on(
+        "freed.pickle",
+        &snapshot(
+            vec![vec![
+                ev("alloc", 0, 4096),
+                ev("free_requested", 0, 4096),
+                ev("alloc", 1024, 512),
+            ]],
+            vec![],
+        ),
+        &[],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    // Segment events: two mappings over the same 2 MiB.
+    let err = refused(
+        "maps.pickle",
+        vec![
+            ev("segment_map", 0, 4 * MIB),
+            ev("segment_map", 2 * MIB, 2 * MIB),
+        ],
+        &["--torch-events", "segment"],
+    );
+    assert!(
+        err.contains("0x200000..0x400000 overlaps 0x0..0x400000"),
+        "{err}"
+    );
+}

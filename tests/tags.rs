@@ -117,7 +117,7 @@ fn offload_sleep_and_wake_keep_addresses_and_bytes() {
             .iter()
             .map(|&n| pool.allocate_tagged_raw(n, None, 1).unwrap())
             .collect();
-        let t2: Vec<_> = sizes
+        let mut t2: Vec<_> = sizes
             .iter()
             .map(|&n| pool.allocate_tagged_raw(n, None, 2).unwrap())
             .collect();
@@ -181,7 +181,8 @@ fn offload_sleep_and_wake_keep_addresses_and_bytes() {
         pool.wake(1).unwrap();
         let s = check_with_devices(&pool, 1);
         assert_eq!(s.tags_sleeping, 0);
-        assert_eq!(sim.host_bytes(), 0);
+        // The buffer is kept for the next offload of the same size.
+        assert_eq!(sim.host_bytes(), requested);
         let c = pool.tag_census(1);
         assert!(!c.sleeping);
         // The idle memory was released by the sleep: the 4 MiB mapping, or in
@@ -200,10 +201,39 @@ fn offload_sleep_and_wake_keep_addresses_and_bytes() {
             same(&sim, t2[i], 100 + i as u64, n as usize);
         }
         assert!(matches!(pool.wake(1), Err(Error::TagState { tag: 1, .. })));
+        // A second cycle of the same allocations pins nothing: the kept buffer
+        // serves, and the bytes come back again.
+        let pinned = sim.call_count(DriverCall::HostAlloc);
+        assert_eq!(pinned, 1);
+        for (i, (&p, &n)) in t1.iter().zip(&sizes).enumerate() {
+            fill(&sim, p, 200 + i as u64, n as usize);
+        }
+        pool.sleep(1, SleepMode::Offload).unwrap();
+        assert_eq!(sim.host_bytes(), requested);
+        pool.wake(1).unwrap();
+        assert_eq!(sim.call_count(DriverCall::HostAlloc), pinned);
+        assert_eq!(sim.call_count(DriverCall::HostFree), 0);
+        for (i, (&p, &n)) in t1.iter().zip(&sizes).enumerate() {
+            same(&sim, p, 200 + i as u64, n as usize);
+        }
+        // Another size (tag 2's allocations less its 1 MiB one): a new buffer; its
+        // wake keeps it and frees the one kept before.
+        pool.free_raw(t2.remove(0)).unwrap();
+        pool.sleep(2, SleepMode::Offload).unwrap();
+        assert_eq!(sim.call_count(DriverCall::HostAlloc), pinned + 1);
+        assert_eq!(
+            sim.host_bytes(),
+            requested + (requested - MIB),
+            "in use, and the kept one"
+        );
+        pool.wake(2).unwrap();
+        assert_eq!(sim.call_count(DriverCall::HostFree), 1);
+        assert_eq!(sim.host_bytes(), requested - MIB);
         for p in t1.into_iter().chain(t2) {
             pool.free_raw(p).unwrap();
         }
         pool.trim().unwrap();
+        assert_eq!(sim.host_bytes(), 0, "trim frees the kept buffer");
         check(&pool);
         no_faults(&sim);
     }
@@ -399,7 +429,10 @@ fn segments_keep_tags_apart() {
             } else {
                 0
             };
-            assert_eq!((c.offloaded_bytes, sim.host_bytes()), (want, want));
+            assert_eq!(c.offloaded_bytes, want);
+            // Host memory: the offload's buffer, or in discard the one the offload's
+            // wake kept (every offload here is of 8 x 4 KiB).
+            assert_eq!(sim.host_bytes(), 8 * 4096);
             for &p in mine.iter() {
                 assert_eq!(sim.touch(p, 1, 0), CuResult::INVALID_VALUE);
             }
@@ -412,7 +445,8 @@ fn segments_keep_tags_apart() {
                 (s.physical_bytes, s.sleeping_count, s.tags_sleeping),
                 (4 * MIB, 0, 0)
             );
-            assert_eq!(sim.host_bytes(), 0);
+            // Kept for the next offload of its size.
+            assert_eq!(sim.host_bytes(), 8 * 4096);
             for (i, &p) in mine.iter().enumerate() {
                 if mode == SleepMode::Offload {
                     same(&sim, p, seed + i as u64, 4096);
@@ -424,10 +458,13 @@ fn segments_keep_tags_apart() {
             }
         }
     }
+    // Two offloads of the same size (tag 1's, then tag 0's): one buffer pinned.
+    assert_eq!(sim.call_count(DriverCall::HostAlloc), 1);
     for p in blocks.into_iter().chain(t) {
         pool.free_raw(p).unwrap();
     }
     pool.trim().unwrap();
+    assert_eq!(sim.host_bytes(), 0, "trim frees the kept buffer");
     check(&pool);
     assert_eq!(pool.snapshot().physical_bytes, 0);
     no_faults(&sim);

@@ -746,8 +746,9 @@ impl Pool {
         self.release_now(Captures::OfScope(epoch), true, false, true)
     }
 
-    /// Releases every idle (cached) mapping now, and retries pending releases.
-    /// Memory freed on streams is released once its fences complete
+    /// Releases every idle (cached) mapping now, and retries pending releases; frees
+    /// the pinned host buffer an offload's wake kept for the next offload sleep
+    /// ([`Pool::sleep`]). Memory freed on streams is released once its fences complete
     /// (`cuEventSynchronize`, no device synchronize). Memory freed with the
     /// synchronous `free`, held for a capture, or whose stream order is unknown needs
     /// a device synchronize first; it is kept instead while one of the pool's streams
@@ -759,6 +760,17 @@ impl Pool {
     /// released there); [`Error::Driver`] with the first step the driver refused.
     pub fn trim(&self) -> Result<()> {
         let r = self.release_idle(true);
+        if !matches!(r, Err(Error::ScopeState(_))) {
+            // The pinned host buffer a wake kept for the next offload: host memory
+            // cached as idle device memory is.
+            let spare = lock(&self.state).spare_host.take();
+            if let Some(h) = spare {
+                if let Err(source) = self.driver.host_free(h) {
+                    let bytes = h.size;
+                    return r.and(Err(Error::Driver { source, bytes }));
+                }
+            }
+        }
         if let Some(rec) = &self.rec {
             // A trim refused inside a scope did nothing; one whose release the
             // driver refused in part released the rest.

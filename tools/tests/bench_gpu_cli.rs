@@ -364,6 +364,9 @@ fn a_simulated_quick_run_reports_segment_mode() {
             assert_eq!(rise, 2048 * mib, "{x}");
         }
         let offload = x["mode"] == "offload";
+        // The first round apart from the later ones (the kept host buffer).
+        assert!(x["first_sleep_seconds"].as_f64().unwrap() > 0.0, "{x}");
+        assert!(x["first_wake_seconds"].as_f64().unwrap() > 0.0, "{x}");
         assert_eq!(x["sleep_vs_copy"].is_null(), !offload, "{x}");
         assert_eq!(x["wake_bytes_per_second"].is_null(), !offload, "{x}");
     }

@@ -601,13 +601,18 @@ struct SleepWakeRow {
     allocations: u64,
     /// `offload` or `discard`.
     mode: &'static str,
-    /// Medians over the rounds, seconds.
+    /// The first round's sleep and wake, seconds: the sleep pins the host buffer
+    /// (`cuMemHostAlloc`), which the wake keeps.
+    first_sleep_seconds: f64,
+    first_wake_seconds: f64,
+    /// Medians over the later rounds (the kept buffer serves: no pinning), seconds.
     sleep_seconds: f64,
     wake_seconds: f64,
     /// The driver's free memory rise across the (last) sleep, bytes.
     free_rise_bytes: Option<u64>,
-    /// Offload: requested bytes copied over the sleep's (wake's) time, bytes per
-    /// second, and its ratio to the host copy bandwidth of the same direction.
+    /// Offload: requested bytes copied over the later rounds' sleep (wake) time,
+    /// bytes per second, and its ratio to the host copy bandwidth of the same
+    /// direction.
     sleep_bytes_per_second: Option<f64>,
     wake_bytes_per_second: Option<f64>,
     sleep_vs_copy: Option<f64>,
@@ -780,7 +785,9 @@ impl Bench {
     fn sleep_wake(&self) -> BoxResult<SleepWake> {
         use flare_package::SleepMode;
         let total = if self.args.quick { 2 * GIB } else { 10 * GIB };
-        let rounds = if self.args.quick { 1 } else { 3 };
+        // The first round, then the later ones (medians): the first sleep pins the
+        // offload's host buffer, which its wake keeps for the later ones.
+        let rounds = if self.args.quick { 2 } else { 4 };
         // Host copy bandwidth, both ways, 1 GiB through pinned memory.
         let pool = Pool::new(self.config())?;
         let d = pool.driver().clone();
@@ -874,7 +881,11 @@ impl Bench {
                 for p in ptrs {
                     pool.free_raw(p)?;
                 }
-                let (sleep_ns, wake_ns) = (stats(sleeps).median_ns, stats(wakes).median_ns);
+                let (first_sleep_ns, first_wake_ns) = (sleeps[0], wakes[0]);
+                let (sleep_ns, wake_ns) = (
+                    stats(sleeps[1..].to_vec()).median_ns,
+                    stats(wakes[1..].to_vec()).median_ns,
+                );
                 let offload = mode == SleepMode::Offload;
                 let sleep_bw = per_second(total, sleep_ns).filter(|_| offload);
                 let wake_bw = per_second(total, wake_ns).filter(|_| offload);
@@ -883,6 +894,8 @@ impl Bench {
                     allocation_bytes: size,
                     allocations: n,
                     mode: if offload { "offload" } else { "discard" },
+                    first_sleep_seconds: first_sleep_ns as f64 * 1e-9,
+                    first_wake_seconds: first_wake_ns as f64 * 1e-9,
                     sleep_seconds: sleep_ns * 1e-9,
                     wake_seconds: wake_ns * 1e-9,
                     free_rise_bytes: rise,
@@ -2320,6 +2333,7 @@ fn print_sleep_wake(s: &SleepWake) {
         "sleep / wake",
         "policy",
         "mode",
+        "first sleep / wake",
         "sleep",
         "wake",
         "free memory rose by",
@@ -2334,6 +2348,11 @@ fn print_sleep_wake(s: &SleepWake) {
             format!("{} x {}", r.allocations, fmt_bytes(r.allocation_bytes)),
             r.policy.to_string(),
             r.mode.to_string(),
+            format!(
+                "{:.1} / {:.1} ms",
+                r.first_sleep_seconds * 1e3,
+                r.first_wake_seconds * 1e3
+            ),
             format!("{:.1} ms", r.sleep_seconds * 1e3),
             format!("{:.1} ms", r.wake_seconds * 1e3),
             opt(r.free_rise_bytes, fmt_bytes),

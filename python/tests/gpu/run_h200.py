@@ -48,7 +48,7 @@ PARTS = ["reference", "tensor", "mempool", "sanitizer", "decode", "two_gpu", "re
 # The decode part alternates processes of each allocator this many times (one
 # process each measured the reference's step at 4.6 to 9.3 ms in four runs on the
 # H200: a single pair of processes says nothing about a few percent).
-DECODE_ROUNDS = 4
+DECODE_ROUNDS = 5
 SHAPES = [(1, 1), (1, 7), (3, 33), (8, 128), (5, 257)]
 GIB = 1 << 30
 
@@ -443,11 +443,29 @@ def part_tensor_short(torch, res, out, quick):
     res.check("no hook failed", fp.hook_failures() == 0, fp.last_error())
 
 
+def alloc_pair_us(torch, device, n=20000, reps=5):
+    """An allocate + free pair of a 4 KiB tensor (`torch.empty`, then dropped),
+    host time per pair, median of reps, microseconds: the allocator's own cost as
+    PyTorch calls it (its caching allocator, or the pluggable path into ours)."""
+    times = []
+    for _ in range(200):
+        torch.empty(1024, device=device)
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            torch.empty(1024, device=device)
+        times.append((time.perf_counter() - t0) / n * 1e6)
+    times.sort()
+    return times[len(times) // 2]
+
+
 def part_decode(torch, res, out, quick):
     """One decode-loop measurement in this process (the allocator installed by
-    child() for decode_flare, PyTorch's default for decode_default)."""
+    child() for decode_flare, PyTorch's default for decode_default), and the
+    allocate + free pair alone."""
     model = build_model(torch, 0)
     res.fig("decode_step_ms", decode_loop(torch, model, 0, steps=100 if quick else 300))
+    res.fig("alloc_pair_us", alloc_pair_us(torch, 0))
 
 
 def run_decode(out, quick, timeout, env):
@@ -456,6 +474,7 @@ def run_decode(out, quick, timeout, env):
     spread of each side reported."""
     t0 = time.time()
     ms = {"decode_default": [], "decode_flare": []}
+    pair = {"decode_default": [], "decode_flare": []}
     errors = []
     for _ in range(DECODE_ROUNDS):
         for part in ms:
@@ -465,7 +484,9 @@ def run_decode(out, quick, timeout, env):
                 errors.append(f"{part}: {r.get('errors')} rc={r.get('rc')}")
             else:
                 ms[part].append(v)
+                pair[part].append(r["figures"].get("alloc_pair_us"))
     res = {"part": "decode", "checks": {}, "figures": {k: sorted(v) for k, v in ms.items()}, "errors": errors, "rc": 0}
+    res["figures"]["alloc_pair_us"] = {k: sorted(x for x in v if x is not None) for k, v in pair.items()}
     if all(ms.values()):
         med = {k: sorted(v)[len(v) // 2] for k, v in ms.items()}
         ratio = med["decode_flare"] / med["decode_default"]
@@ -622,6 +643,14 @@ def child(part, out, quick):
             import flare_package as fp
 
             fp.install()
+        if part.startswith("decode") and hasattr(os, "sched_setaffinity"):
+            # Both sides of the timing on the same 4 cores: the step is host-bound
+            # (Python and launches), and runs moved between cores spread the
+            # per-process figures by 20% (6.8 to 9.6 ms for the same allocator).
+            cores = sorted(os.sched_getaffinity(0))
+            if len(cores) >= 6:
+                os.sched_setaffinity(0, set(cores[2:6]))
+            res.fig("cores", sorted(os.sched_getaffinity(0)))
         torch.use_deterministic_algorithms(True, warn_only=True)
         res.fig("torch", torch.__version__)
         res.fig("gpu", torch.cuda.get_device_name(0))

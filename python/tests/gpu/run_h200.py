@@ -634,6 +634,14 @@ PART_FUNCS = {
 def child(part, out, quick):
     res = Result(part)
     try:
+        if part.startswith("decode") and hasattr(os, "sched_setaffinity"):
+            # Both sides of the timing on the same 4 cores: the step is host-bound
+            # (Python and launches), and runs moved between cores spread the
+            # per-process figures by 20% (6.8 to 9.6 ms for the same allocator).
+            cores = sorted(os.sched_getaffinity(0))
+            if len(cores) >= 6:
+                os.sched_setaffinity(0, set(cores[2:6]))
+            res.fig("cores", sorted(os.sched_getaffinity(0)))
         import torch
 
         if part.startswith("tensor") or part in ("two_gpu", "decode_flare", "record"):
@@ -643,14 +651,6 @@ def child(part, out, quick):
             import flare_package as fp
 
             fp.install()
-        if part.startswith("decode") and hasattr(os, "sched_setaffinity"):
-            # Both sides of the timing on the same 4 cores: the step is host-bound
-            # (Python and launches), and runs moved between cores spread the
-            # per-process figures by 20% (6.8 to 9.6 ms for the same allocator).
-            cores = sorted(os.sched_getaffinity(0))
-            if len(cores) >= 6:
-                os.sched_setaffinity(0, set(cores[2:6]))
-            res.fig("cores", sorted(os.sched_getaffinity(0)))
         torch.use_deterministic_algorithms(True, warn_only=True)
         res.fig("torch", torch.__version__)
         res.fig("gpu", torch.cuda.get_device_name(0))

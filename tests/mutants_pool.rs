@@ -1213,3 +1213,80 @@ fn an_injected_oom_with_idle_memory_is_retried() {
         (1, 2, 0)
     );
 }
+
+/// `Pool::miss`: "A stream-ordered allocation never synchronizes the device (a
+/// capture may be open on any stream): it releases only memory whose fences
+/// completed; the synchronous `allocate` releases everything idle, after a device
+/// synchronize." Memory freed on the stream (no work queued: its fence is complete)
+/// is released for the retry with no device synchronize; memory freed with the
+/// synchronous `free` is not, and the retry reports it idle.
+#[test]
+fn a_stream_ordered_oom_releases_only_fenced_memory_without_synchronizing() {
+    // Freed on the stream: released, the retry succeeds.
+    let (pool, sim) = small_pool(0);
+    let s = common::stream(&sim);
+    let a = pool.allocate_async_raw(6 * MIB, s).unwrap();
+    let b = pool.allocate_async_raw(6 * MIB, s).unwrap();
+    pool.free_async_raw(a, s).unwrap();
+    pool.free_async_raw(b, s).unwrap();
+    assert_eq!(check(&pool).idle_bytes, 12 * MIB);
+    let syncs = sim.call_count(DriverCall::Synchronize);
+    let c = pool.allocate_async_raw(8 * MIB, s).unwrap();
+    let st = check(&pool);
+    assert_eq!((st.oom_retries, st.create_failures), (1, 1));
+    assert_eq!((st.idle_bytes, st.physical_bytes), (0, 8 * MIB));
+    assert_eq!(sim.state().physical_bytes, 8 * MIB);
+    assert_eq!(st.mappings_released, 2);
+    assert_eq!(
+        sim.call_count(DriverCall::Synchronize),
+        syncs,
+        "no device sync"
+    );
+    common::no_faults(&sim);
+    pool.free_async_raw(c, s).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+
+    // Freed with the synchronous free: its release needs a device synchronize,
+    // which a stream-ordered allocation never makes: kept, reported idle.
+    let (pool, sim) = small_pool(0);
+    let s = common::stream(&sim);
+    let a = pool.allocate_raw(6 * MIB).unwrap();
+    let b = pool.allocate_raw(6 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    pool.free_raw(b).unwrap();
+    let syncs = sim.call_count(DriverCall::Synchronize);
+    let err = pool.allocate_async_raw(8 * MIB, s).unwrap_err();
+    assert_eq!(
+        err,
+        Error::OutOfMemory {
+            requested: 8 * MIB,
+            live: 0,
+            idle: 12 * MIB,
+            in_scope: false,
+            source: Some(DriverError::new(
+                DriverCall::Create,
+                CuResult::OUT_OF_MEMORY
+            )),
+        }
+    );
+    let st = check(&pool);
+    assert_eq!((st.oom_retries, st.create_failures), (1, 2));
+    assert_eq!((st.idle_count, st.physical_bytes), (2, 12 * MIB));
+    assert_eq!(
+        sim.call_count(DriverCall::Synchronize),
+        syncs,
+        "no device sync"
+    );
+    // The synchronous allocate does synchronize, releases them, and succeeds.
+    let c = pool.allocate_raw(8 * MIB).unwrap();
+    let st = check(&pool);
+    assert_eq!(
+        (st.oom_retries, st.physical_bytes, st.mappings_released),
+        (2, 8 * MIB, 2)
+    );
+    assert_eq!(sim.call_count(DriverCall::Synchronize), syncs + 1);
+    pool.free_raw(c).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+}

@@ -1,0 +1,1292 @@
+//! Issue 16: contracts of the pool that a mutation run found unpinned. Each test
+//! names the contract it checks (a doc comment of `Pool`, `PoolConfig`, `Snapshot`,
+//! `Error`, or `docs/ARCHITECTURE.md`); the expected values are reasoned from there
+//! and from the simulated driver's documented behaviour, not copied from a run.
+#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
+
+mod common;
+
+use common::{assert_driver_empty, check, check_with_devices, simulated_pool, MIB};
+use flare_package::{
+    CuResult, DriverCall, DriverError, Error, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver,
+    Snapshot,
+};
+use std::sync::Arc;
+
+/// The simulated driver's default granularity.
+const G: u64 = 2 * MIB;
+
+/// A code no memory call returns by itself and that is not out-of-memory.
+const FAIL: CuResult = CuResult::UNKNOWN;
+
+// ---------------------------------------------------------------- configuration
+
+/// `Pool::new` / `Pool::with_driver`: "[`Error::InvalidArgument`] for a negative
+/// device or peer ordinal": device 0 is not negative, so it is a valid peer (of a
+/// pool on device 1), and naming the pool's own device 0 as a peer is harmless.
+#[test]
+fn peer_device_zero_is_accepted() {
+    let two = SimConfig {
+        device_count: 2,
+        ..SimConfig::default()
+    };
+    let pool = Pool::new(PoolConfig {
+        device: 1,
+        peer_devices: vec![0],
+        ..PoolConfig::simulated(two)
+    })
+    .expect("peer device 0 of a pool on device 1");
+    let sim = pool.sim_driver().unwrap();
+    let a = pool.allocate_raw(3 * MIB).unwrap();
+    // `PoolConfig::peer_devices`: "other device ordinals that get read/write access
+    // to every mapping".
+    assert_eq!(sim.access_of(a), vec![0, 1]);
+    check_with_devices(&pool, 2);
+    pool.free_raw(a).unwrap();
+    assert_driver_empty(&pool);
+
+    // Through `with_driver` (no simulated-machine check, only the ordinal rule).
+    let driver = Arc::new(SimDriver::new(two));
+    let pool = Pool::with_driver(
+        PoolConfig {
+            device: 1,
+            peer_devices: vec![0],
+            ..PoolConfig::default()
+        },
+        driver.clone(),
+    )
+    .expect("peer device 0 through with_driver");
+    let a = pool.allocate_raw(G).unwrap();
+    assert_eq!(driver.access_of(a), vec![0, 1]);
+    pool.free_raw(a).unwrap();
+
+    // The pool's own device named as a peer: one grant, device 0's.
+    let pool = Pool::with_driver(
+        PoolConfig {
+            peer_devices: vec![0],
+            ..PoolConfig::default()
+        },
+        Arc::new(SimDriver::new(SimConfig::default())),
+    )
+    .expect("device 0 named as its own peer");
+    let a = pool.allocate_raw(G).unwrap();
+    assert_eq!(pool.sim_driver().unwrap().access_of(a), vec![0]);
+    check_with_devices(&pool, 1);
+    pool.free_raw(a).unwrap();
+
+    // -1 is negative: refused, by both constructors.
+    for peers in [vec![-1], vec![0, -1]] {
+        let config = PoolConfig {
+            peer_devices: peers.clone(),
+            ..PoolConfig::simulated(two)
+        };
+        assert!(
+            matches!(Pool::new(config.clone()), Err(Error::InvalidArgument(_))),
+            "{peers:?}"
+        );
+        assert!(
+            matches!(
+                Pool::with_driver(config, Arc::new(SimDriver::new(two))),
+                Err(Error::InvalidArgument(_))
+            ),
+            "{peers:?}"
+        );
+    }
+}
+
+/// `Pool::allocate_raw`: "[`Error::RequestTooLarge`] when the rounded size is
+/// *above* the device's total memory". A request of exactly the total is a valid
+/// request: on an empty device whose capacity is the total, it succeeds; beside a
+/// live allocation it is an out-of-memory, not too large.
+#[test]
+fn a_request_of_exactly_the_device_total_is_not_too_large() {
+    let total = 64 * MIB;
+    let (pool, sim) = simulated_pool(total, PoolConfig::default());
+    assert_eq!(sim.mem_get_info().unwrap().total, total);
+    let all = pool.allocate_raw(total).expect("the whole empty device");
+    let s = check(&pool);
+    assert_eq!((s.physical_bytes, s.live_mapped_bytes), (total, total));
+    assert_eq!(sim.state().physical_bytes, total);
+    pool.free_raw(all).unwrap();
+    assert_driver_empty(&pool);
+
+    // One byte less, rounded up: the same total.
+    let all = pool
+        .allocate_raw(total - 1)
+        .expect("rounds up to the total");
+    pool.free_raw(all).unwrap();
+
+    // Beside a live allocation: out of memory (after the release and retry),
+    // never too large.
+    let small = pool.allocate_raw(G).unwrap();
+    let err = pool.allocate_raw(total).unwrap_err();
+    assert_eq!(
+        err,
+        Error::OutOfMemory {
+            requested: total,
+            live: G,
+            idle: 0,
+            in_scope: false,
+            source: Some(DriverError::new(
+                DriverCall::Create,
+                CuResult::OUT_OF_MEMORY
+            )),
+        }
+    );
+    // One byte more rounds to a granule more: too large, at once.
+    let before = check(&pool);
+    let creates = sim.call_count(DriverCall::Create);
+    let err = pool.allocate_raw(total + 1).unwrap_err();
+    assert_eq!(
+        err,
+        Error::RequestTooLarge {
+            requested: total + G,
+            device_total: total,
+        }
+    );
+    assert_eq!(check(&pool), before, "nothing counted");
+    assert_eq!(
+        sim.call_count(DriverCall::Create),
+        creates,
+        "no driver call"
+    );
+    pool.free_raw(small).unwrap();
+    assert_driver_empty(&pool);
+}
+
+/// `ReusePolicy::BestFit`: "the smallest idle mapping *at least as large as* the
+/// rounded request whose excess over it is *at most* the waste bound". With a bound
+/// of 0% an idle mapping of exactly the rounded size has no excess and is reused;
+/// a larger one is not. Checked in the books (thread caches off) and through a
+/// thread cache (which holds memory while the threshold is `u64::MAX`).
+#[test]
+fn best_fit_with_zero_waste_still_reuses_an_exact_size() {
+    for cache_entries in [0, 32] {
+        let (pool, sim) = simulated_pool(
+            1 << 30,
+            PoolConfig {
+                reuse_policy: ReusePolicy::BestFit,
+                best_fit_max_waste_percent: 0,
+                release_threshold_bytes: u64::MAX,
+                thread_cache_entries: cache_entries,
+                ..PoolConfig::default()
+            },
+        );
+        let a = pool.allocate_raw(3 * MIB).unwrap(); // a 4 MiB mapping
+        pool.free_raw(a).unwrap();
+        let b = pool.allocate_raw(4 * MIB).unwrap();
+        assert_eq!(
+            b, a,
+            "cache entries {cache_entries}: the idle 4 MiB mapping"
+        );
+        let s = check(&pool);
+        assert_eq!(
+            (s.mappings_created, s.reuse_hits, s.reuse_exact_hits),
+            (1, 1, 1),
+            "cache entries {cache_entries}"
+        );
+        assert_eq!(sim.call_count(DriverCall::Create), 1);
+        // A larger idle mapping has an excess above 0%: not taken.
+        pool.free_raw(b).unwrap();
+        let c = pool.allocate_raw(G).unwrap();
+        assert_ne!(
+            c, a,
+            "cache entries {cache_entries}: 4 MiB is 100% over 2 MiB"
+        );
+        let s = check(&pool);
+        assert_eq!((s.mappings_created, s.reuse_hits), (2, 1));
+        // ... and the exact size is still found afterwards.
+        let d = pool.allocate_raw(4 * MIB).unwrap();
+        assert_eq!(d, a);
+        pool.free_raw(c).unwrap();
+        pool.free_raw(d).unwrap();
+        pool.trim().unwrap();
+        assert_driver_empty(&pool);
+    }
+}
+
+// ---------------------------------------------------------------- Snapshot invariants
+
+/// A snapshot that satisfies every invariant of `Snapshot`'s documentation, with
+/// each inequality at its boundary (equal), so that breaking any one by a little
+/// breaks only that one.
+fn valid() -> Snapshot {
+    Snapshot {
+        granularity_bytes: G,
+        // Two whole mappings and one block live.
+        live_count: 3,
+        live_mapped_bytes: 2 * G,
+        block_live_count: 1,
+        block_live_bytes: 1024,
+        // = live mapped + live blocks (+ sleeping, none).
+        live_requested_bytes: 2 * G + 1024,
+        idle_count: 1,
+        idle_bytes: G,
+        pending_count: 1,
+        pending_bytes: G,
+        segment_count: 1,
+        segment_handles: 1,
+        segment_mapped_bytes: G,
+        block_free_bytes: G - 1024,
+        segment_handles_lent: 1,
+        // = segment mapped + idle.
+        segment_lent_bytes: 2 * G,
+        // = live mapped + idle + pending + segment mapped.
+        physical_bytes: 5 * G,
+        peak_physical_bytes: 5 * G,
+        peak_live_mapped_bytes: 2 * G,
+        reserved_bytes: 8 * G,
+        allocations: 10,
+        frees: 7,
+        reuse_hits: 4,
+        reuse_exact_hits: 4,
+        reuse_forced_hits: 4,
+        thread_cache_hits: 4,
+        cross_stream_hits: 4,
+        cross_stream_waits: 4,
+        thread_cache_count: 2,
+        // = idle + free blocks.
+        thread_cache_bytes: 2 * G - 1024,
+        event_wait_bytes: G,
+        capture_held_bytes: G - 1024,
+        ..Snapshot::default()
+    }
+}
+
+/// [`valid`] with a tag asleep: three sleeping allocations (all blocks, all held),
+/// again at every boundary.
+fn valid_sleeping() -> Snapshot {
+    let s = valid();
+    Snapshot {
+        tags_sleeping: 1,
+        sleeping_count: 3,
+        sleeping_held_count: 3,
+        sleeping_bytes: 1024,
+        sleeping_held_bytes: G,
+        sleeping_block_count: 3,
+        sleeping_block_bytes: 1024,
+        offloaded_bytes: 1024,
+        physical_bytes: s.physical_bytes + G,
+        peak_physical_bytes: s.physical_bytes + G,
+        live_requested_bytes: s.live_requested_bytes + 1024 + G,
+        ..s
+    }
+}
+
+/// `Snapshot::check_invariants`: "checks the accounting invariants; returns a
+/// description of the first one broken". Every invariant the `Snapshot`
+/// documentation lists (and each further one the check states) is broken alone,
+/// from a snapshot that holds them all at their boundaries.
+#[test]
+fn check_invariants_catches_each_broken_invariant() {
+    let g = G;
+    // Valid ones first: at every boundary, with and without sleeping tags, empty.
+    let fresh = Pool::new(PoolConfig::default()).unwrap().snapshot();
+    for (name, s) in [
+        ("valid", valid()),
+        ("valid sleeping", valid_sleeping()),
+        ("fresh pool", fresh),
+        (
+            "one live",
+            Snapshot {
+                granularity_bytes: g,
+                live_count: 1,
+                live_mapped_bytes: g,
+                physical_bytes: g,
+                peak_physical_bytes: g,
+                peak_live_mapped_bytes: g,
+                allocations: 1,
+                ..Snapshot::default()
+            },
+        ),
+    ] {
+        assert_eq!(s.check_invariants(), Ok(()), "{name}: {s:#?}");
+    }
+
+    let v = valid();
+    let z = valid_sleeping();
+    let one_live = Snapshot {
+        granularity_bytes: g,
+        live_count: 1,
+        live_mapped_bytes: g,
+        physical_bytes: g,
+        peak_physical_bytes: g,
+        peak_live_mapped_bytes: g,
+        allocations: 1,
+        ..Snapshot::default()
+    };
+    // (what is broken, a word of the description, the snapshot)
+    let broken: Vec<(&str, &str, Snapshot)> = vec![
+        (
+            "physical above the sum of its parts",
+            "physical",
+            Snapshot {
+                physical_bytes: 6 * g,
+                peak_physical_bytes: 6 * g,
+                ..v
+            },
+        ),
+        (
+            "physical below the sum of its parts",
+            "physical",
+            Snapshot {
+                physical_bytes: 4 * g,
+                ..v
+            },
+        ),
+        (
+            "sleeping held bytes left out of physical",
+            "physical",
+            Snapshot {
+                physical_bytes: v.physical_bytes,
+                ..z
+            },
+        ),
+        (
+            "sleeping bytes with no tag asleep",
+            "asleep",
+            Snapshot {
+                tags_sleeping: 0,
+                ..z
+            },
+        ),
+        (
+            "offloaded bytes with no tag asleep",
+            "asleep",
+            Snapshot {
+                offloaded_bytes: 1024,
+                ..v
+            },
+        ),
+        (
+            "more held sleeping than sleeping",
+            "sleeping counts",
+            Snapshot {
+                sleeping_held_count: 4,
+                ..z
+            },
+        ),
+        (
+            "more sleeping than live",
+            "sleeping counts",
+            Snapshot {
+                sleeping_count: 4,
+                ..z
+            },
+        ),
+        (
+            "sleeping allocations with no sleeping bytes",
+            "sleeping counts",
+            Snapshot {
+                tags_sleeping: 1,
+                sleeping_count: 1,
+                ..v
+            },
+        ),
+        (
+            "sleeping bytes with no sleeping allocation",
+            "sleeping counts",
+            Snapshot {
+                tags_sleeping: 1,
+                sleeping_bytes: 1024,
+                live_requested_bytes: v.live_requested_bytes + 1024,
+                ..v
+            },
+        ),
+        (
+            "held sleeping count without held bytes",
+            "sleeping counts",
+            Snapshot {
+                sleeping_held_bytes: 0,
+                physical_bytes: z.physical_bytes - g,
+                live_requested_bytes: z.live_requested_bytes - g,
+                ..z
+            },
+        ),
+        (
+            "held sleeping bytes without a held count",
+            "sleeping counts",
+            Snapshot {
+                sleeping_held_count: 0,
+                ..z
+            },
+        ),
+        (
+            "more sleeping blocks than sleeping allocations",
+            "sleeping block",
+            Snapshot {
+                sleeping_block_count: 4,
+                ..z
+            },
+        ),
+        (
+            "sleeping block bytes above sleeping bytes",
+            "sleeping block",
+            Snapshot {
+                sleeping_block_bytes: 1536,
+                ..z
+            },
+        ),
+        (
+            "sleeping blocks without bytes",
+            "sleeping block",
+            Snapshot {
+                sleeping_block_bytes: 0,
+                ..z
+            },
+        ),
+        (
+            "sleeping block bytes without blocks",
+            "sleeping block",
+            Snapshot {
+                sleeping_block_count: 0,
+                ..z
+            },
+        ),
+        (
+            "segment mapped below live + free blocks",
+            "segment mapped",
+            Snapshot {
+                block_free_bytes: v.block_free_bytes + 512,
+                ..v
+            },
+        ),
+        (
+            "more live blocks than live allocations",
+            "live blocks",
+            Snapshot {
+                block_live_count: 4,
+                ..v
+            },
+        ),
+        (
+            "live block bytes without live blocks",
+            "live block count",
+            Snapshot {
+                block_live_count: 0,
+                ..v
+            },
+        ),
+        (
+            "live blocks without live block bytes",
+            "live block count",
+            Snapshot {
+                block_live_bytes: 0,
+                block_free_bytes: g,
+                live_requested_bytes: 2 * g,
+                ..v
+            },
+        ),
+        (
+            "segment mapped bytes without segment handles",
+            "segment handles",
+            Snapshot {
+                segment_handles: 0,
+                ..v
+            },
+        ),
+        (
+            "lent bytes without lent handles",
+            "lent handles",
+            Snapshot {
+                segment_handles_lent: 0,
+                ..v
+            },
+        ),
+        (
+            "lent handles without lent bytes",
+            "lent handles",
+            Snapshot {
+                segment_lent_bytes: 0,
+                ..v
+            },
+        ),
+        (
+            "lent bytes above segment mapped + idle",
+            "lent bytes above",
+            Snapshot {
+                segment_lent_bytes: 3 * g,
+                ..v
+            },
+        ),
+        (
+            "live block bytes not a multiple of 512",
+            "512",
+            Snapshot {
+                block_live_bytes: 1280,
+                block_free_bytes: g - 1280,
+                live_requested_bytes: v.live_requested_bytes + 256,
+                thread_cache_bytes: v.thread_cache_bytes - 256,
+                capture_held_bytes: v.capture_held_bytes - 256,
+                ..v
+            },
+        ),
+        (
+            "physical above its peak",
+            "peak",
+            Snapshot {
+                peak_physical_bytes: 5 * g - 1,
+                ..v
+            },
+        ),
+        (
+            "live mapped above its peak",
+            "peak",
+            Snapshot {
+                peak_live_mapped_bytes: 2 * g - 1,
+                ..v
+            },
+        ),
+        (
+            "live requested above live bytes",
+            "live requested",
+            Snapshot {
+                live_requested_bytes: v.live_requested_bytes + 1,
+                ..v
+            },
+        ),
+        (
+            "live requested above live bytes (sleeping)",
+            "live requested",
+            Snapshot {
+                live_requested_bytes: z.live_requested_bytes + 1,
+                ..z
+            },
+        ),
+        (
+            "more thread-cache hits than reuse hits",
+            "thread-cache hits",
+            Snapshot {
+                thread_cache_hits: 5,
+                ..v
+            },
+        ),
+        (
+            "thread-cache bytes without entries",
+            "thread-cache count",
+            Snapshot {
+                thread_cache_count: 0,
+                ..v
+            },
+        ),
+        (
+            "thread-cache entries without bytes",
+            "thread-cache count",
+            Snapshot {
+                thread_cache_bytes: 0,
+                ..v
+            },
+        ),
+        (
+            "thread-cache bytes above idle + free blocks",
+            "thread-cache bytes",
+            Snapshot {
+                thread_cache_bytes: v.thread_cache_bytes + 512,
+                ..v
+            },
+        ),
+        (
+            "more exact hits than hits",
+            "exact",
+            Snapshot {
+                reuse_exact_hits: 5,
+                ..v
+            },
+        ),
+        (
+            "more forced hits than hits",
+            "forced",
+            Snapshot {
+                reuse_forced_hits: 5,
+                ..v
+            },
+        ),
+        (
+            "event-wait + capture-held above idle + free blocks (capture)",
+            "event-wait",
+            Snapshot {
+                capture_held_bytes: v.capture_held_bytes + 512,
+                ..v
+            },
+        ),
+        (
+            "event-wait + capture-held above idle + free blocks (event)",
+            "event-wait",
+            Snapshot {
+                event_wait_bytes: v.event_wait_bytes + 512,
+                ..v
+            },
+        ),
+        (
+            "more cross-stream hits than hits",
+            "cross-stream hits",
+            Snapshot {
+                cross_stream_hits: 5,
+                ..v
+            },
+        ),
+        (
+            "more cross-stream waits than cross-stream hits",
+            "cross-stream waits",
+            Snapshot {
+                cross_stream_waits: 5,
+                ..v
+            },
+        ),
+        (
+            "allocations above frees + live",
+            "allocations",
+            Snapshot {
+                allocations: 11,
+                ..v
+            },
+        ),
+        (
+            "allocations below frees + live",
+            "allocations",
+            Snapshot { frees: 8, ..v },
+        ),
+        (
+            "live mapped not a multiple of the granularity",
+            "live mapped bytes",
+            Snapshot {
+                live_mapped_bytes: v.live_mapped_bytes + 4096,
+                peak_live_mapped_bytes: v.live_mapped_bytes + 4096,
+                physical_bytes: v.physical_bytes + 4096,
+                peak_physical_bytes: v.physical_bytes + 4096,
+                ..v
+            },
+        ),
+        (
+            "idle not a multiple of the granularity",
+            "idle bytes",
+            Snapshot {
+                idle_bytes: v.idle_bytes + 4096,
+                physical_bytes: v.physical_bytes + 4096,
+                peak_physical_bytes: v.physical_bytes + 4096,
+                ..v
+            },
+        ),
+        (
+            "pending not a multiple of the granularity",
+            "pending bytes",
+            Snapshot {
+                pending_bytes: v.pending_bytes + 4096,
+                physical_bytes: v.physical_bytes + 4096,
+                peak_physical_bytes: v.physical_bytes + 4096,
+                ..v
+            },
+        ),
+        (
+            "reserved not a multiple of the granularity",
+            "reserved bytes",
+            Snapshot {
+                reserved_bytes: v.reserved_bytes + 4096,
+                ..v
+            },
+        ),
+        (
+            "segment mapped not a multiple of the granularity",
+            "segment mapped bytes",
+            Snapshot {
+                segment_mapped_bytes: v.segment_mapped_bytes + 4096,
+                block_free_bytes: v.block_free_bytes + 4096,
+                physical_bytes: v.physical_bytes + 4096,
+                peak_physical_bytes: v.physical_bytes + 4096,
+                ..v
+            },
+        ),
+        (
+            "live bytes with no live allocation",
+            "live count",
+            Snapshot {
+                live_count: 0,
+                allocations: 0,
+                ..one_live
+            },
+        ),
+        (
+            "a live allocation with no live bytes",
+            "live count",
+            Snapshot {
+                live_mapped_bytes: 0,
+                physical_bytes: 0,
+                ..one_live
+            },
+        ),
+        (
+            "idle bytes with no idle mapping",
+            "idle count",
+            Snapshot { idle_count: 0, ..v },
+        ),
+        (
+            "an idle mapping with no idle bytes",
+            "idle count",
+            Snapshot {
+                granularity_bytes: g,
+                idle_count: 1,
+                ..Snapshot::default()
+            },
+        ),
+    ];
+    for (what, word, s) in broken {
+        match s.check_invariants() {
+            Ok(()) => panic!("{what}: accepted\n{s:#?}"),
+            Err(e) => assert!(e.contains(word), "{what}: reported as {e:?}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- scope guard
+
+/// `RetentionScope::abort`: "Errors: as [`Pool::retention_abort`]", that is
+/// "[`Error::Driver`] with the first release step the driver refused (the scope is
+/// closed all the same, and what was refused is kept and retried at the next release
+/// point)".
+#[test]
+fn retention_scope_abort_returns_the_errors_of_its_release() {
+    // A refused unmap: the mapping stays whole and idle, retried by trim.
+    let (pool, sim) = simulated_pool(1 << 30, PoolConfig::default());
+    let scope = pool.retention_scope().unwrap();
+    let a = pool.allocate_raw(4 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    assert_eq!(check(&pool).idle_bytes, 4 * MIB, "retained in the scope");
+    sim.inject_failure(DriverCall::Unmap, 1, FAIL);
+    let err = scope.abort().unwrap_err();
+    assert_eq!(
+        err.driver_error(),
+        Some(DriverError::new(DriverCall::Unmap, FAIL)),
+        "{err:?}"
+    );
+    assert!(
+        matches!(err, Error::Driver { bytes, .. } if bytes == 4 * MIB),
+        "{err:?}"
+    );
+    let s = check(&pool);
+    assert!(!s.scope_open, "closed all the same");
+    assert_eq!(
+        (s.scopes_aborted, s.scopes_finished, s.unmap_failures),
+        (1, 0, 1)
+    );
+    assert_eq!(
+        (s.idle_count, s.idle_bytes, s.physical_bytes),
+        (1, 4 * MIB, 4 * MIB)
+    );
+    pool.trim().unwrap();
+    assert_eq!(check(&pool).mappings_released, 1);
+    assert_driver_empty(&pool);
+
+    // A refused handle release: unmapped, the handle pending, retried by trim.
+    let (pool, sim) = simulated_pool(1 << 30, PoolConfig::default());
+    let scope = pool.retention_scope().unwrap();
+    let a = pool.allocate_raw(4 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    sim.inject_failure(DriverCall::Release, 1, FAIL);
+    let err = scope.abort().unwrap_err();
+    assert_eq!(
+        err.driver_error(),
+        Some(DriverError::new(DriverCall::Release, FAIL))
+    );
+    let s = check(&pool);
+    assert_eq!(
+        (
+            s.scopes_aborted,
+            s.release_failures,
+            s.pending_count,
+            s.pending_bytes
+        ),
+        (1, 1, 1, 4 * MIB)
+    );
+    assert_eq!((s.idle_count, s.physical_bytes), (0, 4 * MIB));
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+
+    // Nothing refused: Ok, and the idle mapping released.
+    let (pool, _sim) = simulated_pool(1 << 30, PoolConfig::default());
+    let scope = pool.retention_scope().unwrap();
+    let a = pool.allocate_raw(4 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    scope.abort().unwrap();
+    let s = check(&pool);
+    assert_eq!((s.scopes_aborted, s.mappings_released), (1, 1));
+    assert_driver_empty(&pool);
+}
+
+// ---------------------------------------------------------------- mappings_released
+
+/// `Snapshot::mappings_released`: "Mappings fully released", of those counted in
+/// `mappings_created` ("create, reserve, map, set access all succeeded"). What a
+/// failed creation leaves to the driver (kept pending, released at the next release
+/// point) was never a created mapping: its release does not count.
+#[test]
+fn mappings_released_does_not_count_leftovers_of_a_failed_creation() {
+    // (the step that fails, the undo step that fails too)
+    let cases = [
+        (DriverCall::Map, DriverCall::Release),
+        (DriverCall::Map, DriverCall::FreeReservation),
+        (DriverCall::SetAccess, DriverCall::Unmap),
+        (DriverCall::SetAccess, DriverCall::Release),
+        (DriverCall::Reserve, DriverCall::Release),
+    ];
+    for (step, undo) in cases {
+        let (pool, sim) = simulated_pool(1 << 30, PoolConfig::default());
+        // One real mapping, created and released (threshold 0).
+        let a = pool.allocate_raw(4 * MIB).unwrap();
+        pool.free_raw(a).unwrap();
+        let s = check(&pool);
+        assert_eq!((s.mappings_created, s.mappings_released), (1, 1));
+        // A creation that fails at `step`, whose undo fails at `undo`.
+        sim.inject_failure(step, 1, FAIL);
+        sim.inject_failure(undo, 1, FAIL);
+        let err = pool.allocate_raw(4 * MIB).unwrap_err();
+        assert_eq!(
+            err.driver_error(),
+            Some(DriverError::new(step, FAIL)),
+            "{step:?}/{undo:?}"
+        );
+        let s = check(&pool);
+        assert_eq!(
+            s.pending_count, 1,
+            "{step:?}/{undo:?}: the leftover is kept"
+        );
+        assert_eq!(
+            (s.mappings_created, s.mappings_released),
+            (1, 1),
+            "{step:?}/{undo:?}"
+        );
+        // The next release point releases the leftover: not a created mapping.
+        pool.trim().unwrap();
+        let s = check(&pool);
+        assert_eq!(s.pending_count, 0, "{step:?}/{undo:?}");
+        assert_eq!(
+            (s.mappings_created, s.mappings_released),
+            (1, 1),
+            "{step:?}/{undo:?}: the leftover's release is not a mapping released"
+        );
+        assert_driver_empty(&pool);
+        // A real mapping still counts.
+        let b = pool.allocate_raw(4 * MIB).unwrap();
+        pool.free_raw(b).unwrap();
+        let s = check(&pool);
+        assert_eq!((s.mappings_created, s.mappings_released), (2, 2));
+    }
+}
+
+// ---------------------------------------------------------------- out-of-memory retry
+
+/// A pool on a 16 MiB simulated device that caches every free (threshold
+/// `u64::MAX`) with thread caches `cache_entries`.
+fn small_pool(cache_entries: u32) -> (Pool, Arc<SimDriver>) {
+    simulated_pool(
+        16 * MIB,
+        PoolConfig {
+            release_threshold_bytes: u64::MAX,
+            thread_cache_entries: cache_entries,
+            ..PoolConfig::default()
+        },
+    )
+}
+
+/// `Pool::allocate_raw`: "[`Error::OutOfMemory`] when the device is full (outside a
+/// scope, after releasing idle mappings and retrying once)"; `Snapshot::oom_retries`
+/// counts the retry. Two idle 6 MiB mappings (too small for 8 MiB under best-fit)
+/// leave no room for 8 MiB on a 16 MiB device; released, they do.
+#[test]
+fn oom_with_idle_memory_releases_it_and_the_retry_succeeds() {
+    for cache_entries in [0, 32] {
+        let (pool, sim) = small_pool(cache_entries);
+        let a = pool.allocate_raw(6 * MIB).unwrap();
+        let b = pool.allocate_raw(6 * MIB).unwrap();
+        pool.free_raw(a).unwrap();
+        pool.free_raw(b).unwrap();
+        let s = check(&pool);
+        assert_eq!((s.idle_count, s.idle_bytes), (2, 12 * MIB));
+        let syncs = sim.call_count(DriverCall::Synchronize);
+        let c = pool.allocate_raw(8 * MIB).unwrap();
+        let s = check(&pool);
+        let ctx = format!("cache entries {cache_entries}: {s:#?}");
+        assert_eq!(s.physical_bytes, 8 * MIB, "{ctx}");
+        assert_eq!(sim.state().physical_bytes, 8 * MIB);
+        assert_eq!((s.live_count, s.live_mapped_bytes), (1, 8 * MIB), "{ctx}");
+        assert_eq!((s.idle_count, s.idle_bytes), (0, 0), "{ctx}");
+        assert_eq!(s.oom_retries, 1, "{ctx}");
+        assert_eq!(s.create_failures, 1, "{ctx}: the first try");
+        assert_eq!((s.mappings_created, s.mappings_released), (3, 2), "{ctx}");
+        assert_eq!((s.reuse_hits, s.reuse_forced_hits), (0, 0), "{ctx}");
+        assert_eq!(s.peak_physical_bytes, 12 * MIB, "{ctx}: never both");
+        // Four creates: a, b, the refused one, the retry.
+        assert_eq!(sim.call_count(DriverCall::Create), 4);
+        // The synchronous allocate releases after one device synchronize.
+        assert_eq!(sim.call_count(DriverCall::Synchronize), syncs + 1);
+        pool.free_raw(c).unwrap();
+        pool.trim().unwrap();
+        assert_driver_empty(&pool);
+    }
+}
+
+/// `Snapshot::reuse_forced_hits` / `Pool::after_oom`: before releasing anything, an
+/// out-of-memory takes the smallest idle mapping that fits, whatever the waste
+/// bound: a 12 MiB idle mapping serves 6 MiB (100% over, beyond best-fit's 30%),
+/// with no release and no retry.
+#[test]
+fn oom_takes_a_fitting_idle_mapping_before_releasing() {
+    let (pool, sim) = small_pool(0);
+    let a = pool.allocate_raw(12 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    let b = pool.allocate_raw(6 * MIB).unwrap();
+    assert_eq!(b, a);
+    let s = check(&pool);
+    assert_eq!(
+        (s.reuse_hits, s.reuse_forced_hits, s.oom_retries),
+        (1, 1, 0)
+    );
+    assert_eq!((s.create_failures, s.mappings_released), (1, 0));
+    assert_eq!(
+        (s.physical_bytes, s.live_mapped_bytes),
+        (12 * MIB, 12 * MIB)
+    );
+    assert_eq!(sim.call_count(DriverCall::Create), 2);
+    pool.free_raw(b).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+}
+
+/// `Error::OutOfMemory`: `requested` is "bytes asked for, rounded up to the
+/// granularity", `live` "bytes mapped to live allocations", `idle` "bytes held idle
+/// when the request failed" (outside a scope, after the release: what could not be
+/// released), `source` "the driver's out-of-memory failure".
+#[test]
+fn oom_with_nothing_idle_reports_request_live_and_idle() {
+    let (pool, sim) = small_pool(0);
+    let live = pool.allocate_raw(10 * MIB).unwrap();
+    let before = check(&pool);
+    let err = pool.allocate_raw(7 * MIB + 1).unwrap_err();
+    let oom = Some(DriverError::new(
+        DriverCall::Create,
+        CuResult::OUT_OF_MEMORY,
+    ));
+    assert_eq!(
+        err,
+        Error::OutOfMemory {
+            requested: 8 * MIB,
+            live: 10 * MIB,
+            idle: 0,
+            in_scope: false,
+            source: oom,
+        }
+    );
+    let s = check(&pool);
+    assert_eq!(s.oom_retries, before.oom_retries + 1);
+    assert_eq!(
+        s.create_failures,
+        before.create_failures + 2,
+        "the try and the retry"
+    );
+    assert_eq!(s.physical_bytes, 10 * MIB);
+    assert_eq!(sim.state().physical_bytes, 10 * MIB);
+
+    // Idle memory too small to serve is released before the retry: the error then
+    // reports none idle.
+    let small = pool.allocate_raw(4 * MIB).unwrap();
+    pool.free_raw(small).unwrap();
+    assert_eq!(check(&pool).idle_bytes, 4 * MIB);
+    let err = pool.allocate_raw(8 * MIB).unwrap_err();
+    assert_eq!(
+        err,
+        Error::OutOfMemory {
+            requested: 8 * MIB,
+            live: 10 * MIB,
+            idle: 0,
+            in_scope: false,
+            source: oom,
+        }
+    );
+    let s = check(&pool);
+    assert_eq!((s.idle_bytes, s.physical_bytes), (0, 10 * MIB));
+    assert_eq!(s.oom_retries, before.oom_retries + 2);
+    assert_eq!(s.mappings_released, 1);
+
+    // Inside a scope nothing retained is released and nothing retried.
+    pool.retention_begin().unwrap();
+    let small = pool.allocate_raw(4 * MIB).unwrap();
+    pool.free_raw(small).unwrap();
+    let err = pool.allocate_raw(8 * MIB).unwrap_err();
+    assert_eq!(
+        err,
+        Error::OutOfMemory {
+            requested: 8 * MIB,
+            live: 10 * MIB,
+            idle: 4 * MIB,
+            in_scope: true,
+            source: oom,
+        }
+    );
+    let s = check(&pool);
+    assert_eq!(s.oom_retries, before.oom_retries + 2, "no retry in a scope");
+    pool.retention_finish().unwrap();
+    pool.free_raw(live).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+}
+
+/// The retry itself fails with something other than out-of-memory: `Pool::
+/// allocate_raw` "[`Error::Driver`] for any other failed driver call", with `bytes`
+/// the rounded request; the idle memory released before it stays released and the
+/// books equal the driver (each step of a failed creation undone).
+#[test]
+fn a_failure_of_the_retry_is_reported_and_the_books_stay_consistent() {
+    // (the call failed during the retry, its nth call counted from the start of
+    // the allocation: the first create is the refused one)
+    for (call, nth) in [
+        (DriverCall::Create, 2),
+        (DriverCall::Reserve, 1),
+        (DriverCall::Map, 1),
+        (DriverCall::SetAccess, 1),
+    ] {
+        let (pool, sim) = small_pool(0);
+        let a = pool.allocate_raw(6 * MIB).unwrap();
+        let b = pool.allocate_raw(6 * MIB).unwrap();
+        pool.free_raw(a).unwrap();
+        pool.free_raw(b).unwrap();
+        let before = check(&pool);
+        sim.inject_failure(call, nth, FAIL);
+        let err = pool.allocate_raw(8 * MIB).unwrap_err();
+        assert_eq!(
+            err,
+            Error::Driver {
+                source: DriverError::new(call, FAIL),
+                bytes: 8 * MIB,
+            },
+            "{call:?}"
+        );
+        assert_eq!(sim.pending_failures(), 0, "{call:?}: the injection fired");
+        let s = check(&pool);
+        assert_eq!(s.check_invariants(), Ok(()));
+        assert_eq!(s.physical_bytes, sim.state().physical_bytes, "{call:?}");
+        assert_eq!(
+            s.physical_bytes, 0,
+            "{call:?}: idle released, creation undone"
+        );
+        assert_eq!((s.idle_count, s.live_count, s.pending_count), (0, 0, 0));
+        assert_eq!(s.oom_retries, before.oom_retries + 1, "{call:?}");
+        assert_eq!(s.mappings_released, 2, "{call:?}: the two idle ones");
+        assert_eq!(s.mappings_created, 2, "{call:?}");
+        assert_eq!(
+            s.driver_failures(),
+            before.driver_failures() + 2,
+            "{call:?}"
+        );
+        assert_driver_empty(&pool);
+        // The device is usable again.
+        let c = pool.allocate_raw(16 * MIB).unwrap();
+        pool.free_raw(c).unwrap();
+        pool.trim().unwrap();
+        assert_driver_empty(&pool);
+    }
+}
+
+/// The retry's creation fails and its undo is refused too: the leftover is pending
+/// (booked in `physical_bytes` and `pending_bytes`, equal to what the driver holds)
+/// and released at the next release point.
+#[test]
+fn a_failed_retry_with_a_refused_undo_leaves_consistent_pending_books() {
+    let (pool, sim) = small_pool(0);
+    let a = pool.allocate_raw(6 * MIB).unwrap();
+    let b = pool.allocate_raw(6 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    pool.free_raw(b).unwrap();
+    sim.inject_failure(DriverCall::SetAccess, 1, FAIL);
+    // The two idle mappings' unmaps succeed (the OOM release), the undo's fails.
+    sim.inject_failure(DriverCall::Unmap, 3, FAIL);
+    let err = pool.allocate_raw(8 * MIB).unwrap_err();
+    assert_eq!(
+        err.driver_error(),
+        Some(DriverError::new(DriverCall::SetAccess, FAIL))
+    );
+    let s = check(&pool);
+    assert_eq!(
+        (s.pending_count, s.pending_bytes, s.physical_bytes),
+        (1, 8 * MIB, 8 * MIB)
+    );
+    assert_eq!(sim.state().physical_bytes, 8 * MIB);
+    assert_eq!((s.access_failures, s.unmap_failures), (1, 1));
+    assert_eq!((s.mappings_created, s.mappings_released), (2, 2));
+    pool.trim().unwrap();
+    let s = check(&pool);
+    assert_eq!((s.pending_count, s.physical_bytes), (0, 0));
+    assert_eq!(
+        s.mappings_released, 2,
+        "a leftover is not a mapping released"
+    );
+    assert_driver_empty(&pool);
+}
+
+/// The release before the retry is refused in part: what the driver refused stays
+/// idle (booked, equal to the driver), the retry then reports out of memory with
+/// those idle bytes, and the next release point releases them.
+#[test]
+fn a_refused_release_before_the_retry_keeps_memory_and_reports_it() {
+    // A refused unmap: one of the two 8 MiB idle mappings stays.
+    let (pool, sim) = small_pool(0);
+    let a = pool.allocate_raw(8 * MIB).unwrap();
+    let b = pool.allocate_raw(8 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    pool.free_raw(b).unwrap();
+    sim.inject_failure(DriverCall::Unmap, 1, FAIL);
+    // 10 MiB: too large for 8 MiB idle, too large beside 16 MiB or 8 MiB held.
+    let err = pool.allocate_raw(10 * MIB).unwrap_err();
+    assert_eq!(
+        err,
+        Error::OutOfMemory {
+            requested: 10 * MIB,
+            live: 0,
+            idle: 8 * MIB,
+            in_scope: false,
+            source: Some(DriverError::new(
+                DriverCall::Create,
+                CuResult::OUT_OF_MEMORY
+            )),
+        }
+    );
+    let s = check(&pool);
+    assert_eq!(
+        (s.idle_count, s.idle_bytes, s.physical_bytes),
+        (1, 8 * MIB, 8 * MIB)
+    );
+    assert_eq!(sim.state().physical_bytes, 8 * MIB);
+    assert_eq!(
+        (s.unmap_failures, s.oom_retries, s.mappings_released),
+        (1, 1, 1)
+    );
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+
+    // A refused synchronize: nothing is released, both stay idle.
+    let (pool, sim) = small_pool(0);
+    let a = pool.allocate_raw(8 * MIB).unwrap();
+    let b = pool.allocate_raw(8 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    pool.free_raw(b).unwrap();
+    sim.inject_failure(DriverCall::Synchronize, 1, FAIL);
+    let err = pool.allocate_raw(10 * MIB).unwrap_err();
+    assert!(
+        matches!(err, Error::OutOfMemory { requested, live: 0, idle, in_scope: false, .. }
+            if requested == 10 * MIB && idle == 16 * MIB),
+        "{err:?}"
+    );
+    let s = check(&pool);
+    assert_eq!((s.idle_count, s.physical_bytes), (2, 16 * MIB));
+    assert_eq!((s.sync_failures, s.mappings_released), (1, 0));
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+}
+
+/// The out-of-memory itself is injected (the driver refuses although it has room):
+/// the pool releases what is idle and retries once, and the retry succeeds.
+#[test]
+fn an_injected_oom_with_idle_memory_is_retried() {
+    let (pool, sim) = small_pool(0);
+    let a = pool.allocate_raw(2 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    sim.inject_failure(DriverCall::Create, 1, CuResult::OUT_OF_MEMORY);
+    let b = pool.allocate_raw(4 * MIB).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.oom_retries, s.create_failures), (1, 1));
+    assert_eq!((s.idle_bytes, s.physical_bytes), (0, 4 * MIB));
+    assert_eq!(
+        s.mappings_released, 1,
+        "the idle one released before the retry"
+    );
+    pool.free_raw(b).unwrap();
+    // Two injected in a row: the retry fails too, with the out-of-memory.
+    let (pool, sim) = small_pool(0);
+    sim.inject_failure(DriverCall::Create, 1, CuResult::OUT_OF_MEMORY);
+    sim.inject_failure(DriverCall::Create, 1, CuResult::OUT_OF_MEMORY);
+    let err = pool.allocate_raw(4 * MIB).unwrap_err();
+    assert!(
+        matches!(err, Error::OutOfMemory { requested, live: 0, idle: 0, in_scope: false, source: Some(_) } if requested == 4 * MIB),
+        "{err:?}"
+    );
+    let s = check(&pool);
+    assert_eq!(
+        (s.oom_retries, s.create_failures, s.physical_bytes),
+        (1, 2, 0)
+    );
+}
+
+/// `Pool::miss`: "A stream-ordered allocation never synchronizes the device (a
+/// capture may be open on any stream): it releases only memory whose fences
+/// completed; the synchronous `allocate` releases everything idle, after a device
+/// synchronize." Memory freed on the stream (no work queued: its fence is complete)
+/// is released for the retry with no device synchronize; memory freed with the
+/// synchronous `free` is not, and the retry reports it idle.
+#[test]
+fn a_stream_ordered_oom_releases_only_fenced_memory_without_synchronizing() {
+    // Freed on the stream: released, the retry succeeds.
+    let (pool, sim) = small_pool(0);
+    let s = common::stream(&sim);
+    let a = pool.allocate_async_raw(6 * MIB, s).unwrap();
+    let b = pool.allocate_async_raw(6 * MIB, s).unwrap();
+    pool.free_async_raw(a, s).unwrap();
+    pool.free_async_raw(b, s).unwrap();
+    assert_eq!(check(&pool).idle_bytes, 12 * MIB);
+    let syncs = sim.call_count(DriverCall::Synchronize);
+    let c = pool.allocate_async_raw(8 * MIB, s).unwrap();
+    let st = check(&pool);
+    assert_eq!((st.oom_retries, st.create_failures), (1, 1));
+    assert_eq!((st.idle_bytes, st.physical_bytes), (0, 8 * MIB));
+    assert_eq!(sim.state().physical_bytes, 8 * MIB);
+    assert_eq!(st.mappings_released, 2);
+    assert_eq!(
+        sim.call_count(DriverCall::Synchronize),
+        syncs,
+        "no device sync"
+    );
+    common::no_faults(&sim);
+    pool.free_async_raw(c, s).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+
+    // Freed with the synchronous free: its release needs a device synchronize,
+    // which a stream-ordered allocation never makes: kept, reported idle.
+    let (pool, sim) = small_pool(0);
+    let s = common::stream(&sim);
+    let a = pool.allocate_raw(6 * MIB).unwrap();
+    let b = pool.allocate_raw(6 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    pool.free_raw(b).unwrap();
+    let syncs = sim.call_count(DriverCall::Synchronize);
+    let err = pool.allocate_async_raw(8 * MIB, s).unwrap_err();
+    assert_eq!(
+        err,
+        Error::OutOfMemory {
+            requested: 8 * MIB,
+            live: 0,
+            idle: 12 * MIB,
+            in_scope: false,
+            source: Some(DriverError::new(
+                DriverCall::Create,
+                CuResult::OUT_OF_MEMORY
+            )),
+        }
+    );
+    let st = check(&pool);
+    assert_eq!((st.oom_retries, st.create_failures), (1, 2));
+    assert_eq!((st.idle_count, st.physical_bytes), (2, 12 * MIB));
+    assert_eq!(
+        sim.call_count(DriverCall::Synchronize),
+        syncs,
+        "no device sync"
+    );
+    // The synchronous allocate does synchronize, releases them, and succeeds.
+    let c = pool.allocate_raw(8 * MIB).unwrap();
+    let st = check(&pool);
+    assert_eq!(
+        (st.oom_retries, st.physical_bytes, st.mappings_released),
+        (2, 8 * MIB, 2)
+    );
+    assert_eq!(sim.call_count(DriverCall::Synchronize), syncs + 1);
+    pool.free_raw(c).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+}

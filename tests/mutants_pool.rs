@@ -205,6 +205,79 @@ fn best_fit_with_zero_waste_still_reuses_an_exact_size() {
     }
 }
 
+/// The exact policy through a thread cache: an entry of the request's rounded size
+/// serves it (the cache's only match without a waste bound), a larger one does not.
+#[test]
+fn exact_policy_thread_cache_serves_the_exact_size_only() {
+    let (pool, sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            reuse_policy: ReusePolicy::Exact,
+            release_threshold_bytes: u64::MAX,
+            thread_cache_entries: 32,
+            ..PoolConfig::default()
+        },
+    );
+    let a = pool.allocate_raw(3 * MIB).unwrap(); // a 4 MiB mapping
+    pool.free_raw(a).unwrap();
+    let b = pool.allocate_raw(4 * MIB).unwrap();
+    assert_eq!(b, a, "the cached 4 MiB mapping");
+    let s = check(&pool);
+    assert_eq!((s.mappings_created, s.thread_cache_hits), (1, 1));
+    pool.free_raw(b).unwrap();
+    // 2 MiB: the cached 4 MiB is not its size.
+    let c = pool.allocate_raw(2 * MIB).unwrap();
+    assert_ne!(c, a);
+    let s = check(&pool);
+    assert_eq!((s.mappings_created, s.thread_cache_hits), (2, 1));
+    assert_eq!(sim.call_count(DriverCall::Create), 2);
+    pool.free_raw(c).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+}
+
+/// The exact policy, another thread's cache: a miss takes what every cache holds of
+/// the request's exact size before creating memory (a thread that freed a 4 MiB
+/// mapping and lives on holds it in its cache), and leaves other sizes there.
+#[test]
+fn exact_policy_miss_takes_another_threads_cached_exact_size() {
+    let (pool, _sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            reuse_policy: ReusePolicy::Exact,
+            release_threshold_bytes: u64::MAX,
+            thread_cache_entries: 32,
+            ..PoolConfig::default()
+        },
+    );
+    let pool = Arc::new(pool);
+    let (freed_tx, freed_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let other = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            let a = pool.allocate_raw(4 * MIB).unwrap();
+            let b = pool.allocate_raw(8 * MIB).unwrap();
+            pool.free_raw(a).unwrap();
+            pool.free_raw(b).unwrap();
+            freed_tx.send((a, b)).unwrap();
+            // Alive (its cache open) until the main thread is done.
+            done_rx.recv().unwrap();
+        })
+    };
+    let (a, b) = freed_rx.recv().unwrap();
+    let c = pool.allocate_raw(4 * MIB).unwrap();
+    assert_eq!(c, a, "the other thread's cached 4 MiB mapping");
+    let s = check(&pool);
+    assert_eq!(s.mappings_created, 2);
+    assert_ne!(c, b);
+    done_tx.send(()).unwrap();
+    other.join().unwrap();
+    pool.free_raw(c).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+}
+
 // ---------------------------------------------------------------- Snapshot invariants
 
 /// A snapshot that satisfies every invariant of `Snapshot`'s documentation, with

@@ -703,6 +703,12 @@ fn create_refuses_bad_arguments_and_writes_no_pool() {
     c.peer_device_count = 1;
     let pool = create(&c);
     destroy(pool);
+    // At most 1024 peers: 1024 is read (every one device 0).
+    let many = [0_i32; 1024];
+    c.peer_devices = many.as_ptr();
+    c.peer_device_count = 1024;
+    let pool = create(&c);
+    destroy(pool);
     // The simulated fields are read: a 6 MiB device with a 4 MiB granularity.
     let mut c = good;
     c.sim_capacity_bytes = 6 * MIB;

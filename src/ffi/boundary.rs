@@ -6,8 +6,9 @@
 
 use std::cell::RefCell;
 use std::ffi::{c_char, CStr};
+use std::mem::MaybeUninit;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::ptr;
+use std::ptr::NonNull;
 
 use super::pool::FlarePool;
 use super::types::{FlareStatus, RawStatus};
@@ -68,17 +69,17 @@ pub(crate) fn boundary(name: &'static str, f: impl FnOnce() -> Result<(), Error>
 }
 
 /// The boundary of every function on a pool (all but create and destroy): a NULL
-/// pool is `FLARE_STATUS_INVALID_ARGUMENT`; a poisoned pool is refused with
+/// pool (`None`) is `FLARE_STATUS_INVALID_ARGUMENT`; a poisoned pool is refused with
 /// `FLARE_STATUS_INTERNAL`; otherwise runs `f` as [`boundary`] does, and a panic in it
 /// poisons the pool.
 pub(crate) fn pool_boundary(
     name: &'static str,
-    pool: Result<&FlarePool, Error>,
+    pool: Option<&FlarePool>,
     f: impl FnOnce(&FlarePool) -> Result<(), Error>,
 ) -> FlareStatus {
     let pool = match pool {
-        Ok(pool) => pool,
-        Err(e) => return boundary(name, || Err(e)),
+        Some(pool) => pool,
+        None => return boundary(name, || Err(null_error("pool"))),
     };
     if let Some(cause) = pool.poisoned.get() {
         set_last_error(format!(
@@ -134,15 +135,52 @@ pub(crate) fn check_out<T>(ptr: *const T, what: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// The pool behind a caller's pointer.
+/// A caller's output pointer `ptr` (the argument `what`) as a safe value: the
+/// place to write, or, when it is NULL or misaligned, the invalid-argument error
+/// ([`check_out`]) for the call to return where it checks its outputs.
 ///
 /// # Safety
-/// `pool` is NULL or was returned by `flare_pool_create` and not yet destroyed.
-pub(crate) unsafe fn pool_ref<'a>(pool: *const FlarePool) -> Result<&'a FlarePool, Error> {
-    // SAFETY: the caller guarantees `pool` is NULL or a live pointer from
-    // `flare_pool_create` (a `Box<FlarePool>`); `FlarePool` is `Sync` and only shared
-    // references are formed here, so concurrent calls are fine.
-    unsafe { pool.as_ref() }.ok_or_else(|| null_error("pool"))
+/// `ptr` is NULL, misaligned, or valid for writes of a `T` during `'a` and not
+/// accessed otherwise during it.
+pub(crate) unsafe fn out_arg<'a, T>(
+    ptr: *mut T,
+    what: &str,
+) -> Result<&'a mut MaybeUninit<T>, Error> {
+    check_out(ptr, what)?;
+    // SAFETY: non-NULL and aligned (checked above); writable and unaliased during
+    // `'a` by the caller's contract; `MaybeUninit` makes no claim on the contents.
+    Ok(unsafe { &mut *ptr.cast::<MaybeUninit<T>>() })
+}
+
+/// A caller's string buffer (`char *buf` of `len` bytes) as a safe value: `None`
+/// when NULL.
+///
+/// # Safety
+/// `buf` is NULL or points to at least `len` writable bytes, not accessed otherwise
+/// during `'a`.
+pub(crate) unsafe fn c_buffer<'a>(
+    buf: *mut c_char,
+    len: usize,
+) -> Option<&'a mut [MaybeUninit<c_char>]> {
+    let buf = NonNull::new(buf)?;
+    // SAFETY: non-NULL; `len` writable bytes (so `len <= isize::MAX`), not accessed
+    // otherwise, by the caller's contract; `c_char` has alignment 1.
+    Some(unsafe { std::slice::from_raw_parts_mut(buf.as_ptr().cast::<MaybeUninit<c_char>>(), len) })
+}
+
+/// Copies `bytes` into `buf` as a NUL-terminated string truncated to `buf.len() - 1`
+/// bytes and returns `bytes.len()`; `buf` `None` or empty: nothing is written.
+pub(crate) fn copy_c_string(bytes: &[u8], buf: Option<&mut [MaybeUninit<c_char>]>) -> usize {
+    if let Some(buf) = buf {
+        if let Some(last) = buf.len().checked_sub(1) {
+            let n = bytes.len().min(last);
+            for (to, &from) in buf.iter_mut().zip(&bytes[..n]) {
+                to.write(from as c_char);
+            }
+            buf[n].write(0);
+        }
+    }
+    bytes.len()
 }
 
 /// The enumerator's name (`"FLARE_STATUS_OUT_OF_MEMORY"`), or
@@ -172,22 +210,15 @@ pub extern "C" fn flare_status_name(status: RawStatus) -> *const c_char {
 /// `buf` is NULL or points to at least `len` writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn flare_last_error_message(buf: *mut c_char, len: usize) -> usize {
+    // SAFETY: `buf` is NULL or has `len` writable bytes, by the caller's contract.
+    flare_last_error_message_inner(unsafe { c_buffer(buf, len) })
+}
+
+/// `flare_last_error_message` on the caller's buffer.
+fn flare_last_error_message_inner(buf: Option<&mut [MaybeUninit<c_char>]>) -> usize {
     catch_unwind(AssertUnwindSafe(|| {
         LAST_ERROR
-            .try_with(|m| {
-                let m = m.borrow();
-                let bytes = m.as_bytes();
-                if !buf.is_null() && len > 0 {
-                    let n = bytes.len().min(len - 1);
-                    // SAFETY: the caller guarantees `len` writable bytes at `buf`;
-                    // `n + 1 <= len`, and the message is a separate Rust allocation.
-                    unsafe {
-                        ptr::copy_nonoverlapping(bytes.as_ptr().cast::<c_char>(), buf, n);
-                        buf.add(n).write(0);
-                    }
-                }
-                bytes.len()
-            })
+            .try_with(|m| copy_c_string(m.borrow().as_bytes(), buf))
             .unwrap_or(0)
     }))
     .unwrap_or(0)

@@ -2,25 +2,22 @@
 //! abort), trim, and the snapshot of its counters.
 
 use std::ffi::c_void;
+use std::mem::MaybeUninit;
 
-use super::boundary::{check_out, pool_boundary, pool_ref};
+use super::boundary::{out_arg, pool_boundary};
 use super::pool::FlarePool;
-use super::types::{out_prefix, write_prefix, FlareSnapshot, FlareStatus};
+use super::types::{FlareSnapshot, FlareStatus, VersionedOut};
 use crate::pool::Pool;
 use crate::Error;
 
 /// A call on `pool` with no output: `op`, then the panic `flare_sim_inject_panic` may
 /// have asked for, in [`pool_boundary`].
-///
-/// # Safety
-/// `pool` is NULL or a live pool.
-unsafe fn pool_call(
+fn pool_call(
     name: &'static str,
-    pool: *const FlarePool,
+    pool: Option<&FlarePool>,
     op: impl FnOnce(&Pool) -> Result<(), Error>,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary(name, unsafe { pool_ref(pool) }, |pool| {
+    pool_boundary(name, pool, |pool| {
         let result = op(&pool.pool);
         pool.injected_panic_point();
         result
@@ -58,28 +55,38 @@ pub unsafe extern "C" fn flare_package_allocate(
     size: usize,
     out_ptr: *mut *mut c_void,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary(
-        "flare_package_allocate",
-        unsafe { pool_ref(pool) },
-        |pool| {
-            check_out(out_ptr, "out_ptr")?;
-            let result = pool.pool.allocate_raw(size as u64);
-            pool.injected_panic_point();
-            let ptr = result?;
-            let addr = match usize::try_from(ptr) {
-                Ok(addr) => addr,
-                Err(_) => {
-                    // Cannot happen on the 64-bit targets CUDA supports; give it back.
-                    let _ = pool.pool.free_raw(ptr);
-                    return Err(Error::NotSupported("device address wider than a pointer"));
-                }
-            };
-            // SAFETY: non-NULL, aligned, and writable by the caller's contract.
-            unsafe { out_ptr.write(addr as *mut c_void) };
-            Ok(())
-        },
+    flare_package_allocate_inner(
+        // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+        unsafe { pool.as_ref() },
+        size,
+        // SAFETY: `out_ptr` is NULL or writable, by the caller's contract.
+        unsafe { out_arg(out_ptr, "out_ptr") },
     )
+}
+
+/// `flare_package_allocate` on the caller's pool and output (checked in the pool's
+/// boundary).
+fn flare_package_allocate_inner(
+    pool: Option<&FlarePool>,
+    size: usize,
+    out_ptr: Result<&mut MaybeUninit<*mut c_void>, Error>,
+) -> FlareStatus {
+    pool_boundary("flare_package_allocate", pool, |pool| {
+        let out_ptr = out_ptr?;
+        let result = pool.pool.allocate_raw(size as u64);
+        pool.injected_panic_point();
+        let ptr = result?;
+        let addr = match usize::try_from(ptr) {
+            Ok(addr) => addr,
+            Err(_) => {
+                // Cannot happen on the 64-bit targets CUDA supports; give it back.
+                let _ = pool.pool.free_raw(ptr);
+                return Err(Error::NotSupported("device address wider than a pointer"));
+            }
+        };
+        out_ptr.write(addr as *mut c_void);
+        Ok(())
+    })
 }
 
 /// Frees an allocation of this pool, given the exact address `flare_package_allocate`
@@ -101,8 +108,14 @@ pub unsafe extern "C" fn flare_package_allocate(
 /// `pool` is NULL or a live pool. `ptr` is only compared, never dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn flare_package_free(pool: *mut FlarePool, ptr: *mut c_void) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary("flare_package_free", unsafe { pool_ref(pool) }, |pool| {
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract; `ptr` is only
+    // compared.
+    flare_package_free_inner(unsafe { pool.as_ref() }, ptr)
+}
+
+/// `flare_package_free` on the caller's pool; `ptr` is never dereferenced.
+fn flare_package_free_inner(pool: Option<&FlarePool>, ptr: *mut c_void) -> FlareStatus {
+    pool_boundary("flare_package_free", pool, |pool| {
         if ptr.is_null() {
             return Ok(());
         }
@@ -123,8 +136,13 @@ pub unsafe extern "C" fn flare_package_free(pool: *mut FlarePool, ptr: *mut c_vo
 /// `pool` is NULL or a live pool.
 #[no_mangle]
 pub unsafe extern "C" fn flare_retention_begin(pool: *mut FlarePool) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    unsafe { pool_call("flare_retention_begin", pool, Pool::retention_begin) }
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+    flare_retention_begin_inner(unsafe { pool.as_ref() })
+}
+
+/// `flare_retention_begin` on the caller's pool.
+fn flare_retention_begin_inner(pool: Option<&FlarePool>) -> FlareStatus {
+    pool_call("flare_retention_begin", pool, Pool::retention_begin)
 }
 
 /// Closes the retention scope and releases every idle mapping (one synchronize, then
@@ -141,8 +159,13 @@ pub unsafe extern "C" fn flare_retention_begin(pool: *mut FlarePool) -> FlareSta
 /// `pool` is NULL or a live pool.
 #[no_mangle]
 pub unsafe extern "C" fn flare_retention_finish(pool: *mut FlarePool) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    unsafe { pool_call("flare_retention_finish", pool, Pool::retention_finish) }
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+    flare_retention_finish_inner(unsafe { pool.as_ref() })
+}
+
+/// `flare_retention_finish` on the caller's pool.
+fn flare_retention_finish_inner(pool: Option<&FlarePool>) -> FlareStatus {
+    pool_call("flare_retention_finish", pool, Pool::retention_finish)
 }
 
 /// Closes the retention scope as failed (a warmup or capture that went wrong): the
@@ -154,8 +177,13 @@ pub unsafe extern "C" fn flare_retention_finish(pool: *mut FlarePool) -> FlareSt
 /// `pool` is NULL or a live pool.
 #[no_mangle]
 pub unsafe extern "C" fn flare_retention_abort(pool: *mut FlarePool) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    unsafe { pool_call("flare_retention_abort", pool, Pool::retention_abort) }
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+    flare_retention_abort_inner(unsafe { pool.as_ref() })
+}
+
+/// `flare_retention_abort` on the caller's pool.
+fn flare_retention_abort_inner(pool: Option<&FlarePool>) -> FlareStatus {
+    pool_call("flare_retention_abort", pool, Pool::retention_abort)
 }
 
 /// Releases every idle (cached) mapping now, in `FLARE_REUSE_SEGMENTS` every handle
@@ -170,8 +198,13 @@ pub unsafe extern "C" fn flare_retention_abort(pool: *mut FlarePool) -> FlareSta
 /// `pool` is NULL or a live pool.
 #[no_mangle]
 pub unsafe extern "C" fn flare_pool_trim(pool: *mut FlarePool) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    unsafe { pool_call("flare_pool_trim", pool, Pool::trim) }
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+    flare_pool_trim_inner(unsafe { pool.as_ref() })
+}
+
+/// `flare_pool_trim` on the caller's pool.
+fn flare_pool_trim_inner(pool: Option<&FlarePool>) -> FlareStatus {
+    pool_call("flare_pool_trim", pool, Pool::trim)
 }
 
 /// Writes a consistent copy of the pool's counters to `*out`. The caller sets
@@ -189,17 +222,25 @@ pub unsafe extern "C" fn flare_pool_snapshot(
     pool: *const FlarePool,
     out: *mut FlareSnapshot,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary("flare_pool_snapshot", unsafe { pool_ref(pool) }, |pool| {
-        // SAFETY: `out` is NULL or a caller's snapshot, by the caller's contract.
-        let prefix = unsafe { out_prefix(out, "out", "snapshot", &FlareSnapshot::FIELD_ENDS) }?;
+    flare_pool_snapshot_inner(
+        // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+        unsafe { pool.as_ref() },
+        // SAFETY: `out` is NULL or a caller's snapshot of at least `struct_size`
+        // writable bytes, by the caller's contract.
+        unsafe { VersionedOut::new(out) },
+    )
+}
+
+/// `flare_pool_snapshot` on the caller's pool and snapshot.
+fn flare_pool_snapshot_inner(
+    pool: Option<&FlarePool>,
+    out: VersionedOut<'_, FlareSnapshot>,
+) -> FlareStatus {
+    pool_boundary("flare_pool_snapshot", pool, |pool| {
+        let out = out.check("out", "snapshot")?;
         let snap = FlareSnapshot::from_snapshot(&pool.pool.snapshot());
         pool.injected_panic_point();
-        // SAFETY: `out` is non-NULL and aligned, and the caller's struct has
-        // `struct_size >= prefix` writable bytes; `FlareSnapshot` has no padding and
-        // starts with `struct_size`, and the prefix (at least 8) ends on a field
-        // boundary, at most its size.
-        unsafe { write_prefix(&snap, out, prefix) };
+        out.write(&snap);
         Ok(())
     })
 }

@@ -52,6 +52,10 @@ mod torch;
 #[cfg(all(test, not(flare_loom)))]
 mod tests;
 
+// The exported functions' contracts, clause by clause (issue 16).
+#[cfg(test)]
+mod abi_tests;
+
 pub use boundary::{flare_last_error_message, flare_status_name};
 pub use memory::{
     flare_package_allocate, flare_package_free, flare_pool_snapshot, flare_pool_trim,

@@ -2,18 +2,19 @@
 //! (`flare_pool_config_init`, read by `flare_pool_create`), and its end
 //! (`flare_pool_destroy`, `flare_pool_destroy_report`).
 
-use std::mem::size_of;
+use std::marker::PhantomData;
+use std::mem::{size_of, MaybeUninit};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::ptr;
+use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use super::boundary::{
-    append_last_error, boundary, boundary_value, check_out, null_error, set_last_error,
+    append_last_error, boundary, boundary_value, null_error, out_arg, set_last_error,
 };
 use super::types::{
-    out_prefix, struct_prefix, write_prefix, FlareBackend, FlareCrossStreamReuse,
-    FlareDestroyReport, FlarePoolConfig, FlareReusePolicy, FlareStatus, FLARE_THREAD_CACHE_OFF,
+    struct_prefix, FlareBackend, FlareCrossStreamReuse, FlareDestroyReport, FlarePoolConfig,
+    FlareReusePolicy, FlareStatus, VersionedOut, FLARE_THREAD_CACHE_OFF,
 };
 use crate::driver::sim::SimConfig;
 use crate::pool::{
@@ -90,55 +91,121 @@ fn thread_cache_entries(raw: u32) -> u32 {
     }
 }
 
+/// A caller's configuration as `flare_pool_create` received it, non-NULL: read with
+/// [`ConfigArg::copy`].
+pub(crate) struct ConfigArg<'a> {
+    ptr: NonNull<FlarePoolConfig>,
+    _caller: PhantomData<&'a FlarePoolConfig>,
+}
+
+impl<'a> ConfigArg<'a> {
+    /// The caller's configuration; `None` when `config` is NULL.
+    ///
+    /// # Safety
+    /// `config` is NULL or, when aligned, points to a `FlarePoolConfig` whose first
+    /// field (`struct_size`) is readable and which has at least `struct_size` readable
+    /// bytes (when `struct_size` is valid); within them, `peer_devices` points to
+    /// `peer_device_count` readable values (when non-NULL and aligned) and
+    /// `record_path` is NULL or a NUL-terminated string; none of it is written during
+    /// `'a`.
+    pub(crate) unsafe fn new(config: *const FlarePoolConfig) -> Option<Self> {
+        Some(ConfigArg {
+            ptr: NonNull::new(config.cast_mut())?,
+            _caller: PhantomData,
+        })
+    }
+
+    /// Copies the fields inside the caller's `struct_size` over the defaults of the
+    /// layout; refuses a misaligned pointer or a bad `struct_size`.
+    fn copy(&self) -> Result<CallerConfig<'a>, Error> {
+        let config = self.ptr.as_ptr();
+        if !config.is_aligned() {
+            return Err(Error::InvalidArgument("config is misaligned".into()));
+        }
+        // SAFETY: `config` is non-NULL and aligned, and every caller's struct has at
+        // least its first field (the header's struct starts with it), by `new`'s
+        // contract.
+        let struct_size = unsafe { ptr::addr_of!((*config).struct_size).read() };
+        let prefix =
+            struct_prefix::<FlarePoolConfig>("config", struct_size, &FlarePoolConfig::FIELD_ENDS)?;
+        let mut c = FlarePoolConfig::default_for_layout();
+        // SAFETY: the caller's struct has `struct_size >= prefix` readable bytes
+        // (`new`'s contract); `c` is a local of the same layout with
+        // `size_of::<FlarePoolConfig>() >= prefix` bytes; every field is an integer or
+        // a raw pointer, so any bytes are a valid value, and the prefix ends on a field
+        // boundary, so no field is half copied.
+        unsafe {
+            ptr::copy_nonoverlapping(
+                config.cast::<u8>(),
+                ptr::addr_of_mut!(c).cast::<u8>(),
+                prefix,
+            )
+        };
+        Ok(CallerConfig {
+            c,
+            _caller: PhantomData,
+        })
+    }
+}
+
+/// A copy of a caller's configuration ([`ConfigArg::copy`]): its pointers are the
+/// caller's, valid as `ConfigArg::new` says.
+struct CallerConfig<'a> {
+    c: FlarePoolConfig,
+    _caller: PhantomData<&'a FlarePoolConfig>,
+}
+
+impl CallerConfig<'_> {
+    /// The peer devices the configuration names (at most [`MAX_PEER_DEVICES`]).
+    fn peer_devices(&self) -> Result<Vec<i32>, Error> {
+        let c = &self.c;
+        if c.peer_device_count > MAX_PEER_DEVICES {
+            return Err(Error::InvalidArgument(format!(
+                "peer_device_count {} is above {MAX_PEER_DEVICES}",
+                c.peer_device_count
+            )));
+        }
+        if c.peer_device_count == 0 {
+            Ok(Vec::new())
+        } else if c.peer_devices.is_null() {
+            Err(null_error("peer_devices (with peer_device_count > 0)"))
+        } else if !c.peer_devices.is_aligned() {
+            Err(Error::InvalidArgument("peer_devices is misaligned".into()))
+        } else {
+            // SAFETY: non-NULL and aligned; the caller guarantees `peer_device_count`
+            // readable `int32_t` values that are not written during this call
+            // (`ConfigArg::new`).
+            Ok(
+                unsafe { std::slice::from_raw_parts(c.peer_devices, c.peer_device_count as usize) }
+                    .to_vec(),
+            )
+        }
+    }
+
+    /// The recording path: NULL is none; an empty path is refused.
+    fn record_path(&self) -> Result<Option<std::path::PathBuf>, Error> {
+        let p = self.c.record_path;
+        if p.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: non-NULL; the caller guarantees a NUL-terminated string that is not
+        // written during this call (`ConfigArg::new`, `FlarePoolConfig::record_path`).
+        let bytes = unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes();
+        record_path(bytes)
+    }
+}
+
 /// Reads a caller's configuration (only the fields inside its `struct_size`) and
 /// converts it.
-///
-/// # Safety
-/// `config` is non-NULL and points to at least `config->struct_size` readable bytes
-/// (when `struct_size` is valid), and `peer_devices` to `peer_device_count` values.
-pub(super) unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolConfig, Error> {
-    if !config.is_aligned() {
-        return Err(Error::InvalidArgument("config is misaligned".into()));
-    }
-    // SAFETY: `config` is non-NULL and aligned, and every caller's struct has at least
-    // its first field (the header's struct starts with it).
-    let struct_size = unsafe { ptr::addr_of!((*config).struct_size).read() };
-    let prefix =
-        struct_prefix::<FlarePoolConfig>("config", struct_size, &FlarePoolConfig::FIELD_ENDS)?;
-    let mut c = FlarePoolConfig::default_for_layout();
-    // SAFETY: the caller's struct has `struct_size >= prefix` readable bytes; `c` is a
-    // local of the same layout with `size_of::<FlarePoolConfig>() >= prefix` bytes; every
-    // field is an integer or a raw pointer, so any bytes are a valid value, and the
-    // prefix ends on a field boundary, so no field is half copied.
-    unsafe {
-        ptr::copy_nonoverlapping(
-            config.cast::<u8>(),
-            ptr::addr_of_mut!(c).cast::<u8>(),
-            prefix,
-        )
-    };
+pub(crate) fn read_config(config: &ConfigArg<'_>) -> Result<PoolConfig, Error> {
+    let caller = config.copy()?;
+    let c = &caller.c;
     let reuse_policy = ReusePolicy::from(FlareReusePolicy::parse(c.reuse_policy, "reuse_policy")?);
     let cross_stream_reuse = CrossStreamReuse::from(FlareCrossStreamReuse::parse(
         c.cross_stream_reuse,
         "cross_stream_reuse",
     )?);
-    if c.peer_device_count > MAX_PEER_DEVICES {
-        return Err(Error::InvalidArgument(format!(
-            "peer_device_count {} is above {MAX_PEER_DEVICES}",
-            c.peer_device_count
-        )));
-    }
-    let peer_devices = if c.peer_device_count == 0 {
-        Vec::new()
-    } else if c.peer_devices.is_null() {
-        return Err(null_error("peer_devices (with peer_device_count > 0)"));
-    } else if !c.peer_devices.is_aligned() {
-        return Err(Error::InvalidArgument("peer_devices is misaligned".into()));
-    } else {
-        // SAFETY: non-NULL and aligned; the caller guarantees `peer_device_count`
-        // readable `int32_t` values that are not written during this call.
-        unsafe { std::slice::from_raw_parts(c.peer_devices, c.peer_device_count as usize) }.to_vec()
-    };
+    let peer_devices = caller.peer_devices()?;
     let backend = match FlareBackend::parse(c.backend, "backend")? {
         FlareBackend::FLARE_BACKEND_CUDA => Backend::Cuda,
         FlareBackend::FLARE_BACKEND_SIMULATED => {
@@ -167,18 +234,13 @@ pub(super) unsafe fn read_config(config: *const FlarePoolConfig) -> Result<PoolC
         ),
         thread_cache_entries: thread_cache_entries(c.thread_cache_entries),
         thread_cache_bytes: or_default(c.thread_cache_bytes, DEFAULT_THREAD_CACHE_BYTES),
-        record_path: record_path(c.record_path)?,
+        record_path: caller.record_path()?,
     })
 }
 
-/// The recording path of a C configuration: NULL is none; an empty path is refused.
-fn record_path(p: *const std::ffi::c_char) -> Result<Option<std::path::PathBuf>, Error> {
-    if p.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: non-NULL; the caller guarantees a NUL-terminated string that is not
-    // written during this call (`FlarePoolConfig::record_path`).
-    let bytes = unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes();
+/// The recording path of a C configuration, its bytes up to the NUL: an empty path
+/// is refused.
+fn record_path(bytes: &[u8]) -> Result<Option<std::path::PathBuf>, Error> {
     if bytes.is_empty() {
         return Err(Error::InvalidArgument("record_path is empty".into()));
     }
@@ -218,11 +280,27 @@ fn record_path(p: *const std::ffi::c_char) -> Result<Option<std::path::PathBuf>,
 /// `config` is NULL or points to at least `config_size` writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn flare_pool_config_init(config: *mut FlarePoolConfig, config_size: usize) {
+    let config = NonNull::new(config).map(|config| {
+        // SAFETY: non-NULL; `config_size` writable bytes (so at most `isize::MAX`),
+        // not accessed otherwise during the call, by the caller's contract.
+        unsafe {
+            std::slice::from_raw_parts_mut(config.as_ptr().cast::<MaybeUninit<u8>>(), config_size)
+        }
+    });
+    flare_pool_config_init_inner(config);
+}
+
+/// `flare_pool_config_init` on the caller's bytes (`None`: NULL); a start misaligned
+/// for a `FlarePoolConfig` is left alone.
+fn flare_pool_config_init_inner(config: Option<&mut [MaybeUninit<u8>]>) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        if config.is_null() || !config.is_aligned() {
+        let Some(config) = config else {
+            return;
+        };
+        if !config.as_ptr().cast::<FlarePoolConfig>().is_aligned() {
             return;
         }
-        let size = config_size.min(size_of::<FlarePoolConfig>());
+        let size = config.len().min(size_of::<FlarePoolConfig>());
         // The whole struct, tail padding included, when the caller's covers it; else
         // the fields lying wholly inside its size.
         let Some(prefix) = FlarePoolConfig::FIELD_ENDS
@@ -272,12 +350,13 @@ pub unsafe extern "C" fn flare_pool_config_init(config: *mut FlarePoolConfig, co
         d.thread_cache_entries = thread_cache_entries;
         d.thread_cache_bytes = thread_cache_bytes;
         d.record_path = record_path;
-        // SAFETY: the caller guarantees `config_size >= prefix` writable bytes at
-        // `config`; `defaults` has `size_of::<FlarePoolConfig>() >= prefix` initialised
-        // bytes (zeroed, then whole fields written) and is a separate local.
-        unsafe {
-            ptr::copy_nonoverlapping(defaults.as_ptr().cast::<u8>(), config.cast::<u8>(), prefix)
+        // SAFETY: `defaults` has `size_of::<FlarePoolConfig>() >= prefix` bytes, all
+        // initialised (zeroed, then whole fields written), and is a separate local.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(defaults.as_ptr().cast::<MaybeUninit<u8>>(), prefix)
         };
+        // `prefix <= size <= config.len()`.
+        config[..prefix].copy_from_slice(bytes);
     }));
 }
 
@@ -301,18 +380,28 @@ pub unsafe extern "C" fn flare_pool_create(
     config: *const FlarePoolConfig,
     out_pool: *mut *mut FlarePool,
 ) -> FlareStatus {
+    flare_pool_create_inner(
+        // SAFETY: `config` is NULL or a caller's configuration of at least
+        // `struct_size` readable bytes, its pointers valid, by the caller's contract
+        // (`ConfigArg::new`'s).
+        unsafe { ConfigArg::new(config) },
+        // SAFETY: `out_pool` is NULL or writable, by the caller's contract.
+        unsafe { out_arg(out_pool, "out_pool") },
+    )
+}
+
+/// `flare_pool_create` on the caller's configuration (`None`: NULL) and output.
+fn flare_pool_create_inner(
+    config: Option<ConfigArg<'_>>,
+    out_pool: Result<&mut MaybeUninit<*mut FlarePool>, Error>,
+) -> FlareStatus {
     boundary("flare_pool_create", || {
-        if config.is_null() {
-            return Err(null_error("config"));
-        }
-        check_out(out_pool, "out_pool")?;
-        // SAFETY: non-NULL; the caller guarantees the rest (see this function's
-        // contract, which is `read_config`'s).
-        let config = unsafe { read_config(config) }?;
+        let config = config.ok_or_else(|| null_error("config"))?;
+        let out_pool = out_pool?;
+        let config = read_config(&config)?;
         let device = config.device;
         let pool = Box::new(FlarePool::new(Pool::new(config)?, device));
-        // SAFETY: non-NULL, aligned, and writable by the caller's contract.
-        unsafe { out_pool.write(Box::into_raw(pool)) };
+        out_pool.write(Box::into_raw(pool));
         Ok(())
     })
 }
@@ -343,8 +432,14 @@ pub unsafe extern "C" fn flare_pool_create(
 /// `pool` is NULL or was returned by `flare_pool_create` and not yet destroyed.
 #[no_mangle]
 pub unsafe extern "C" fn flare_pool_destroy(pool: *mut FlarePool) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    unsafe { destroy("flare_pool_destroy", pool, |_| {}) }
+    // SAFETY: `pool` is NULL or a live pool no other call uses, by the caller's
+    // contract.
+    flare_pool_destroy_inner(unsafe { OwnedPool::new(pool) })
+}
+
+/// `flare_pool_destroy` of the caller's pool (`None`: NULL).
+fn flare_pool_destroy_inner(pool: Option<OwnedPool>) -> FlareStatus {
+    destroy("flare_pool_destroy", pool, |_| {})
 }
 
 /// `flare_pool_destroy`, and writes what it released to `*out_report`: the live
@@ -371,52 +466,69 @@ pub unsafe extern "C" fn flare_pool_destroy_report(
     pool: *mut FlarePool,
     out_report: *mut FlareDestroyReport,
 ) -> FlareStatus {
-    const NAME: &str = "flare_pool_destroy_report";
-    // SAFETY: by the caller's contract.
-    let prefix = boundary_value(NAME, || unsafe {
-        out_prefix(
-            out_report,
-            "out_report",
-            "report",
-            &FlareDestroyReport::FIELD_ENDS,
-        )
-    });
-    let prefix = match prefix {
-        Ok(prefix) => prefix,
-        Err(status) => return status,
-    };
-    let write = |report: &FlareDestroyReport| {
-        // SAFETY: `out_report` is non-NULL, aligned and has `struct_size >= prefix`
-        // writable bytes (checked above, by the caller's contract); `report` has no
-        // padding and `size_of::<FlareDestroyReport>() >= prefix` bytes; the prefix
-        // ends on a field boundary; `struct_size` stays the caller's.
-        unsafe { write_prefix(report, out_report, prefix) }
-    };
-    if pool.is_null() {
-        write(&FlareDestroyReport::default());
-        return FlareStatus::FLARE_STATUS_SUCCESS;
-    }
-    // SAFETY: by the caller's contract.
-    unsafe { destroy(NAME, pool, write) }
+    flare_pool_destroy_report_inner(
+        // SAFETY: `pool` is NULL or a live pool no other call uses, by the caller's
+        // contract.
+        unsafe { OwnedPool::new(pool) },
+        // SAFETY: `out_report` is NULL or a caller's report of at least
+        // `struct_size` writable bytes, by the caller's contract.
+        unsafe { VersionedOut::new(out_report) },
+    )
 }
 
-/// Destroys `pool` (non-NULL is not required: NULL is a no-op success); `report`
-/// receives what was released whenever the pool was freed.
-///
-/// # Safety
-/// `pool` is NULL or was returned by `flare_pool_create` and not yet destroyed, and
-/// no other call on it runs concurrently.
-unsafe fn destroy(
+/// `flare_pool_destroy_report` of the caller's pool (`None`: NULL) into the caller's
+/// report; a bad report leaves the pool as it is.
+fn flare_pool_destroy_report_inner(
+    pool: Option<OwnedPool>,
+    out_report: VersionedOut<'_, FlareDestroyReport>,
+) -> FlareStatus {
+    const NAME: &str = "flare_pool_destroy_report";
+    let out_report = match boundary_value(NAME, || out_report.check("out_report", "report")) {
+        Ok(out_report) => out_report,
+        // Dropping `pool` (an `OwnedPool`) leaves the pool alive and usable.
+        Err(status) => return status,
+    };
+    let Some(pool) = pool else {
+        out_report.write(&FlareDestroyReport::default());
+        return FlareStatus::FLARE_STATUS_SUCCESS;
+    };
+    destroy(NAME, Some(pool), |report| out_report.write(report))
+}
+
+/// A caller's pool handed to a destroy: owned by the call, freed only by
+/// [`OwnedPool::into_pool`] (dropping an `OwnedPool` leaves the pool alive).
+pub(crate) struct OwnedPool(NonNull<FlarePool>);
+
+impl OwnedPool {
+    /// The caller's pool; `None` when `pool` is NULL.
+    ///
+    /// # Safety
+    /// `pool` is NULL or was returned by `flare_pool_create` and not yet destroyed,
+    /// and no other call on it runs while the `OwnedPool` lives.
+    pub(crate) unsafe fn new(pool: *mut FlarePool) -> Option<Self> {
+        NonNull::new(pool).map(OwnedPool)
+    }
+
+    /// Frees the handle and returns what it held.
+    fn into_pool(self) -> FlarePool {
+        // SAFETY: by `new`'s contract, the `Box<FlarePool>` that `flare_pool_create`
+        // leaked, not yet destroyed and not in use elsewhere; `self` is consumed, so
+        // it is taken back once.
+        *unsafe { Box::from_raw(self.0.as_ptr()) }
+    }
+}
+
+/// Destroys `pool` (`None`, NULL, is a no-op success); `report` receives what was
+/// released whenever the pool was freed.
+fn destroy(
     name: &'static str,
-    pool: *mut FlarePool,
+    pool: Option<OwnedPool>,
     report: impl FnOnce(&FlareDestroyReport),
 ) -> FlareStatus {
-    if pool.is_null() {
+    let Some(pool) = pool else {
         return FlareStatus::FLARE_STATUS_SUCCESS;
-    }
-    // SAFETY: non-NULL and, by the caller's contract, the `Box<FlarePool>` that
-    // `flare_pool_create` leaked, not yet destroyed and not in use elsewhere.
-    let FlarePool { pool, .. } = *unsafe { Box::from_raw(pool) };
+    };
+    let FlarePool { pool, .. } = pool.into_pool();
     // The counters before the release (no other call runs now): what is released.
     // A poisoned pool is destroyed all the same, from its books as they are.
     let released = FlareDestroyReport::before_destroy(&pool.snapshot());

@@ -5,10 +5,11 @@
 //! for testing stream order (issue 11) without a GPU.
 
 use std::ffi::{c_int, c_void};
+use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::boundary::{check_out, pool_boundary, pool_ref};
+use super::boundary::{out_arg, pool_boundary};
 use super::pool::FlarePool;
 use super::types::{FlareDriverCall, FlareStatus, FlareStream, RawDriverCall};
 use crate::driver::sim::{
@@ -35,33 +36,39 @@ pub unsafe extern "C" fn flare_sim_inject_failure(
     nth: u32,
     cuda_error: i32,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary(
-        "flare_sim_inject_failure",
-        unsafe { pool_ref(pool) },
-        |pool| {
-            let kind = DriverCall::from(FlareDriverCall::parse(call.0, "call")?);
-            if nth == 0 {
-                return Err(Error::InvalidArgument(
-                    "nth is 0: 1 is the next call".into(),
-                ));
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+    flare_sim_inject_failure_inner(unsafe { pool.as_ref() }, call, nth, cuda_error)
+}
+
+/// `flare_sim_inject_failure` on the caller's pool.
+fn flare_sim_inject_failure_inner(
+    pool: Option<&FlarePool>,
+    call: RawDriverCall,
+    nth: u32,
+    cuda_error: i32,
+) -> FlareStatus {
+    pool_boundary("flare_sim_inject_failure", pool, |pool| {
+        let kind = DriverCall::from(FlareDriverCall::parse(call.0, "call")?);
+        if nth == 0 {
+            return Err(Error::InvalidArgument(
+                "nth is 0: 1 is the next call".into(),
+            ));
+        }
+        let code = match u32::try_from(cuda_error) {
+            Ok(code) if code != 0 => CuResult(code),
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "cuda_error {cuda_error} is not a failure CUresult (must be > 0)"
+                )))
             }
-            let code = match u32::try_from(cuda_error) {
-                Ok(code) if code != 0 => CuResult(code),
-                _ => {
-                    return Err(Error::InvalidArgument(format!(
-                        "cuda_error {cuda_error} is not a failure CUresult (must be > 0)"
-                    )))
-                }
-            };
-            let sim = pool.pool.sim_driver().ok_or(Error::NotSupported(
-                "fault injection needs a simulated pool",
-            ))?;
-            sim.inject_failure(kind, nth, code);
-            pool.injected_panic_point();
-            Ok(())
-        },
-    )
+        };
+        let sim = pool.pool.sim_driver().ok_or(Error::NotSupported(
+            "fault injection needs a simulated pool",
+        ))?;
+        sim.inject_failure(kind, nth, code);
+        pool.injected_panic_point();
+        Ok(())
+    })
 }
 
 /// Simulated backend only: makes the next call on this pool panic inside the
@@ -81,20 +88,21 @@ pub unsafe extern "C" fn flare_sim_inject_failure(
 /// `pool` is NULL or a live pool.
 #[no_mangle]
 pub unsafe extern "C" fn flare_sim_inject_panic(pool: *mut FlarePool) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary(
-        "flare_sim_inject_panic",
-        unsafe { pool_ref(pool) },
-        |pool| {
-            if pool.pool.sim_driver().is_none() {
-                return Err(Error::NotSupported(
-                    "panic injection needs a simulated pool",
-                ));
-            }
-            pool.panic_next.store(true, Ordering::Relaxed);
-            Ok(())
-        },
-    )
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+    flare_sim_inject_panic_inner(unsafe { pool.as_ref() })
+}
+
+/// `flare_sim_inject_panic` on the caller's pool.
+fn flare_sim_inject_panic_inner(pool: Option<&FlarePool>) -> FlareStatus {
+    pool_boundary("flare_sim_inject_panic", pool, |pool| {
+        if pool.pool.sim_driver().is_none() {
+            return Err(Error::NotSupported(
+                "panic injection needs a simulated pool",
+            ));
+        }
+        pool.panic_next.store(true, Ordering::Relaxed);
+        Ok(())
+    })
 }
 
 /// The simulated driver under `pool`, or `FLARE_STATUS_NOT_SUPPORTED` on a CUDA pool.
@@ -202,19 +210,26 @@ pub unsafe extern "C" fn flare_sim_stream_create(
     pool: *mut FlarePool,
     out_stream: *mut FlareStream,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary(
-        "flare_sim_stream_create",
-        unsafe { pool_ref(pool) },
-        |pool| {
-            check_out(out_stream, "out_stream")?;
-            let sim = sim_of(pool)?;
-            let stream = create_stream_on(&sim, pool.device, || pool.injected_panic_point())?;
-            // SAFETY: non-NULL, aligned, and writable by the caller's contract.
-            unsafe { out_stream.write(stream) };
-            Ok(())
-        },
+    flare_sim_stream_create_inner(
+        // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+        unsafe { pool.as_ref() },
+        // SAFETY: `out_stream` is NULL or writable, by the caller's contract.
+        unsafe { out_arg(out_stream, "out_stream") },
     )
+}
+
+/// `flare_sim_stream_create` on the caller's pool and output.
+fn flare_sim_stream_create_inner(
+    pool: Option<&FlarePool>,
+    out_stream: Result<&mut MaybeUninit<FlareStream>, Error>,
+) -> FlareStatus {
+    pool_boundary("flare_sim_stream_create", pool, |pool| {
+        let out_stream = out_stream?;
+        let sim = sim_of(pool)?;
+        let stream = create_stream_on(&sim, pool.device, || pool.injected_panic_point())?;
+        out_stream.write(stream);
+        Ok(())
+    })
 }
 
 /// Simulated backend only: queues work on `stream` (a kernel launch,
@@ -248,8 +263,19 @@ pub unsafe extern "C" fn flare_sim_launch(
     ptr: *const c_void,
     bytes: usize,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary("flare_sim_launch", unsafe { pool_ref(pool) }, |pool| {
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract; `ptr` is a
+    // device address, never dereferenced.
+    flare_sim_launch_inner(unsafe { pool.as_ref() }, stream, ptr, bytes)
+}
+
+/// `flare_sim_launch` on the caller's pool; `ptr` is never dereferenced.
+fn flare_sim_launch_inner(
+    pool: Option<&FlarePool>,
+    stream: FlareStream,
+    ptr: *const c_void,
+    bytes: usize,
+) -> FlareStatus {
+    pool_boundary("flare_sim_launch", pool, |pool| {
         let sim = sim_of(pool)?;
         let code = sim.launch(handle(stream), ptr as usize as u64, bytes as u64);
         pool.injected_panic_point();
@@ -274,17 +300,18 @@ pub unsafe extern "C" fn flare_sim_stream_complete(
     pool: *mut FlarePool,
     stream: FlareStream,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary(
-        "flare_sim_stream_complete",
-        unsafe { pool_ref(pool) },
-        |pool| {
-            let sim = sim_of(pool)?;
-            let code = sim.stream_complete(handle(stream));
-            pool.injected_panic_point();
-            refused("stream completion", stream, code)
-        },
-    )
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+    flare_sim_stream_complete_inner(unsafe { pool.as_ref() }, stream)
+}
+
+/// `flare_sim_stream_complete` on the caller's pool.
+fn flare_sim_stream_complete_inner(pool: Option<&FlarePool>, stream: FlareStream) -> FlareStatus {
+    pool_boundary("flare_sim_stream_complete", pool, |pool| {
+        let sim = sim_of(pool)?;
+        let code = sim.stream_complete(handle(stream));
+        pool.injected_panic_point();
+        refused("stream completion", stream, code)
+    })
 }
 
 /// Simulated backend only: begins capturing `stream` on the calling thread
@@ -312,17 +339,18 @@ pub unsafe extern "C" fn flare_sim_begin_capture(
     pool: *mut FlarePool,
     stream: FlareStream,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary(
-        "flare_sim_begin_capture",
-        unsafe { pool_ref(pool) },
-        |pool| {
-            let sim = sim_of(pool)?;
-            let code = sim.stream_begin_capture(handle(stream), CaptureMode::Global);
-            pool.injected_panic_point();
-            refused("cuStreamBeginCapture", stream, code)
-        },
-    )
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+    flare_sim_begin_capture_inner(unsafe { pool.as_ref() }, stream)
+}
+
+/// `flare_sim_begin_capture` on the caller's pool.
+fn flare_sim_begin_capture_inner(pool: Option<&FlarePool>, stream: FlareStream) -> FlareStatus {
+    pool_boundary("flare_sim_begin_capture", pool, |pool| {
+        let sim = sim_of(pool)?;
+        let code = sim.stream_begin_capture(handle(stream), CaptureMode::Global);
+        pool.injected_panic_point();
+        refused("cuStreamBeginCapture", stream, code)
+    })
 }
 
 /// Simulated backend only: ends the capture `flare_sim_begin_capture` began on
@@ -348,13 +376,26 @@ pub unsafe extern "C" fn flare_sim_end_capture(
     stream: FlareStream,
     out_valid: *mut c_int,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary("flare_sim_end_capture", unsafe { pool_ref(pool) }, |pool| {
-        check_out(out_valid, "out_valid")?;
+    flare_sim_end_capture_inner(
+        // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+        unsafe { pool.as_ref() },
+        stream,
+        // SAFETY: `out_valid` is NULL or writable, by the caller's contract.
+        unsafe { out_arg(out_valid, "out_valid") },
+    )
+}
+
+/// `flare_sim_end_capture` on the caller's pool and output.
+fn flare_sim_end_capture_inner(
+    pool: Option<&FlarePool>,
+    stream: FlareStream,
+    out_valid: Result<&mut MaybeUninit<c_int>, Error>,
+) -> FlareStatus {
+    pool_boundary("flare_sim_end_capture", pool, |pool| {
+        let out_valid = out_valid?;
         let sim = sim_of(pool)?;
         let valid = end_capture_on(&sim, stream, || pool.injected_panic_point())?;
-        // SAFETY: non-NULL, aligned, and writable by the caller's contract.
-        unsafe { out_valid.write(valid) };
+        out_valid.write(valid);
         Ok(())
     })
 }
@@ -378,13 +419,24 @@ pub unsafe extern "C" fn flare_sim_faults(
     pool: *const FlarePool,
     out_faults: *mut u64,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary("flare_sim_faults", unsafe { pool_ref(pool) }, |pool| {
-        check_out(out_faults, "out_faults")?;
+    flare_sim_faults_inner(
+        // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+        unsafe { pool.as_ref() },
+        // SAFETY: `out_faults` is NULL or writable, by the caller's contract.
+        unsafe { out_arg(out_faults, "out_faults") },
+    )
+}
+
+/// `flare_sim_faults` on the caller's pool and output.
+fn flare_sim_faults_inner(
+    pool: Option<&FlarePool>,
+    out_faults: Result<&mut MaybeUninit<u64>, Error>,
+) -> FlareStatus {
+    pool_boundary("flare_sim_faults", pool, |pool| {
+        let out_faults = out_faults?;
         let faults = sim_of(pool)?.contract_faults();
         pool.injected_panic_point();
-        // SAFETY: non-NULL, aligned, and writable by the caller's contract.
-        unsafe { out_faults.write(faults) };
+        out_faults.write(faults);
         Ok(())
     })
 }

@@ -4,8 +4,9 @@
 //! (`recordStream`). No call here ever synchronizes the host with the device.
 
 use std::ffi::c_void;
+use std::mem::MaybeUninit;
 
-use super::boundary::{check_out, pool_boundary, pool_ref};
+use super::boundary::{out_arg, pool_boundary};
 use super::pool::FlarePool;
 use super::types::{FlareStatus, FlareStream};
 use crate::driver::Stream;
@@ -17,20 +18,17 @@ pub(crate) fn stream_of(stream: FlareStream) -> Stream {
 }
 
 /// The body of the stream-ordered allocations (`flare_package_allocate_async`,
-/// `flare_package_allocate_tagged`): checks `out_ptr`, allocates with `alloc` on
-/// `stream`, passes the injected-panic point, and writes the address to `*out_ptr`
-/// (an address wider than a pointer, impossible on CUDA's targets, is freed again
-/// and refused).
-///
-/// # Safety
-/// `out_ptr` is NULL or writable.
-pub(crate) unsafe fn allocate_on_stream(
+/// `flare_package_allocate_tagged`): checks `out_ptr` (the caller's output or its
+/// error, [`out_arg`]), allocates with `alloc` on `stream`, passes the injected-panic
+/// point, and writes the address to `*out_ptr` (an address wider than a pointer,
+/// impossible on CUDA's targets, is freed again and refused).
+pub(crate) fn allocate_on_stream(
     pool: &FlarePool,
     stream: FlareStream,
-    out_ptr: *mut *mut c_void,
+    out_ptr: Result<&mut MaybeUninit<*mut c_void>, Error>,
     alloc: impl FnOnce(&crate::Pool, Stream) -> crate::Result<u64>,
 ) -> crate::Result<()> {
-    check_out(out_ptr, "out_ptr")?;
+    let out_ptr = out_ptr?;
     let stream = stream_of(stream);
     let result = alloc(&pool.pool, stream);
     pool.injected_panic_point();
@@ -43,9 +41,7 @@ pub(crate) unsafe fn allocate_on_stream(
             return Err(Error::NotSupported("device address wider than a pointer"));
         }
     };
-    // SAFETY: non-NULL (checked above), aligned, and writable by the caller's
-    // contract.
-    unsafe { out_ptr.write(addr as *mut c_void) };
+    out_ptr.write(addr as *mut c_void);
     Ok(())
 }
 
@@ -109,19 +105,29 @@ pub unsafe extern "C" fn flare_package_allocate_async(
     stream: FlareStream,
     out_ptr: *mut *mut c_void,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary(
-        "flare_package_allocate_async",
-        unsafe { pool_ref(pool) },
-        |pool| {
-            // SAFETY: `out_ptr` by the caller's contract.
-            unsafe {
-                allocate_on_stream(pool, stream, out_ptr, |p, s| {
-                    p.allocate_async_raw(size as u64, s)
-                })
-            }
-        },
+    flare_package_allocate_async_inner(
+        // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+        unsafe { pool.as_ref() },
+        size,
+        stream,
+        // SAFETY: `out_ptr` is NULL or writable, by the caller's contract.
+        unsafe { out_arg(out_ptr, "out_ptr") },
     )
+}
+
+/// `flare_package_allocate_async` on the caller's pool and output; `stream` is only
+/// passed to the driver.
+fn flare_package_allocate_async_inner(
+    pool: Option<&FlarePool>,
+    size: usize,
+    stream: FlareStream,
+    out_ptr: Result<&mut MaybeUninit<*mut c_void>, Error>,
+) -> FlareStatus {
+    pool_boundary("flare_package_allocate_async", pool, |pool| {
+        allocate_on_stream(pool, stream, out_ptr, |p, s| {
+            p.allocate_async_raw(size as u64, s)
+        })
+    })
 }
 
 /// Frees an allocation of this pool on `stream`, stream-ordered (as `cuMemFreeAsync`),
@@ -168,12 +174,20 @@ pub unsafe extern "C" fn flare_package_free_async(
     ptr: *mut c_void,
     stream: FlareStream,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    unsafe {
-        on_live_ptr("flare_package_free_async", pool, ptr, |pool, p| {
-            pool.free_async_raw(p, stream_of(stream))
-        })
-    }
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract; `ptr` is only
+    // compared, `stream` only passed to the driver.
+    flare_package_free_async_inner(unsafe { pool.as_ref() }, ptr, stream)
+}
+
+/// `flare_package_free_async` on the caller's pool.
+fn flare_package_free_async_inner(
+    pool: Option<&FlarePool>,
+    ptr: *mut c_void,
+    stream: FlareStream,
+) -> FlareStatus {
+    on_live_ptr("flare_package_free_async", pool, ptr, |pool, p| {
+        pool.free_async_raw(p, stream_of(stream))
+    })
 }
 
 /// Marks a live allocation as used by work on `stream` too, as PyTorch's
@@ -201,28 +215,32 @@ pub unsafe extern "C" fn flare_package_record_stream(
     ptr: *mut c_void,
     stream: FlareStream,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    unsafe {
-        on_live_ptr("flare_package_record_stream", pool, ptr, |pool, p| {
-            pool.record_stream(p, stream_of(stream))
-        })
-    }
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract; `ptr` is only
+    // compared, `stream` only passed to the driver.
+    flare_package_record_stream_inner(unsafe { pool.as_ref() }, ptr, stream)
+}
+
+/// `flare_package_record_stream` on the caller's pool.
+fn flare_package_record_stream_inner(
+    pool: Option<&FlarePool>,
+    ptr: *mut c_void,
+    stream: FlareStream,
+) -> FlareStatus {
+    on_live_ptr("flare_package_record_stream", pool, ptr, |pool, p| {
+        pool.record_stream(p, stream_of(stream))
+    })
 }
 
 /// The body of the functions that take a pool and an allocation's address: `f` on
 /// the pool and the address inside the panic boundary; a NULL `ptr` is
 /// `FLARE_STATUS_SUCCESS` and nothing happens.
-///
-/// # Safety
-/// `pool` is NULL or a live pool.
-unsafe fn on_live_ptr(
+fn on_live_ptr(
     name: &'static str,
-    pool: *mut FlarePool,
+    pool: Option<&FlarePool>,
     ptr: *mut c_void,
     f: impl FnOnce(&crate::Pool, u64) -> crate::Result<()>,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary(name, unsafe { pool_ref(pool) }, |pool| {
+    pool_boundary(name, pool, |pool| {
         if ptr.is_null() {
             return Ok(());
         }

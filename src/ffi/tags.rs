@@ -1,15 +1,15 @@
 //! The C ABI of tags (issue 15): tagged allocation, sleep, wake and the census.
 
 use std::ffi::c_void;
+use std::mem::MaybeUninit;
 
-use super::boundary::{pool_boundary, pool_ref};
+use super::boundary::{out_arg, pool_boundary};
 use super::pool::FlarePool;
 use super::stream::allocate_on_stream;
 use super::types::{
-    out_prefix, write_prefix, FlareSleepMode, FlareStatus, FlareStream, FlareTagCensus,
-    RawSleepMode,
+    FlareSleepMode, FlareStatus, FlareStream, FlareTagCensus, RawSleepMode, VersionedOut,
 };
-use crate::SleepMode;
+use crate::{Error, SleepMode};
 
 /// Allocates `size` bytes for tag `tag`, stream-ordered on `stream` (as
 /// `flare_package_allocate_async`; NULL is the legacy stream), and writes its device
@@ -36,19 +36,31 @@ pub unsafe extern "C" fn flare_package_allocate_tagged(
     tag: u32,
     out_ptr: *mut *mut c_void,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary(
-        "flare_package_allocate_tagged",
-        unsafe { pool_ref(pool) },
-        |pool| {
-            // SAFETY: `out_ptr` by the caller's contract.
-            unsafe {
-                allocate_on_stream(pool, stream, out_ptr, |p, s| {
-                    p.allocate_tagged_raw(size as u64, Some(s), tag)
-                })
-            }
-        },
+    flare_package_allocate_tagged_inner(
+        // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+        unsafe { pool.as_ref() },
+        size,
+        stream,
+        tag,
+        // SAFETY: `out_ptr` is NULL or writable, by the caller's contract.
+        unsafe { out_arg(out_ptr, "out_ptr") },
     )
+}
+
+/// `flare_package_allocate_tagged` on the caller's pool and output; `stream` is only
+/// passed to the driver.
+fn flare_package_allocate_tagged_inner(
+    pool: Option<&FlarePool>,
+    size: usize,
+    stream: FlareStream,
+    tag: u32,
+    out_ptr: Result<&mut MaybeUninit<*mut c_void>, Error>,
+) -> FlareStatus {
+    pool_boundary("flare_package_allocate_tagged", pool, |pool| {
+        allocate_on_stream(pool, stream, out_ptr, |p, s| {
+            p.allocate_tagged_raw(size as u64, Some(s), tag)
+        })
+    })
 }
 
 /// Puts tag `tag` to sleep: waits for the device's work (a synchronize of every
@@ -79,8 +91,13 @@ pub unsafe extern "C" fn flare_pool_sleep(
     tag: u32,
     mode: RawSleepMode,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary("flare_pool_sleep", unsafe { pool_ref(pool) }, |pool| {
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+    flare_pool_sleep_inner(unsafe { pool.as_ref() }, tag, mode)
+}
+
+/// `flare_pool_sleep` on the caller's pool.
+fn flare_pool_sleep_inner(pool: Option<&FlarePool>, tag: u32, mode: RawSleepMode) -> FlareStatus {
+    pool_boundary("flare_pool_sleep", pool, |pool| {
         let mode = match FlareSleepMode::parse(mode.0, "mode")? {
             FlareSleepMode::FLARE_SLEEP_DISCARD => SleepMode::Discard,
             FlareSleepMode::FLARE_SLEEP_OFFLOAD => SleepMode::Offload,
@@ -105,8 +122,13 @@ pub unsafe extern "C" fn flare_pool_sleep(
 /// `pool` is NULL or a live pool.
 #[no_mangle]
 pub unsafe extern "C" fn flare_pool_wake(pool: *mut FlarePool, tag: u32) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary("flare_pool_wake", unsafe { pool_ref(pool) }, |pool| {
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+    flare_pool_wake_inner(unsafe { pool.as_ref() }, tag)
+}
+
+/// `flare_pool_wake` on the caller's pool.
+fn flare_pool_wake_inner(pool: Option<&FlarePool>, tag: u32) -> FlareStatus {
+    pool_boundary("flare_pool_wake", pool, |pool| {
         let result = pool.pool.wake(tag);
         pool.injected_panic_point();
         result
@@ -131,17 +153,27 @@ pub unsafe extern "C" fn flare_pool_tag_census(
     tag: u32,
     out: *mut FlareTagCensus,
 ) -> FlareStatus {
-    // SAFETY: by the caller's contract.
-    pool_boundary("flare_pool_tag_census", unsafe { pool_ref(pool) }, |pool| {
-        // SAFETY: `out` is NULL or a caller's census, by the caller's contract.
-        let prefix = unsafe { out_prefix(out, "out", "tag census", &FlareTagCensus::FIELD_ENDS) }?;
+    flare_pool_tag_census_inner(
+        // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+        unsafe { pool.as_ref() },
+        tag,
+        // SAFETY: `out` is NULL or a caller's census of at least `struct_size`
+        // writable bytes, by the caller's contract.
+        unsafe { VersionedOut::new(out) },
+    )
+}
+
+/// `flare_pool_tag_census` on the caller's pool and census.
+fn flare_pool_tag_census_inner(
+    pool: Option<&FlarePool>,
+    tag: u32,
+    out: VersionedOut<'_, FlareTagCensus>,
+) -> FlareStatus {
+    pool_boundary("flare_pool_tag_census", pool, |pool| {
+        let out = out.check("out", "tag census")?;
         let census = FlareTagCensus::from_census(&pool.pool.tag_census(tag));
         pool.injected_panic_point();
-        // SAFETY: `out` is non-NULL and aligned, and the caller's struct has
-        // `struct_size >= prefix` writable bytes; `FlareTagCensus` has no padding and
-        // starts with `struct_size`, and the prefix (at least 8) ends on a field
-        // boundary, at most its size.
-        unsafe { write_prefix(&census, out, prefix) };
+        out.write(&census);
         Ok(())
     })
 }

@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_void, CStr};
 use std::mem::size_of;
 use std::ptr;
 
-use super::boundary::{boundary, pool_ref};
+use super::boundary::boundary;
 use super::*;
 use crate::{Error, ReusePolicy};
 
@@ -518,7 +518,7 @@ fn destroy_reports_the_live_allocations_it_released() {
 /// The simulated driver under a C pool, kept to look at after destroy.
 fn snap_sim(pool: *const FlarePool) -> std::sync::Arc<crate::SimDriver> {
     // SAFETY: `pool` is live.
-    let pool = unsafe { pool_ref(pool) }.unwrap_or_else(|e| panic!("{e}"));
+    let pool = unsafe { pool.as_ref() }.unwrap_or_else(|| panic!("pool is NULL"));
     match pool.pool.sim_driver() {
         Some(sim) => sim.clone(),
         None => panic!("not a simulated pool"),
@@ -1040,8 +1040,9 @@ fn simulated_controls_are_not_supported_without_the_simulated_driver() {
 
 /// `read_config` of `c` (with `struct_size` as set): the Rust configuration.
 fn read(c: &FlarePoolConfig) -> Result<crate::PoolConfig, Error> {
-    // SAFETY: `c` is a whole, aligned FlarePoolConfig.
-    unsafe { super::pool::read_config(c) }
+    // SAFETY: `c` is a whole, aligned FlarePoolConfig, its pointers valid.
+    let arg = unsafe { super::pool::ConfigArg::new(c) }.unwrap_or_else(|| panic!("NULL"));
+    super::pool::read_config(&arg)
 }
 
 #[test]

@@ -24,12 +24,13 @@
 //! `flare_torch_alloc` (declared `extern "C-unwind"` for that reason).
 
 use std::ffi::{c_char, c_int, c_void, CString};
+use std::mem::MaybeUninit;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use super::boundary::{boundary, check_out, set_last_error};
+use super::boundary::{boundary, c_buffer, copy_c_string, out_arg, set_last_error};
 use super::sim::{create_stream_on, end_capture_on, handle, refused};
 use super::stream::stream_of;
 use super::types::{FlareStatus, FlareStream};
@@ -106,6 +107,13 @@ pub type FlareTorchOomHandler = Option<
 /// `flare_torch_alloc` into its caller, which must be C++ code prepared for it.
 #[no_mangle]
 pub unsafe extern "C" fn flare_torch_set_oom_handler(handler: FlareTorchOomHandler) {
+    // No pointer to read: the caller's promise about `handler` is what makes the
+    // call in `flare_torch_alloc` sound.
+    flare_torch_set_oom_handler_inner(handler);
+}
+
+/// `flare_torch_set_oom_handler`: stores the handler's address (0: none).
+fn flare_torch_set_oom_handler_inner(handler: FlareTorchOomHandler) {
     OOM_HANDLER.store(handler.map_or(0, |f| f as usize), Ordering::Release);
 }
 
@@ -161,13 +169,45 @@ pub unsafe extern "C-unwind" fn flare_torch_alloc(
     device: c_int,
     stream: FlareStream,
 ) -> *mut c_void {
+    let (handler, msg) = match flare_torch_alloc_inner(size, device, stream) {
+        Ok(ptr) => return ptr,
+        Err(None) => return ptr::null_mut(),
+        Err(Some(oom)) => oom,
+    };
+    // SAFETY: `handler` was stored by `flare_torch_set_oom_handler` from a function of
+    // type `FlareTorchOomHandler` (non-NULL), whose caller vouched that it may be
+    // called here and may unwind through this `C-unwind` frame. No lock is held and
+    // nothing but `msg` (dropped by the unwind, after the handler copied it) is live
+    // in this frame.
+    unsafe {
+        let f: unsafe extern "C-unwind" fn(*const c_char, *const c_char, u32, *const c_char) =
+            std::mem::transmute(handler);
+        f(
+            c"flare_torch_alloc".as_ptr(),
+            c"src/ffi/torch.rs".as_ptr(),
+            line!(),
+            msg.as_ptr(),
+        );
+    }
+    ptr::null_mut()
+}
+
+/// `flare_torch_alloc` up to the out-of-memory handler: the address (NULL for 0
+/// bytes); on failure, with the message recorded as the thread's last error, the
+/// handler's address (non-zero) and the message to call it with, or `None` when no
+/// handler is set.
+fn flare_torch_alloc_inner(
+    size: usize,
+    device: c_int,
+    stream: FlareStream,
+) -> Result<*mut c_void, Option<(usize, CString)>> {
     if size == 0 {
-        return ptr::null_mut();
+        return Ok(ptr::null_mut());
     }
     let failure = match try_alloc("flare_torch_alloc", size, device, |a| {
         a.alloc(size as u64, device, stream_of(stream))
     }) {
-        Ok(ptr) => return ptr,
+        Ok(ptr) => return Ok(ptr),
         Err(failure) => failure,
     };
     // Then the pool's figures.
@@ -176,25 +216,11 @@ pub unsafe extern "C-unwind" fn flare_torch_alloc(
         format!("{failure} (flare-package tensor pool: {live} bytes live, {idle} bytes idle)");
     set_last_error(message.clone());
     let handler = OOM_HANDLER.load(Ordering::Acquire);
-    if handler != 0 {
-        let msg = CString::new(message.replace('\0', " ")).unwrap_or_default();
-        // SAFETY: the address was stored by `flare_torch_set_oom_handler` from a
-        // function of type `FlareTorchOomHandler` (non-NULL), whose caller vouched
-        // that it may be called here and may unwind through this `C-unwind` frame.
-        // No lock is held and nothing but `msg` (dropped by the unwind, after the
-        // handler copied it) is live in this frame.
-        unsafe {
-            let f: unsafe extern "C-unwind" fn(*const c_char, *const c_char, u32, *const c_char) =
-                std::mem::transmute(handler);
-            f(
-                c"flare_torch_alloc".as_ptr(),
-                c"src/ffi/torch.rs".as_ptr(),
-                line!(),
-                msg.as_ptr(),
-            );
-        }
+    if handler == 0 {
+        return Err(None);
     }
-    ptr::null_mut()
+    let msg = CString::new(message.replace('\0', " ")).unwrap_or_default();
+    Err(Some((handler, msg)))
 }
 
 /// Per-tensor mode's free, PyTorch's `free_fn`
@@ -216,6 +242,12 @@ pub unsafe extern "C" fn flare_torch_free(
     device: c_int,
     stream: FlareStream,
 ) {
+    // No pointer is read: `ptr` is only compared, `stream` only passed to the driver.
+    flare_torch_free_inner(ptr, size, device, stream);
+}
+
+/// `flare_torch_free`.
+fn flare_torch_free_inner(ptr: *mut c_void, size: usize, device: c_int, stream: FlareStream) {
     let _ = size;
     if ptr.is_null() {
         return;
@@ -240,6 +272,12 @@ pub unsafe extern "C" fn flare_torch_pool_alloc(
     device: c_int,
     stream: FlareStream,
 ) -> *mut c_void {
+    // No pointer is read: `stream` is only passed to the driver.
+    flare_torch_pool_alloc_inner(size, device, stream)
+}
+
+/// `flare_torch_pool_alloc`.
+fn flare_torch_pool_alloc_inner(size: usize, device: c_int, stream: FlareStream) -> *mut c_void {
     try_alloc("flare_torch_pool_alloc", size, device, |a| {
         a.pool_alloc(size as u64, device, stream_of(stream))
     })
@@ -264,6 +302,12 @@ pub unsafe extern "C" fn flare_torch_pool_free(
     device: c_int,
     stream: FlareStream,
 ) {
+    // No pointer is read: `ptr` is only compared, `stream` only passed to the driver.
+    flare_torch_pool_free_inner(ptr, size, device, stream);
+}
+
+/// `flare_torch_pool_free`.
+fn flare_torch_pool_free_inner(ptr: *mut c_void, size: usize, device: c_int, stream: FlareStream) {
     let _ = size;
     if ptr.is_null() {
         return;
@@ -282,6 +326,12 @@ pub unsafe extern "C" fn flare_torch_pool_free(
 /// As `flare_torch_free`.
 #[no_mangle]
 pub unsafe extern "C" fn flare_torch_record_stream(ptr: *mut c_void, stream: FlareStream) {
+    // No pointer is read: `ptr` is only compared, `stream` only passed to the driver.
+    flare_torch_record_stream_inner(ptr, stream);
+}
+
+/// `flare_torch_record_stream`.
+fn flare_torch_record_stream_inner(ptr: *mut c_void, stream: FlareStream) {
     if ptr.is_null() {
         return;
     }
@@ -333,7 +383,13 @@ pub unsafe extern "C" fn flare_torch_begin_allocate_to_pool(
     id1: u64,
     filter: *const c_void,
 ) {
+    // No pointer is read: `filter` is never dereferenced.
     let _ = filter;
+    flare_torch_begin_allocate_to_pool_inner(device, id0, id1);
+}
+
+/// `flare_torch_begin_allocate_to_pool` (its filter unused).
+fn flare_torch_begin_allocate_to_pool_inner(device: c_int, id0: u64, id1: u64) {
     hook("flare_torch_begin_allocate_to_pool", || {
         allocator()?.begin_allocate_to_pool(device, (id0, id1))
     });
@@ -417,22 +473,18 @@ pub extern "C" fn flare_torch_use_simulated(capacity_bytes: u64, device_count: u
 /// `buf` is NULL or points to at least `len` writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn flare_torch_stats(device: c_int, buf: *mut c_char, len: usize) -> usize {
+    // SAFETY: `buf` is NULL or has `len` writable bytes, by the caller's contract.
+    flare_torch_stats_inner(device, unsafe { c_buffer(buf, len) })
+}
+
+/// `flare_torch_stats` into the caller's buffer.
+fn flare_torch_stats_inner(device: c_int, buf: Option<&mut [MaybeUninit<c_char>]>) -> usize {
     catch_unwind(AssertUnwindSafe(|| {
         let json = match allocator() {
             Ok(a) => a.stats_json(device),
             Err(e) => format!("{{\"error\":{:?}}}", e.to_string()),
         };
-        let bytes = json.as_bytes();
-        if !buf.is_null() && len > 0 {
-            let n = bytes.len().min(len - 1);
-            // SAFETY: the caller guarantees `len` writable bytes at `buf`; `n + 1 <=
-            // len`; `json` is a separate Rust allocation.
-            unsafe {
-                ptr::copy_nonoverlapping(bytes.as_ptr().cast::<c_char>(), buf, n);
-                buf.add(n).write(0);
-            }
-        }
-        bytes.len()
+        copy_c_string(json.as_bytes(), buf)
     }))
     .unwrap_or(0)
 }
@@ -492,11 +544,19 @@ pub unsafe extern "C" fn flare_torch_sim_stream_create(
     device: c_int,
     out_stream: *mut FlareStream,
 ) -> FlareStatus {
+    // SAFETY: `out_stream` is NULL or writable, by the caller's contract.
+    flare_torch_sim_stream_create_inner(device, unsafe { out_arg(out_stream, "out_stream") })
+}
+
+/// `flare_torch_sim_stream_create` into the caller's output.
+fn flare_torch_sim_stream_create_inner(
+    device: c_int,
+    out_stream: Result<&mut MaybeUninit<FlareStream>, Error>,
+) -> FlareStatus {
     boundary("flare_torch_sim_stream_create", || {
-        check_out(out_stream, "out_stream")?;
+        let out_stream = out_stream?;
         let stream = create_stream_on(&*sim(device)?, device, || ())?;
-        // SAFETY: non-NULL, aligned, and writable by the caller's contract.
-        unsafe { out_stream.write(stream) };
+        out_stream.write(stream);
         Ok(())
     })
 }
@@ -512,6 +572,17 @@ pub unsafe extern "C" fn flare_torch_sim_stream_create(
 /// `ptr` is a device address, never dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn flare_torch_sim_launch(
+    device: c_int,
+    stream: FlareStream,
+    ptr: *const c_void,
+    bytes: usize,
+) -> FlareStatus {
+    // No pointer is read: `ptr` is a device address, never dereferenced.
+    flare_torch_sim_launch_inner(device, stream, ptr, bytes)
+}
+
+/// `flare_torch_sim_launch`; `ptr` is never dereferenced.
+fn flare_torch_sim_launch_inner(
     device: c_int,
     stream: FlareStream,
     ptr: *const c_void,
@@ -564,11 +635,20 @@ pub unsafe extern "C" fn flare_torch_sim_end_capture(
     stream: FlareStream,
     out_valid: *mut c_int,
 ) -> FlareStatus {
+    // SAFETY: `out_valid` is NULL or writable, by the caller's contract.
+    flare_torch_sim_end_capture_inner(device, stream, unsafe { out_arg(out_valid, "out_valid") })
+}
+
+/// `flare_torch_sim_end_capture` into the caller's output.
+fn flare_torch_sim_end_capture_inner(
+    device: c_int,
+    stream: FlareStream,
+    out_valid: Result<&mut MaybeUninit<c_int>, Error>,
+) -> FlareStatus {
     boundary("flare_torch_sim_end_capture", || {
-        check_out(out_valid, "out_valid")?;
+        let out_valid = out_valid?;
         let valid = end_capture_on(&*sim(device)?, stream, || ())?;
-        // SAFETY: non-NULL, aligned, and writable by the caller's contract.
-        unsafe { out_valid.write(valid) };
+        out_valid.write(valid);
         Ok(())
     })
 }
@@ -587,11 +667,19 @@ pub unsafe extern "C" fn flare_torch_sim_faults(
     device: c_int,
     out_faults: *mut u64,
 ) -> FlareStatus {
+    // SAFETY: `out_faults` is NULL or writable, by the caller's contract.
+    flare_torch_sim_faults_inner(device, unsafe { out_arg(out_faults, "out_faults") })
+}
+
+/// `flare_torch_sim_faults` into the caller's output.
+fn flare_torch_sim_faults_inner(
+    device: c_int,
+    out_faults: Result<&mut MaybeUninit<u64>, Error>,
+) -> FlareStatus {
     boundary("flare_torch_sim_faults", || {
-        check_out(out_faults, "out_faults")?;
+        let out_faults = out_faults?;
         let faults = sim(device)?.contract_faults();
-        // SAFETY: non-NULL, aligned, and writable by the caller's contract.
-        unsafe { out_faults.write(faults) };
+        out_faults.write(faults);
         Ok(())
     })
 }

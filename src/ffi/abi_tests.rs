@@ -1,0 +1,1109 @@
+#![cfg(not(flare_loom))]
+//! The exported functions called from Rust as C calls them, one contract clause at a
+//! time (issue 16: the bodies behind the C shells are mutated, and these catch the
+//! mutants): NULL pools and outputs, misaligned outputs, `struct_size` versioning,
+//! zero and overflowing sizes, unknown pointers, the counters after an allocate and
+//! free, scopes, tags, fault injection, the last error's copy-out. Every expected
+//! value comes from the function's documented contract (the header's comments) and
+//! the simulated driver's defaults (2 MiB granularity, 140 GiB, one device).
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::mem::size_of;
+use std::ptr;
+
+use super::*;
+
+const MIB: u64 = 1 << 20;
+/// The simulated driver's default granularity.
+const GRANULARITY: u64 = 2 * MIB;
+const NULL_POOL: *mut FlarePool = ptr::null_mut();
+const SENTINEL: *mut c_void = 0x5e5e as *mut c_void;
+
+fn last_error() -> String {
+    let mut buf = [0 as c_char; 1024];
+    // SAFETY: `buf` has 1024 writable bytes.
+    unsafe { flare_last_error_message(buf.as_mut_ptr(), buf.len()) };
+    // SAFETY: flare_last_error_message NUL-terminated it.
+    unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Asserts `status` and that the last error starts with `function: ` and contains
+/// `detail`.
+#[track_caller]
+fn refused(status: FlareStatus, want: FlareStatus, function: &str, detail: &str) {
+    assert_eq!(status, want, "{function}: {}", last_error());
+    let message = last_error();
+    assert!(
+        message.starts_with(&format!("{function}: ")) && message.contains(detail),
+        "{function}: message {message:?} lacks {detail:?}"
+    );
+}
+
+#[track_caller]
+fn ok(status: FlareStatus) {
+    assert_eq!(
+        status,
+        FlareStatus::FLARE_STATUS_SUCCESS,
+        "{}",
+        last_error()
+    );
+}
+
+fn config() -> FlarePoolConfig {
+    let mut c = FlarePoolConfig::default_for_layout();
+    // SAFETY: `c` is a whole, writable FlarePoolConfig.
+    unsafe { flare_pool_config_init(&mut c, size_of::<FlarePoolConfig>()) };
+    c
+}
+
+fn create(c: &FlarePoolConfig) -> *mut FlarePool {
+    let mut pool = ptr::null_mut();
+    // SAFETY: `c` is a whole config, `pool` writable.
+    ok(unsafe { flare_pool_create(c, &mut pool) });
+    assert!(!pool.is_null());
+    pool
+}
+
+fn destroy(pool: *mut FlarePool) {
+    // SAFETY: the callers pass a live pool and use it no more.
+    ok(unsafe { flare_pool_destroy(pool) });
+}
+
+fn snap(pool: *const FlarePool) -> FlareSnapshot {
+    let mut s = FlareSnapshot {
+        struct_size: size_of::<FlareSnapshot>() as u32,
+        ..FlareSnapshot::default()
+    };
+    // SAFETY: `pool` is live; `s` is a whole FlareSnapshot.
+    ok(unsafe { flare_pool_snapshot(pool, &mut s) });
+    s
+}
+
+fn allocate(pool: *mut FlarePool, size: usize) -> (FlareStatus, *mut c_void) {
+    let mut p = SENTINEL;
+    // SAFETY: `pool` is live or NULL; `p` is writable.
+    let status = unsafe { flare_package_allocate(pool, size, &mut p) };
+    (status, p)
+}
+
+fn free(pool: *mut FlarePool, p: *mut c_void) -> FlareStatus {
+    // SAFETY: `pool` is live or NULL; `p` is only compared.
+    unsafe { flare_package_free(pool, p) }
+}
+
+fn census(pool: *const FlarePool, tag: u32) -> FlareTagCensus {
+    let mut c = FlareTagCensus {
+        struct_size: size_of::<FlareTagCensus>() as u32,
+        ..FlareTagCensus::default()
+    };
+    // SAFETY: `pool` is live; `c` is a whole FlareTagCensus.
+    ok(unsafe { flare_pool_tag_census(pool, tag, &mut c) });
+    c
+}
+
+fn allocate_tagged(pool: *mut FlarePool, size: usize, tag: u32) -> (FlareStatus, *mut c_void) {
+    let mut p = SENTINEL;
+    // SAFETY: `pool` is live or NULL; `p` is writable; NULL is the legacy stream.
+    let status = unsafe { flare_package_allocate_tagged(pool, size, ptr::null_mut(), tag, &mut p) };
+    (status, p)
+}
+
+/// A buffer a versioned struct is written into: 512 bytes of 0xcd, aligned to 8,
+/// with `struct_size` set.
+#[repr(C, align(8))]
+struct Buf([u8; 512]);
+
+impl Buf {
+    fn with_struct_size(struct_size: u32) -> Buf {
+        let mut b = Buf([0xcd; 512]);
+        b.0[..4].copy_from_slice(&struct_size.to_ne_bytes());
+        b
+    }
+    fn u32_at(&self, at: usize) -> u32 {
+        u32::from_ne_bytes(self.0[at..at + 4].try_into().unwrap_or_default())
+    }
+    fn u64_at(&self, at: usize) -> u64 {
+        u64::from_ne_bytes(self.0[at..at + 8].try_into().unwrap_or_default())
+    }
+    fn untouched_from(&self, at: usize) -> bool {
+        self.0[at..].iter().all(|&b| b == 0xcd)
+    }
+}
+
+#[test]
+fn every_call_on_a_pool_refuses_a_null_pool() {
+    let mut out = SENTINEL;
+    let mut s = FlareSnapshot {
+        struct_size: size_of::<FlareSnapshot>() as u32,
+        ..FlareSnapshot::default()
+    };
+    let mut c = FlareTagCensus {
+        struct_size: size_of::<FlareTagCensus>() as u32,
+        ..FlareTagCensus::default()
+    };
+    // SAFETY: NULL pools are refused before anything else is read; the outputs are
+    // writable locals.
+    let calls: [(&str, FlareStatus); 12] = unsafe {
+        [
+            (
+                "flare_package_allocate",
+                flare_package_allocate(NULL_POOL, 1, &mut out),
+            ),
+            (
+                "flare_package_free",
+                flare_package_free(NULL_POOL, SENTINEL),
+            ),
+            ("flare_retention_begin", flare_retention_begin(NULL_POOL)),
+            ("flare_retention_finish", flare_retention_finish(NULL_POOL)),
+            ("flare_retention_abort", flare_retention_abort(NULL_POOL)),
+            ("flare_pool_trim", flare_pool_trim(NULL_POOL)),
+            (
+                "flare_pool_snapshot",
+                flare_pool_snapshot(NULL_POOL, &mut s),
+            ),
+            (
+                "flare_package_allocate_tagged",
+                flare_package_allocate_tagged(NULL_POOL, 1, ptr::null_mut(), 1, &mut out),
+            ),
+            (
+                "flare_pool_sleep",
+                flare_pool_sleep(NULL_POOL, 1, RawSleepMode(0)),
+            ),
+            ("flare_pool_wake", flare_pool_wake(NULL_POOL, 1)),
+            (
+                "flare_pool_tag_census",
+                flare_pool_tag_census(NULL_POOL, 1, &mut c),
+            ),
+            (
+                "flare_sim_inject_failure",
+                flare_sim_inject_failure(NULL_POOL, RawDriverCall(0), 1, 999),
+            ),
+        ]
+    };
+    for (name, status) in calls {
+        assert_eq!(status, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT, "{name}");
+    }
+    // Each call replaced the message; the last one's is exact.
+    assert_eq!(
+        last_error(),
+        "flare_sim_inject_failure: invalid argument: pool is NULL"
+    );
+    // Nothing was written.
+    assert_eq!(out, SENTINEL);
+    assert_eq!(s.granularity_bytes, 0);
+    assert_eq!(c.live_count, 0);
+    // One at a time, each names itself.
+    // SAFETY: as above.
+    unsafe {
+        refused(
+            flare_pool_trim(NULL_POOL),
+            FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+            "flare_pool_trim",
+            "pool is NULL",
+        );
+        refused(
+            flare_pool_snapshot(NULL_POOL, &mut s),
+            FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+            "flare_pool_snapshot",
+            "pool is NULL",
+        );
+        refused(
+            flare_package_free(NULL_POOL, ptr::null_mut()),
+            FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+            "flare_package_free",
+            "pool is NULL",
+        );
+    }
+}
+
+#[test]
+fn allocate_refuses_bad_outputs_and_sizes_and_writes_nothing() {
+    let pool = create(&config());
+    // NULL output.
+    // SAFETY: `pool` is live; a NULL output is refused.
+    let st = unsafe { flare_package_allocate(pool, 1, ptr::null_mut()) };
+    assert_eq!(st, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT);
+    assert_eq!(
+        last_error(),
+        "flare_package_allocate: invalid argument: out_ptr is NULL"
+    );
+    // A misaligned output: refused, not written.
+    let mut words = [0x1111_u64; 3];
+    let misaligned = words
+        .as_mut_ptr()
+        .cast::<u8>()
+        .wrapping_add(1)
+        .cast::<*mut c_void>();
+    // SAFETY: `pool` is live; a misaligned output is refused before any write.
+    let st = unsafe { flare_package_allocate(pool, 1, misaligned) };
+    assert_eq!(st, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT);
+    assert_eq!(
+        last_error(),
+        "flare_package_allocate: invalid argument: out_ptr is misaligned"
+    );
+    assert_eq!(words, [0x1111; 3]);
+    // A size of 0, and one whose rounding to the granularity overflows.
+    for size in [0, usize::MAX] {
+        let (st, p) = allocate(pool, size);
+        refused(
+            st,
+            FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+            "flare_package_allocate",
+            "invalid argument",
+        );
+        assert_eq!(p, SENTINEL, "size {size}: nothing written");
+    }
+    // The refusals changed nothing, and no mapping was made.
+    let s = snap(pool);
+    assert_eq!(
+        (
+            s.allocations,
+            s.live_count,
+            s.physical_bytes,
+            s.mappings_created
+        ),
+        (0, 0, 0, 0)
+    );
+    // A NULL output is checked before the pool is asked: no allocation is leaked.
+    assert_eq!(snap(pool).allocations, 0);
+    destroy(pool);
+}
+
+#[test]
+fn an_allocate_and_free_pair_moves_the_counters_as_the_contract_says() {
+    // Defaults: best fit, release threshold 0 (a free outside a scope releases).
+    let pool = create(&config());
+    let (st, p) = allocate(pool, 1);
+    ok(st);
+    assert!(!p.is_null() && p != SENTINEL);
+    assert_eq!(p as u64 % GRANULARITY, 0, "aligned to the granularity");
+    // One byte is rounded up to the granularity: one 2 MiB mapping.
+    let s = snap(pool);
+    assert_eq!(s.struct_size, size_of::<FlareSnapshot>() as u32);
+    assert_eq!(s.scope_open, 0);
+    assert_eq!(s.granularity_bytes, GRANULARITY);
+    assert_eq!(
+        (s.live_count, s.live_requested_bytes, s.live_mapped_bytes),
+        (1, 1, GRANULARITY)
+    );
+    assert_eq!(
+        (s.physical_bytes, s.reserved_bytes, s.peak_physical_bytes),
+        (GRANULARITY, GRANULARITY, GRANULARITY)
+    );
+    assert_eq!(
+        (s.allocations, s.frees, s.mappings_created, s.reuse_hits),
+        (1, 0, 1, 0)
+    );
+    assert_eq!((s.idle_count, s.idle_bytes, s.pending_count), (0, 0, 0));
+    // A second allocation of 3 MiB + 1 maps 4 MiB.
+    let (st, q) = allocate(pool, 3 * MIB as usize + 1);
+    ok(st);
+    assert_ne!(p, q);
+    let s = snap(pool);
+    assert_eq!(
+        (s.live_count, s.live_requested_bytes, s.live_mapped_bytes),
+        (2, 3 * MIB + 2, 3 * GRANULARITY)
+    );
+    assert_eq!(s.peak_live_mapped_bytes, 3 * GRANULARITY);
+    // Free the first: released at once (threshold 0), the peaks stay.
+    ok(free(pool, p));
+    let s = snap(pool);
+    assert_eq!(
+        (s.live_count, s.live_requested_bytes, s.live_mapped_bytes),
+        (1, 3 * MIB + 1, 2 * GRANULARITY)
+    );
+    assert_eq!((s.idle_count, s.idle_bytes), (0, 0));
+    assert_eq!(s.physical_bytes, 2 * GRANULARITY);
+    assert_eq!(s.peak_physical_bytes, 3 * GRANULARITY);
+    assert_eq!((s.allocations, s.frees, s.mappings_released), (2, 1, 1));
+    // The invariant the snapshot documents.
+    assert_eq!(
+        s.physical_bytes,
+        s.live_mapped_bytes + s.idle_bytes + s.pending_bytes + s.segment_mapped_bytes
+    );
+    assert_eq!(s.allocations, s.frees + s.live_count);
+    // A second free of `p`, an interior pointer of `q`, an address never handed
+    // out: unknown, nothing changes.
+    for bad in [
+        p,
+        q.cast::<u8>().wrapping_add(4096).cast::<c_void>(),
+        0x7f00_0000_0000_usize as *mut c_void,
+    ] {
+        refused(
+            free(pool, bad),
+            FlareStatus::FLARE_STATUS_UNKNOWN_POINTER,
+            "flare_package_free",
+            "",
+        );
+    }
+    // SAFETY: `pool` is live; the pointers are only compared.
+    unsafe {
+        refused(
+            flare_package_free_async(pool, p, ptr::null_mut()),
+            FlareStatus::FLARE_STATUS_UNKNOWN_POINTER,
+            "flare_package_free_async",
+            "",
+        );
+        refused(
+            flare_package_record_stream(pool, p, ptr::null_mut()),
+            FlareStatus::FLARE_STATUS_UNKNOWN_POINTER,
+            "flare_package_record_stream",
+            "",
+        );
+    }
+    // NULL: success, nothing happens.
+    ok(free(pool, ptr::null_mut()));
+    let after = snap(pool);
+    assert_eq!(
+        after, s,
+        "the refused frees and the NULL free changed nothing"
+    );
+    ok(free(pool, q));
+    let s = snap(pool);
+    assert_eq!(
+        (s.live_count, s.physical_bytes, s.reserved_bytes, s.frees),
+        (0, 0, 0, 2)
+    );
+    destroy(pool);
+}
+
+#[test]
+fn out_of_memory_is_its_own_status_and_writes_nothing() {
+    // A 4 MiB device: a second 2 MiB mapping after 4 MiB does not fit now, but is
+    // not larger than the device (so not REQUEST_TOO_LARGE).
+    let mut c = config();
+    c.sim_capacity_bytes = 4 * MIB;
+    let pool = create(&c);
+    let (st, p) = allocate(pool, 4 * MIB as usize);
+    ok(st);
+    let (st, q) = allocate(pool, 1);
+    refused(
+        st,
+        FlareStatus::FLARE_STATUS_OUT_OF_MEMORY,
+        "flare_package_allocate",
+        "",
+    );
+    assert_eq!(q, SENTINEL);
+    let (st, _) = allocate(pool, 4 * MIB as usize + 1);
+    assert_eq!(st, FlareStatus::FLARE_STATUS_REQUEST_TOO_LARGE);
+    let s = snap(pool);
+    assert_eq!((s.live_count, s.physical_bytes), (1, 4 * MIB));
+    ok(free(pool, p));
+    // Released: the device has room again.
+    let (st, q) = allocate(pool, 1);
+    ok(st);
+    ok(free(pool, q));
+    destroy(pool);
+}
+
+#[test]
+fn snapshot_refuses_bad_outputs_and_writes_only_inside_struct_size() {
+    let pool = create(&config());
+    let (st, p) = allocate(pool, 1);
+    ok(st);
+    // NULL and misaligned outputs.
+    // SAFETY: `pool` is live; a NULL output is refused.
+    let st = unsafe { flare_pool_snapshot(pool, ptr::null_mut()) };
+    assert_eq!(st, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT);
+    assert_eq!(
+        last_error(),
+        "flare_pool_snapshot: invalid argument: out is NULL"
+    );
+    let mut b = Buf::with_struct_size(size_of::<FlareSnapshot>() as u32);
+    // SAFETY: `pool` is live; `b` has 512 writable bytes; the output is misaligned.
+    let st = unsafe {
+        flare_pool_snapshot(
+            pool,
+            b.0.as_mut_ptr().wrapping_add(4).cast::<FlareSnapshot>(),
+        )
+    };
+    assert_eq!(st, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT);
+    assert_eq!(
+        last_error(),
+        "flare_pool_snapshot: invalid argument: out is misaligned"
+    );
+    assert!(b.untouched_from(4));
+    // struct_size below the two first fields, or above 4096: refused, nothing
+    // written, the message names it.
+    for bad in [0_u32, 4, 7, 4097, u32::MAX] {
+        let mut b = Buf::with_struct_size(bad);
+        // SAFETY: `pool` is live; `b` has 512 writable bytes, aligned.
+        let st = unsafe { flare_pool_snapshot(pool, b.0.as_mut_ptr().cast()) };
+        refused(
+            st,
+            FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+            "flare_pool_snapshot",
+            &format!("snapshot.struct_size is {bad}"),
+        );
+        assert_eq!(b.u32_at(0), bad);
+        assert!(b.untouched_from(4), "struct_size {bad}: nothing written");
+    }
+    // Layout: struct_size 0..4, scope_open 4..8, granularity_bytes 8..16,
+    // live_count 16..24, live_requested_bytes 24..32.
+    // 8: scope_open only.
+    let mut b = Buf::with_struct_size(8);
+    // SAFETY: as above.
+    ok(unsafe { flare_pool_snapshot(pool, b.0.as_mut_ptr().cast()) });
+    assert_eq!((b.u32_at(0), b.u32_at(4)), (8, 0));
+    assert!(b.untouched_from(8));
+    // 20: up to granularity_bytes (live_count does not fit whole).
+    let mut b = Buf::with_struct_size(20);
+    // SAFETY: as above.
+    ok(unsafe { flare_pool_snapshot(pool, b.0.as_mut_ptr().cast()) });
+    assert_eq!((b.u32_at(0), b.u64_at(8)), (20, GRANULARITY));
+    assert!(b.untouched_from(16));
+    // 32: through live_requested_bytes.
+    let mut b = Buf::with_struct_size(32);
+    // SAFETY: as above.
+    ok(unsafe { flare_pool_snapshot(pool, b.0.as_mut_ptr().cast()) });
+    assert_eq!((b.u64_at(16), b.u64_at(24)), (1, 1));
+    assert!(b.untouched_from(32));
+    // A newer caller's larger struct: this library's fields, the rest untouched,
+    // struct_size the caller's.
+    let mut b = Buf::with_struct_size(512);
+    // SAFETY: as above (512 bytes).
+    ok(unsafe { flare_pool_snapshot(pool, b.0.as_mut_ptr().cast()) });
+    assert_eq!(b.u32_at(0), 512);
+    assert_eq!(b.u64_at(8), GRANULARITY);
+    assert!(b.untouched_from(size_of::<FlareSnapshot>()));
+    ok(free(pool, p));
+    destroy(pool);
+}
+
+#[test]
+fn the_retention_scope_opens_once_and_retains_until_it_closes() {
+    let pool = create(&config());
+    // SAFETY: `pool` is live throughout.
+    unsafe {
+        // No scope: finish and abort are refused.
+        refused(
+            flare_retention_finish(pool),
+            FlareStatus::FLARE_STATUS_SCOPE_STATE,
+            "flare_retention_finish",
+            "",
+        );
+        refused(
+            flare_retention_abort(pool),
+            FlareStatus::FLARE_STATUS_SCOPE_STATE,
+            "flare_retention_abort",
+            "",
+        );
+        ok(flare_retention_begin(pool));
+        assert_eq!(snap(pool).scope_open, 1);
+        refused(
+            flare_retention_begin(pool),
+            FlareStatus::FLARE_STATUS_SCOPE_STATE,
+            "flare_retention_begin",
+            "",
+        );
+        refused(
+            flare_pool_trim(pool),
+            FlareStatus::FLARE_STATUS_SCOPE_STATE,
+            "flare_pool_trim",
+            "",
+        );
+        // Freed inside the scope: retained idle, still mapped.
+        let (st, p) = allocate(pool, 1);
+        ok(st);
+        ok(free(pool, p));
+        let s = snap(pool);
+        assert_eq!(
+            (s.live_count, s.idle_count, s.idle_bytes, s.physical_bytes),
+            (0, 1, GRANULARITY, GRANULARITY)
+        );
+        // Reused with no new mapping.
+        let (st, q) = allocate(pool, 1);
+        ok(st);
+        assert_eq!(q, p, "the idle mapping is handed out again");
+        let s = snap(pool);
+        assert_eq!(
+            (s.reuse_hits, s.reuse_exact_hits, s.mappings_created),
+            (1, 1, 1)
+        );
+        ok(free(pool, q));
+        // Finish releases what is idle.
+        ok(flare_retention_finish(pool));
+        let s = snap(pool);
+        assert_eq!(
+            (
+                s.scope_open,
+                s.idle_count,
+                s.physical_bytes,
+                s.scopes_finished
+            ),
+            (0, 0, 0, 1)
+        );
+        // Abort is counted apart.
+        ok(flare_retention_begin(pool));
+        ok(flare_retention_abort(pool));
+        let s = snap(pool);
+        assert_eq!((s.scopes_finished, s.scopes_aborted), (1, 1));
+    }
+    destroy(pool);
+}
+
+#[test]
+fn trim_releases_what_the_threshold_cached() {
+    let mut c = config();
+    c.release_threshold_bytes = 64 * MIB;
+    let pool = create(&c);
+    let (st, p) = allocate(pool, 1);
+    ok(st);
+    ok(free(pool, p));
+    // Under the threshold: cached idle.
+    let s = snap(pool);
+    assert_eq!(
+        (
+            s.idle_count,
+            s.idle_bytes,
+            s.physical_bytes,
+            s.mappings_released
+        ),
+        (1, GRANULARITY, GRANULARITY, 0)
+    );
+    // SAFETY: `pool` is live.
+    ok(unsafe { flare_pool_trim(pool) });
+    let s = snap(pool);
+    assert_eq!(
+        (
+            s.idle_count,
+            s.idle_bytes,
+            s.physical_bytes,
+            s.reserved_bytes
+        ),
+        (0, 0, 0, 0)
+    );
+    assert_eq!(s.mappings_released, 1);
+    // Nothing left: trim again succeeds and changes nothing.
+    // SAFETY: `pool` is live.
+    ok(unsafe { flare_pool_trim(pool) });
+    assert_eq!(snap(pool), s);
+    destroy(pool);
+}
+
+/// A change to a configuration.
+type SetField = fn(&mut FlarePoolConfig);
+
+#[test]
+fn create_refuses_bad_arguments_and_writes_no_pool() {
+    let sentinel = 0x5e5e as *mut FlarePool;
+    let good = config();
+    let try_create = |c: *const FlarePoolConfig| {
+        let mut out = sentinel;
+        // SAFETY: `c` is NULL or a whole config (or a refused misaligned pointer
+        // into one); `out` is writable.
+        let st = unsafe { flare_pool_create(c, &mut out) };
+        assert_eq!(out, sentinel, "nothing written on failure");
+        st
+    };
+    refused(
+        try_create(ptr::null()),
+        FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+        "flare_pool_create",
+        "config is NULL",
+    );
+    // NULL config and NULL output: the config is named first.
+    // SAFETY: both NULL, refused.
+    let st = unsafe { flare_pool_create(ptr::null(), ptr::null_mut()) };
+    refused(
+        st,
+        FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+        "flare_pool_create",
+        "config is NULL",
+    );
+    // SAFETY: `good` is a whole config; a NULL output is refused.
+    let st = unsafe { flare_pool_create(&good, ptr::null_mut()) };
+    assert_eq!(
+        (st, last_error()),
+        (
+            FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+            "flare_pool_create: invalid argument: out_pool is NULL".to_string()
+        )
+    );
+    // A misaligned output.
+    let mut words = [7_u64; 3];
+    let misaligned = words
+        .as_mut_ptr()
+        .cast::<u8>()
+        .wrapping_add(4)
+        .cast::<*mut FlarePool>();
+    // SAFETY: `good` is whole; the misaligned output is refused before any write.
+    let st = unsafe { flare_pool_create(&good, misaligned) };
+    refused(
+        st,
+        FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+        "flare_pool_create",
+        "out_pool is misaligned",
+    );
+    assert_eq!(words, [7; 3]);
+    // A misaligned config.
+    let mut bytes = Buf([0; 512]);
+    // SAFETY: `good` is a whole config, `bytes` has room for it at offset 4.
+    unsafe {
+        ptr::copy_nonoverlapping(
+            ptr::addr_of!(good).cast::<u8>(),
+            bytes.0.as_mut_ptr().add(4),
+            size_of::<FlarePoolConfig>(),
+        )
+    };
+    refused(
+        try_create(bytes.0.as_ptr().wrapping_add(4).cast()),
+        FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+        "flare_pool_create",
+        "config is misaligned",
+    );
+    // Field values the contract refuses.
+    let bad_values: [(&str, SetField); 7] = [
+        ("config.struct_size is 0", |c| c.struct_size = 0),
+        ("config.struct_size is 4097", |c| c.struct_size = 4097),
+        ("backend", |c| c.backend = 7),
+        ("reuse_policy", |c| c.reuse_policy = 99),
+        ("cross_stream_reuse", |c| c.cross_stream_reuse = 99),
+        ("peer_devices (with peer_device_count > 0) is NULL", |c| {
+            c.peer_device_count = 1
+        }),
+        ("peer_device_count 1025 is above 1024", |c| {
+            c.peer_device_count = 1025
+        }),
+    ];
+    for (detail, set) in bad_values {
+        let mut c = good;
+        set(&mut c);
+        refused(
+            try_create(&c),
+            FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+            "flare_pool_create",
+            detail,
+        );
+    }
+    // An empty recording path is refused.
+    let empty = CString::default();
+    let mut c = good;
+    c.record_path = empty.as_ptr();
+    refused(
+        try_create(&c),
+        FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+        "flare_pool_create",
+        "record_path is empty",
+    );
+    // Peer devices are read: a negative ordinal is refused, device 0 (the pool's
+    // own) is not.
+    let negative = [0_i32, -1];
+    let mut c = good;
+    c.peer_devices = negative.as_ptr();
+    c.peer_device_count = 2;
+    refused(
+        try_create(&c),
+        FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+        "flare_pool_create",
+        "peer device ordinal -1 is negative",
+    );
+    c.peer_device_count = 1;
+    let pool = create(&c);
+    destroy(pool);
+    // At most 1024 peers: 1024 is read (every one device 0).
+    let many = [0_i32; 1024];
+    c.peer_devices = many.as_ptr();
+    c.peer_device_count = 1024;
+    let pool = create(&c);
+    destroy(pool);
+    // The simulated fields are read: a 6 MiB device with a 4 MiB granularity.
+    let mut c = good;
+    c.sim_capacity_bytes = 6 * MIB;
+    c.sim_granularity_bytes = 4 * MIB;
+    let pool = create(&c);
+    assert_eq!(snap(pool).granularity_bytes, 4 * MIB);
+    let (st, p) = allocate(pool, 1);
+    ok(st);
+    assert_eq!(snap(pool).physical_bytes, 4 * MIB);
+    let (st, _) = allocate(pool, 4 * MIB as usize + 1);
+    assert_eq!(
+        st,
+        FlareStatus::FLARE_STATUS_REQUEST_TOO_LARGE,
+        "8 MiB > 6 MiB"
+    );
+    ok(free(pool, p));
+    destroy(pool);
+    // NULL destroy: success, nothing happens.
+    // SAFETY: NULL is allowed.
+    ok(unsafe { flare_pool_destroy(ptr::null_mut()) });
+}
+
+#[test]
+fn tags_sleep_and_wake_with_their_statuses_and_census() {
+    let pool = create(&config());
+    const TAG: u32 = 3;
+    // A tag never used reads all zeros.
+    let zero = census(pool, TAG);
+    assert_eq!(
+        zero,
+        FlareTagCensus {
+            struct_size: size_of::<FlareTagCensus>() as u32,
+            ..FlareTagCensus::default()
+        }
+    );
+    // NULL census output, and a struct_size below its two first fields.
+    // SAFETY: `pool` is live; a NULL output is refused.
+    let st = unsafe { flare_pool_tag_census(pool, TAG, ptr::null_mut()) };
+    refused(
+        st,
+        FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+        "flare_pool_tag_census",
+        "out is NULL",
+    );
+    let mut b = Buf::with_struct_size(4);
+    // SAFETY: `pool` is live; `b` has 512 writable bytes.
+    let st = unsafe { flare_pool_tag_census(pool, TAG, b.0.as_mut_ptr().cast()) };
+    refused(
+        st,
+        FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+        "flare_pool_tag_census",
+        "tag census.struct_size is 4",
+    );
+    assert!(b.untouched_from(4));
+    // A NULL output for the tagged allocation.
+    // SAFETY: `pool` is live; the NULL output is refused.
+    let st =
+        unsafe { flare_package_allocate_tagged(pool, 1, ptr::null_mut(), TAG, ptr::null_mut()) };
+    refused(
+        st,
+        FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+        "flare_package_allocate_tagged",
+        "out_ptr is NULL",
+    );
+    // One byte for the tag: a whole 2 MiB mapping of its own.
+    let (st, p) = allocate_tagged(pool, 1, TAG);
+    ok(st);
+    assert!(!p.is_null() && p != SENTINEL);
+    let c = census(pool, TAG);
+    assert_eq!(
+        (c.sleeping, c.live_count, c.live_bytes, c.peak_live_bytes),
+        (0, 1, GRANULARITY, GRANULARITY)
+    );
+    assert_eq!(
+        (c.idle_bytes, c.physical_bytes, c.offloaded_bytes),
+        (0, GRANULARITY, 0)
+    );
+    // A partial census: struct_size 8 writes `sleeping` only.
+    let mut b = Buf::with_struct_size(8);
+    // SAFETY: as above.
+    ok(unsafe { flare_pool_tag_census(pool, TAG, b.0.as_mut_ptr().cast()) });
+    assert_eq!((b.u32_at(0), b.u32_at(4)), (8, 0));
+    assert!(b.untouched_from(8));
+    // SAFETY: `pool` is live throughout.
+    unsafe {
+        // An unknown mode, and waking a tag that does not sleep.
+        refused(
+            flare_pool_sleep(pool, TAG, RawSleepMode(2)),
+            FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+            "flare_pool_sleep",
+            "mode",
+        );
+        refused(
+            flare_pool_wake(pool, TAG),
+            FlareStatus::FLARE_STATUS_TAG_STATE,
+            "flare_pool_wake",
+            "",
+        );
+        // No sleep inside a retention scope.
+        ok(flare_retention_begin(pool));
+        refused(
+            flare_pool_sleep(pool, TAG, RawSleepMode(1)),
+            FlareStatus::FLARE_STATUS_SCOPE_STATE,
+            "flare_pool_sleep",
+            "",
+        );
+        ok(flare_retention_finish(pool));
+        // Offload: the physical bytes go, the requested byte is kept on the host.
+        ok(flare_pool_sleep(pool, TAG, RawSleepMode(1)));
+        let c = census(pool, TAG);
+        assert_eq!(
+            (
+                c.sleeping,
+                c.live_count,
+                c.physical_bytes,
+                c.offloaded_bytes
+            ),
+            (1, 1, 0, 1)
+        );
+        assert_eq!(snap(pool).physical_bytes, 0);
+        // While it sleeps: a second sleep, an allocation, a record_stream of its
+        // allocation are refused.
+        refused(
+            flare_pool_sleep(pool, TAG, RawSleepMode(0)),
+            FlareStatus::FLARE_STATUS_TAG_STATE,
+            "flare_pool_sleep",
+            "",
+        );
+        let (st, q) = allocate_tagged(pool, 1, TAG);
+        refused(
+            st,
+            FlareStatus::FLARE_STATUS_TAG_STATE,
+            "flare_package_allocate_tagged",
+            "",
+        );
+        assert_eq!(q, SENTINEL);
+        refused(
+            flare_package_record_stream(pool, p, ptr::null_mut()),
+            FlareStatus::FLARE_STATUS_TAG_STATE,
+            "flare_package_record_stream",
+            "",
+        );
+        // Other tags are untouched.
+        let (st, other) = allocate_tagged(pool, 1, TAG + 1);
+        ok(st);
+        assert_eq!(census(pool, TAG + 1).physical_bytes, GRANULARITY);
+        ok(free(pool, other));
+        // Wake: mapped again at the same address, the host copy freed.
+        ok(flare_pool_wake(pool, TAG));
+        let c = census(pool, TAG);
+        assert_eq!(
+            (
+                c.sleeping,
+                c.live_count,
+                c.physical_bytes,
+                c.offloaded_bytes
+            ),
+            (0, 1, GRANULARITY, 0)
+        );
+        refused(
+            flare_pool_wake(pool, TAG),
+            FlareStatus::FLARE_STATUS_TAG_STATE,
+            "flare_pool_wake",
+            "",
+        );
+    }
+    ok(free(pool, p));
+    let c = census(pool, TAG);
+    assert_eq!((c.live_count, c.live_bytes, c.physical_bytes), (0, 0, 0));
+    destroy(pool);
+}
+
+#[test]
+fn injected_driver_failures_are_driver_errors_that_leak_nothing() {
+    let pool = create(&config());
+    // SAFETY: `pool` is live throughout.
+    unsafe {
+        // What the injection refuses.
+        refused(
+            flare_sim_inject_failure(pool, RawDriverCall(999), 1, 999),
+            FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+            "flare_sim_inject_failure",
+            "call",
+        );
+        refused(
+            flare_sim_inject_failure(pool, RawDriverCall(0), 0, 999),
+            FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+            "flare_sim_inject_failure",
+            "nth is 0",
+        );
+        for bad in [0, -1, i32::MIN] {
+            refused(
+                flare_sim_inject_failure(pool, RawDriverCall(0), 1, bad),
+                FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+                "flare_sim_inject_failure",
+                &format!("cuda_error {bad} is not a failure CUresult"),
+            );
+        }
+        // The next cuMemCreate fails with CUDA_ERROR_UNKNOWN (999).
+        ok(flare_sim_inject_failure(pool, RawDriverCall(0), 1, 999));
+        let (st, p) = allocate(pool, 1);
+        refused(
+            st,
+            FlareStatus::FLARE_STATUS_DRIVER_ERROR,
+            "flare_package_allocate",
+            "cuMemCreate",
+        );
+        assert_eq!(p, SENTINEL);
+        let s = snap(pool);
+        assert_eq!(
+            (
+                s.create_failures,
+                s.live_count,
+                s.physical_bytes,
+                s.reserved_bytes
+            ),
+            (1, 0, 0, 0)
+        );
+        // The second cuMemMap from now fails: the first allocation maps, the second
+        // is refused and gives back its handle and reservation.
+        ok(flare_sim_inject_failure(pool, RawDriverCall(4), 2, 999));
+        let (st, p) = allocate(pool, 1);
+        ok(st);
+        let (st, q) = allocate(pool, 1);
+        refused(
+            st,
+            FlareStatus::FLARE_STATUS_DRIVER_ERROR,
+            "flare_package_allocate",
+            "cuMemMap",
+        );
+        assert_eq!(q, SENTINEL);
+        let s = snap(pool);
+        assert_eq!(
+            (
+                s.map_failures,
+                s.live_count,
+                s.physical_bytes,
+                s.reserved_bytes
+            ),
+            (1, 1, GRANULARITY, GRANULARITY)
+        );
+        // The injection is spent: the pool stays usable.
+        let (st, q) = allocate(pool, 1);
+        ok(st);
+        ok(free(pool, p));
+        ok(free(pool, q));
+    }
+    destroy(pool);
+}
+
+#[test]
+fn the_last_error_is_copied_truncated_with_its_full_length() {
+    // A failure whose message is known exactly.
+    let (st, _) = allocate(NULL_POOL, 1);
+    assert_eq!(st, FlareStatus::FLARE_STATUS_INVALID_ARGUMENT);
+    let message = "flare_package_allocate: invalid argument: pool is NULL";
+    let len = message.len();
+    // SAFETY: NULL with any length writes nothing.
+    let (n0, n64) = unsafe {
+        (
+            flare_last_error_message(ptr::null_mut(), 0),
+            flare_last_error_message(ptr::null_mut(), 64),
+        )
+    };
+    assert_eq!((n0, n64), (len, len));
+    // A zero length writes nothing, even to a real buffer.
+    let mut buf = [0x55 as c_char; 80];
+    // SAFETY: `buf` has 80 writable bytes.
+    let n = unsafe { flare_last_error_message(buf.as_mut_ptr(), 0) };
+    assert_eq!(n, len);
+    assert!(buf.iter().all(|&b| b == 0x55));
+    // A 1-byte buffer gets the NUL alone.
+    // SAFETY: as above.
+    let n = unsafe { flare_last_error_message(buf.as_mut_ptr(), 1) };
+    assert_eq!(n, len);
+    assert_eq!((buf[0], buf[1]), (0, 0x55));
+    // 8 bytes: the first 7 and the NUL, nothing past.
+    let mut buf = [0x55 as c_char; 80];
+    // SAFETY: as above.
+    let n = unsafe { flare_last_error_message(buf.as_mut_ptr(), 8) };
+    assert_eq!(n, len);
+    // SAFETY: NUL-terminated within the buffer.
+    let got = unsafe { CStr::from_ptr(buf.as_ptr()) };
+    assert_eq!(got.to_bytes(), &message.as_bytes()[..7]);
+    assert!(buf[8..].iter().all(|&b| b == 0x55));
+    // Exactly len bytes: truncated by one; len + 1: whole.
+    for (size, want) in [(len, &message[..len - 1]), (len + 1, message)] {
+        let mut buf = [0x55 as c_char; 80];
+        // SAFETY: as above.
+        let n = unsafe { flare_last_error_message(buf.as_mut_ptr(), size) };
+        assert_eq!(n, len);
+        // SAFETY: NUL-terminated within the buffer.
+        let got = unsafe { CStr::from_ptr(buf.as_ptr()) };
+        assert_eq!(got.to_str().ok(), Some(want), "size {size}");
+        assert!(buf[size..].iter().all(|&b| b == 0x55), "size {size}");
+    }
+    // A success leaves the message as it is.
+    let pool = create(&config());
+    let (st, p) = allocate(pool, 1);
+    ok(st);
+    assert_eq!(last_error(), message);
+    ok(free(pool, p));
+    destroy(pool);
+    // Each thread has its own: a new thread starts empty.
+    let other = std::thread::spawn(|| {
+        // SAFETY: NULL writes nothing.
+        unsafe { flare_last_error_message(ptr::null_mut(), 0) }
+    })
+    .join()
+    .unwrap_or(usize::MAX);
+    assert_eq!(other, 0);
+}
+
+#[test]
+fn config_init_is_a_no_op_for_null_and_misaligned_pointers() {
+    // Misaligned: nothing written.
+    let mut b = Buf([0xcd; 512]);
+    // SAFETY: `b` has 512 writable bytes; the pointer is misaligned, so nothing is.
+    unsafe {
+        flare_pool_config_init(
+            b.0.as_mut_ptr().wrapping_add(4).cast(),
+            size_of::<FlarePoolConfig>(),
+        )
+    };
+    assert!(b.untouched_from(0));
+    // Aligned, whole: struct_size is sizeof, the documented defaults.
+    // SAFETY: `b` has 512 writable bytes, aligned to 8.
+    unsafe { flare_pool_config_init(b.0.as_mut_ptr().cast(), 512) };
+    assert_eq!(b.u32_at(0) as usize, size_of::<FlarePoolConfig>());
+    assert!(b.untouched_from(size_of::<FlarePoolConfig>()));
+    let c = config();
+    assert_eq!(c.struct_size as usize, size_of::<FlarePoolConfig>());
+    assert_eq!(c.backend, FlareBackend::FLARE_BACKEND_SIMULATED as u32);
+    assert_eq!((c.device, c.release_threshold_bytes), (0, 0));
+    assert_eq!(
+        c.reuse_policy,
+        FlareReusePolicy::FLARE_REUSE_BEST_FIT as u32
+    );
+    assert!(c.peer_devices.is_null() && c.record_path.is_null());
+    assert_eq!(c.peer_device_count, 0);
+    assert_eq!(c.best_fit_max_waste_percent, 30);
+    assert_eq!(
+        c.cross_stream_reuse,
+        FlareCrossStreamReuse::FLARE_CROSS_STREAM_WHEN_COMPLETE as u32
+    );
+    assert_eq!(
+        (c.thread_cache_entries, c.thread_cache_bytes),
+        (32, 1 << 30)
+    );
+}
+
+#[test]
+fn torch_outputs_and_nulls_are_checked_before_the_allocator() {
+    // These return before the process-wide allocator is made (it is made from the
+    // environment on first use; these tests leave it alone).
+    let before = flare_torch_hook_failures();
+    // SAFETY: NULL outputs are refused; NULL pointers are no-ops; nothing is read.
+    unsafe {
+        refused(
+            flare_torch_sim_stream_create(0, ptr::null_mut()),
+            FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+            "flare_torch_sim_stream_create",
+            "out_stream is NULL",
+        );
+        refused(
+            flare_torch_sim_end_capture(0, ptr::null_mut(), ptr::null_mut()),
+            FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+            "flare_torch_sim_end_capture",
+            "out_valid is NULL",
+        );
+        let mut words = [3_u64; 2];
+        let misaligned = words
+            .as_mut_ptr()
+            .cast::<u8>()
+            .wrapping_add(1)
+            .cast::<c_int>();
+        refused(
+            flare_torch_sim_end_capture(0, ptr::null_mut(), misaligned),
+            FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+            "flare_torch_sim_end_capture",
+            "out_valid is misaligned",
+        );
+        refused(
+            flare_torch_sim_faults(0, ptr::null_mut()),
+            FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+            "flare_torch_sim_faults",
+            "out_faults is NULL",
+        );
+        assert_eq!(words, [3; 2]);
+        // 0 bytes: NULL, no error, no allocator.
+        assert!(flare_torch_alloc(0, 0, ptr::null_mut()).is_null());
+        // NULL frees and record_stream: nothing, no failure counted.
+        flare_torch_free(ptr::null_mut(), 0, 0, ptr::null_mut());
+        flare_torch_pool_free(ptr::null_mut(), 0, 0, ptr::null_mut());
+        flare_torch_record_stream(ptr::null_mut(), ptr::null_mut());
+    }
+    assert_eq!(flare_torch_hook_failures(), before);
+}

@@ -999,7 +999,8 @@ enum FlareStatus flare_retention_abort(struct FlarePool *pool);
 /**
  * Releases every idle (cached) mapping now, in `FLARE_REUSE_SEGMENTS` every handle
  * whose whole range is free too (the segments' reservations are kept until destroy),
- * and retries pending releases.
+ * and retries pending releases; frees the pinned host buffer a wake kept for the
+ * next offload sleep (`flare_pool_wake`).
  *
  * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL; `FLARE_STATUS_SCOPE_STATE` inside
  * a retention scope; `FLARE_STATUS_DRIVER_ERROR` with the first step the driver
@@ -1202,7 +1203,9 @@ enum FlareStatus flare_pool_sleep(struct FlarePool *pool, uint32_t tag, FlareSle
 
 /**
  * Wakes tag `tag`: new handles mapped at the same addresses with the same access,
- * offloaded bytes copied back (pinned host memory freed). Every pointer of the tag
+ * offloaded bytes copied back (the pinned host buffer kept for the next offload sleep
+ * of the same size, which then pins nothing; `flare_pool_trim` frees it). Every
+ * pointer of the tag
  * is valid again: same bytes (`FLARE_SLEEP_OFFLOAD`) or unspecified contents
  * (`FLARE_SLEEP_DISCARD`).
  *

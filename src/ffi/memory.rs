@@ -188,7 +188,8 @@ fn flare_retention_abort_inner(pool: Option<&FlarePool>) -> FlareStatus {
 
 /// Releases every idle (cached) mapping now, in `FLARE_REUSE_SEGMENTS` every handle
 /// whose whole range is free too (the segments' reservations are kept until destroy),
-/// and retries pending releases.
+/// and retries pending releases; frees the pinned host buffer a wake kept for the
+/// next offload sleep (`flare_pool_wake`).
 ///
 /// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL; `FLARE_STATUS_SCOPE_STATE` inside
 /// a retention scope; `FLARE_STATUS_DRIVER_ERROR` with the first step the driver

@@ -109,7 +109,9 @@ fn flare_pool_sleep_inner(pool: Option<&FlarePool>, tag: u32, mode: RawSleepMode
 }
 
 /// Wakes tag `tag`: new handles mapped at the same addresses with the same access,
-/// offloaded bytes copied back (pinned host memory freed). Every pointer of the tag
+/// offloaded bytes copied back (the pinned host buffer kept for the next offload sleep
+/// of the same size, which then pins nothing; `flare_pool_trim` frees it). Every
+/// pointer of the tag
 /// is valid again: same bytes (`FLARE_SLEEP_OFFLOAD`) or unspecified contents
 /// (`FLARE_SLEEP_DISCARD`).
 ///

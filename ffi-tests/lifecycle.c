@@ -10,7 +10,7 @@ _Static_assert(offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72,
                "FlarePoolConfig layout");
 _Static_assert(offsetof(FlarePoolConfig, thread_cache_entries) == 80, "FlarePoolConfig layout");
 _Static_assert(offsetof(FlarePoolConfig, thread_cache_bytes) == 88, "FlarePoolConfig layout");
-_Static_assert(sizeof(FlareSnapshot) == 464, "FlareSnapshot layout");
+_Static_assert(sizeof(FlareSnapshot) == 472, "FlareSnapshot layout");
 _Static_assert(offsetof(FlareSnapshot, segment_count) == 304, "FlareSnapshot layout");
 _Static_assert(offsetof(FlareSnapshot, segment_lent_bytes) == 360, "FlareSnapshot layout");
 _Static_assert(offsetof(FlareSnapshot, thread_cache_count) == 368, "FlareSnapshot layout");

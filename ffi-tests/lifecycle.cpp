@@ -18,7 +18,7 @@ static_assert(offsetof(FlarePoolConfig, thread_cache_entries) == 80, "FlarePoolC
 static_assert(offsetof(FlarePoolConfig, thread_cache_bytes) == 88, "FlarePoolConfig layout");
 static_assert(FLARE_THREAD_CACHE_OFF == UINT32_MAX, "FLARE_THREAD_CACHE_OFF");
 static_assert(sizeof(FlareStream) == sizeof(void *), "FlareStream is a CUstream");
-static_assert(sizeof(FlareSnapshot) == 464, "FlareSnapshot layout");
+static_assert(sizeof(FlareSnapshot) == 472, "FlareSnapshot layout");
 static_assert(offsetof(FlareSnapshot, segment_lent_bytes) == 360, "FlareSnapshot layout");
 static_assert(offsetof(FlareSnapshot, thread_cache_count) == 368, "FlareSnapshot layout");
 static_assert(offsetof(FlareSnapshot, thread_cache_bytes) == 376, "FlareSnapshot layout");

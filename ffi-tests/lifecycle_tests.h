@@ -157,13 +157,14 @@ static void test_status_names(void) {
      * 104; the snapshot's eight segment counters after
      * stream_call_failures (296..304), up to 368, then the four thread-cache counters,
      * up to 400, then the six sleep counters (issue 15), up to 448, then the two
-     * sleeping block counters (segments per tag), up to 464. */
+     * sleeping block counters (segments per tag), up to 464, then the kept host
+     * buffer's bytes, up to 472. */
     CHECK(sizeof(FlarePoolConfig) == 104 && offsetof(FlarePoolConfig, record_path) == 96 &&
           offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72 &&
           offsetof(FlarePoolConfig, thread_cache_entries) == 80 &&
           offsetof(FlarePoolConfig, thread_cache_bytes) == 88);
     CHECK(sizeof(FlareTagCensus) == 56 && offsetof(FlareTagCensus, live_count) == 8);
-    CHECK(sizeof(FlareSnapshot) == 464 && offsetof(FlareSnapshot, segment_count) == 304 &&
+    CHECK(sizeof(FlareSnapshot) == 472 && offsetof(FlareSnapshot, segment_count) == 304 &&
           offsetof(FlareSnapshot, block_free_bytes) == 344 &&
           offsetof(FlareSnapshot, segment_lent_bytes) == 360 &&
           offsetof(FlareSnapshot, thread_cache_count) == 368 &&
@@ -173,7 +174,8 @@ static void test_status_names(void) {
           offsetof(FlareSnapshot, tags_sleeping) == 400 &&
           offsetof(FlareSnapshot, offloaded_bytes) == 440 &&
           offsetof(FlareSnapshot, sleeping_block_count) == 448 &&
-          offsetof(FlareSnapshot, sleeping_block_bytes) == 456);
+          offsetof(FlareSnapshot, sleeping_block_bytes) == 456 &&
+          offsetof(FlareSnapshot, host_kept_bytes) == 464);
     CHECK(FLARE_THREAD_CACHE_OFF == UINT32_MAX);
     CHECK(FLARE_PACKAGE_VERSION_MAJOR == 0 && FLARE_PACKAGE_VERSION_MINOR == 1 &&
           FLARE_PACKAGE_VERSION_PATCH == 0);

@@ -732,6 +732,12 @@ typedef struct FlareSnapshot {
      * Bytes of those blocks (512-byte multiples), part of `sleeping_bytes`.
      */
     uint64_t sleeping_block_bytes;
+    /**
+     * Bytes of pinned host memory a wake kept for the next offload sleep of
+     * the same size (`Pool::wake`; `Pool::trim` and destroy free it): host
+     * memory the pool holds apart from `offloaded_bytes`.
+     */
+    uint64_t host_kept_bytes;
 } FlareSnapshot;
 
 /**

@@ -364,11 +364,18 @@ impl Model {
                 assert_eq!(c.idle_bytes, 0, "{step:?}: a sleeping tag's idle");
             }
         }
+        // Pinned host memory: the sleeping tags' copies and the buffer a wake kept
+        // for the next offload, nothing else (a failed sleep or wake frees what it
+        // pinned).
+        assert_eq!(
+            self.sim.host_bytes(),
+            s.offloaded_bytes + s.host_kept_bytes,
+            "{step:?}: host memory"
+        );
         if self.asleep.iter().all(|&a| !a) {
             assert_eq!(
-                self.sim.host_bytes(),
-                0,
-                "{step:?}: host memory with no tag asleep"
+                s.offloaded_bytes, 0,
+                "{step:?}: offloaded with no tag asleep"
             );
         }
         assert_eq!(

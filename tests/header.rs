@@ -243,7 +243,7 @@ fn header_declares_the_whole_contract() {
          uint64_t remote_frees; uint64_t tags_sleeping; uint64_t sleeping_count; \
          uint64_t sleeping_bytes; uint64_t sleeping_held_count; uint64_t sleeping_held_bytes; \
          uint64_t offloaded_bytes; uint64_t sleeping_block_count; \
-         uint64_t sleeping_block_bytes; } FlareSnapshot;",
+         uint64_t sleeping_block_bytes; uint64_t host_kept_bytes; } FlareSnapshot;",
         // Tags (issue 15): the interface the issue names.
         "FLARE_SLEEP_DISCARD = 0, FLARE_SLEEP_OFFLOAD = 1, } FlareSleepMode;",
         "typedef FlareTagCensus { uint32_t struct_size; uint32_t sleeping; uint64_t live_count; uint64_t live_bytes; \

@@ -183,6 +183,7 @@ fn offload_sleep_and_wake_keep_addresses_and_bytes() {
         assert_eq!(s.tags_sleeping, 0);
         // The buffer is kept for the next offload of the same size.
         assert_eq!(sim.host_bytes(), requested);
+        assert_eq!((s.host_kept_bytes, s.offloaded_bytes), (requested, 0));
         let c = pool.tag_census(1);
         assert!(!c.sleeping);
         // The idle memory was released by the sleep: the 4 MiB mapping, or in
@@ -234,7 +235,7 @@ fn offload_sleep_and_wake_keep_addresses_and_bytes() {
         }
         pool.trim().unwrap();
         assert_eq!(sim.host_bytes(), 0, "trim frees the kept buffer");
-        check(&pool);
+        assert_eq!(check(&pool).host_kept_bytes, 0);
         no_faults(&sim);
     }
 }

@@ -362,11 +362,11 @@ versioned_struct! {
     }
 }
 
-// The layouts the C tests assert too (`sizeof` 104, 464, 40 and 56 on 64-bit targets).
+// The layouts the C tests assert too (`sizeof` 104, 472, 40 and 56 on 64-bit targets).
 const _: () = assert!(size_of::<FlareStatus>() == 4 && size_of::<FlareBackend>() == 4);
 const _: () = assert!(size_of::<FlareReusePolicy>() == 4 && size_of::<FlareDriverCall>() == 4);
 const _: () = assert!(size_of::<FlareCrossStreamReuse>() == 4);
-const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 57 * 8);
+const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 58 * 8);
 const _: () = assert!(size_of::<FlarePoolConfig>() == 104);
 const _: () = assert!(size_of::<FlareDestroyReport>() == 8 + 4 * 8);
 const _: () = assert!(size_of::<FlareTagCensus>() == 8 + 6 * 8);
@@ -601,9 +601,13 @@ mod tests {
                 (455, Some(448)),
                 // Ending inside sleeping_block_bytes (456..464).
                 (463, Some(456)),
-                // This header's 464 bytes, and a newer caller's larger struct: all.
+                // A caller compiled before the kept host buffer (464 bytes, up to
+                // sleeping_block_bytes): not it.
                 (464, Some(464)),
-                (4096, Some(464)),
+                (471, Some(464)),
+                // This header's 472 bytes, and a newer caller's larger struct: all.
+                (472, Some(472)),
+                (4096, Some(472)),
             ],
         );
         // best_fit_max_waste_percent (4 bytes at 60) filled what was the tail
@@ -701,7 +705,9 @@ mod tests {
         // The two sleeping block counters (segments per tag), after those: 448 to 464.
         assert_eq!(offset_of!(FlareSnapshot, sleeping_block_count), 448);
         assert_eq!(offset_of!(FlareSnapshot, sleeping_block_bytes), 456);
-        assert_eq!(size_of::<FlareSnapshot>(), 464);
+        // The kept host buffer's bytes (issue 15), after those: 464 to 472.
+        assert_eq!(offset_of!(FlareSnapshot, host_kept_bytes), 464);
+        assert_eq!(size_of::<FlareSnapshot>(), 472);
         // The tag census: two u32, six u64.
         assert_eq!(offset_of!(FlareTagCensus, live_count), 8);
         assert_eq!(offset_of!(FlareTagCensus, offloaded_bytes), 48);
@@ -741,11 +747,13 @@ mod tests {
             offloaded_bytes: 101,
             sleeping_block_count: 103,
             sleeping_block_bytes: 107,
+            host_kept_bytes: 109,
             ..Snapshot::default()
         };
         let c = FlareSnapshot::from_snapshot(&s);
-        assert_eq!((c.struct_size, c.scope_open), (464, 1));
+        assert_eq!((c.struct_size, c.scope_open), (472, 1));
         assert_eq!((c.sleeping_block_count, c.sleeping_block_bytes), (103, 107));
+        assert_eq!(c.host_kept_bytes, 109);
         assert_eq!(
             (
                 c.tags_sleeping,

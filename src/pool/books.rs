@@ -356,6 +356,29 @@ pub(super) struct State {
 }
 
 impl State {
+    /// Takes the kept host buffer ([`State::spare_host`]) when `keep(buffer)` says
+    /// so, keeping `host_kept_bytes` in step.
+    pub(super) fn take_spare_host(
+        &mut self,
+        keep: impl FnOnce(&crate::driver::HostBuffer) -> bool,
+    ) -> Option<crate::driver::HostBuffer> {
+        let h = self.spare_host.take_if(|h| keep(h))?;
+        self.counters.host_kept_bytes -= h.size;
+        Some(h)
+    }
+
+    /// Keeps `h` as the host buffer for the next offload; returns the one kept
+    /// before (for the caller to free).
+    pub(super) fn keep_spare_host(
+        &mut self,
+        h: crate::driver::HostBuffer,
+    ) -> Option<crate::driver::HostBuffer> {
+        let old = self.take_spare_host(|_| true);
+        self.counters.host_kept_bytes += h.size;
+        self.spare_host = Some(h);
+        old
+    }
+
     pub(super) fn new(granularity: u64) -> Self {
         State {
             slots: Vec::new(),

@@ -763,7 +763,7 @@ impl Pool {
         if !matches!(r, Err(Error::ScopeState(_))) {
             // The pinned host buffer a wake kept for the next offload: host memory
             // cached as idle device memory is.
-            let spare = lock(&self.state).spare_host.take();
+            let spare = lock(&self.state).take_spare_host(|_| true);
             if let Some(h) = spare {
                 if let Err(source) = self.driver.host_free(h) {
                     let bytes = h.size;

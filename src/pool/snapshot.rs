@@ -173,6 +173,10 @@ macro_rules! snapshot_counters {
             sleeping_block_count,
             /// Bytes of those blocks (512-byte multiples), part of `sleeping_bytes`.
             sleeping_block_bytes,
+            /// Bytes of pinned host memory a wake kept for the next offload sleep of
+            /// the same size (`Pool::wake`; `Pool::trim` and destroy free it): host
+            /// memory the pool holds apart from `offloaded_bytes`.
+            host_kept_bytes,
         }
     };
 }

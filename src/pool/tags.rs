@@ -1116,7 +1116,7 @@ impl Pool {
                 + plan.live.iter().map(|l| l.2).sum::<u64>();
             if total > 0 {
                 // The buffer an earlier wake kept, when it is of this size.
-                let spare = lock(&self.state).spare_host.take_if(|h| h.size == total);
+                let spare = lock(&self.state).take_spare_host(|h| h.size == total);
                 let buf = match spare {
                     Some(buf) => buf,
                     None => d.host_alloc(total).map_err(|source| {
@@ -1867,7 +1867,7 @@ impl Pool {
         t.asleep.clear();
         // The buffer is kept for the next offload of its size; the one kept before
         // is freed.
-        let old = host.and_then(|h| st.spare_host.replace(h));
+        let old = host.and_then(|h| st.keep_spare_host(h));
         drop(st);
         if let Some(h) = old {
             // A refusal leaves the buffer to the driver; the tag is awake either way.
@@ -1922,7 +1922,7 @@ impl Pool {
             }
             st.counters.tags_sleeping = 0;
             st.counters.offloaded_bytes = 0;
-            hosts.extend(st.spare_host.take());
+            hosts.extend(st.take_spare_host(|_| true));
             self.tags_blocked.store(0, Ordering::Relaxed);
             hosts
         };

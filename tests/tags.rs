@@ -324,6 +324,39 @@ fn sleep_is_refused_in_a_scope_and_during_a_capture() {
     check(&pool);
 }
 
+/// An out-of-memory's release does not make the pool forget a stream (only a trim,
+/// a finish or destroy do): a stream holding a live stream-ordered allocation that
+/// is then captured still refuses a sleep, with the capture intact. A review found
+/// the retry's release forgetting it, and the sleep's synchronize breaking the
+/// capture.
+#[test]
+fn sleep_after_an_out_of_memory_still_sees_the_streams_capture() {
+    for policy in ReusePolicy::ALL {
+        let (pool, sim) = pool_with(policy, GIB);
+        let a = pool.allocate_tagged_raw(4 * MIB, None, 1).unwrap();
+        let s = common::stream(&sim);
+        let b = pool.allocate_async_raw(4 * MIB, s).unwrap();
+        // More than is left: out of memory, after the retry's release.
+        assert!(matches!(
+            pool.allocate_raw(1020 * MIB),
+            Err(Error::OutOfMemory { .. })
+        ));
+        assert_eq!(
+            sim.stream_begin_capture(s.0, CaptureMode::Global),
+            CuResult::SUCCESS
+        );
+        assert!(
+            matches!(pool.sleep(1, SleepMode::Discard), Err(Error::ScopeState(_))),
+            "{policy:?}"
+        );
+        assert!(sim.stream_end_capture(s.0).is_success(), "{policy:?}");
+        no_faults(&sim);
+        pool.free_raw(a).unwrap();
+        pool.free_async_raw(b, s).unwrap();
+        check(&pool);
+    }
+}
+
 /// Tag 0 with thread caches holding its idle memory: the sleep settles them and
 /// releases it; untagged allocations are refused while it sleeps.
 #[test]

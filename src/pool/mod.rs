@@ -440,7 +440,7 @@ impl Pool {
         if let Some(ptr) = self.after_oom(on, rounded, forced_size, bytes, err)? {
             return Ok(ptr);
         }
-        let _ = self.release_now(Captures::Keep, on.is_none(), false, false);
+        self.release_for_retry(on.is_none());
         if let Some(ptr) = retake(&mut lock(&self.state)) {
             return Ok(ptr);
         }

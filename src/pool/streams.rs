@@ -757,6 +757,27 @@ impl Pool {
         destroying: bool,
         registered: bool,
     ) -> Result<()> {
+        self.release_point(captures, may_sync, destroying, registered, true)
+    }
+
+    /// The release before an out-of-memory's retry: as [`Pool::release_now`] with
+    /// [`Captures::Keep`], but the pool's streams stay known (a stream is forgotten
+    /// only at a trim, a finish or destroy, as documented: an out-of-memory the
+    /// engine never asked for must not make the pool forget a stream whose capture
+    /// a later sleep or release must see; a review found a sleep after one
+    /// synchronizing during the stream's capture).
+    pub(super) fn release_for_retry(&self, may_sync: bool) {
+        let _ = self.release_point(Captures::Keep, may_sync, false, false, false);
+    }
+
+    fn release_point(
+        &self,
+        captures: Captures,
+        may_sync: bool,
+        destroying: bool,
+        registered: bool,
+        forget_streams: bool,
+    ) -> Result<()> {
         // Every release point first empties the thread caches into the books.
         self.caches.settle(&self.state);
         let mut first: Option<Error> = None;
@@ -870,7 +891,7 @@ impl Pool {
             st.collect_all(&mut batch, captures, may_sync);
             st.collect_heaps(&mut batch, may_sync, None);
             st.start_release(&mut batch);
-            if may_sync && !capturing {
+            if may_sync && !capturing && forget_streams {
                 // Streams whose memory is all gone are done with, until used again
                 // (a stream may be destroyed after a trim).
                 for &b in &streams {

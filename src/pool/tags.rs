@@ -739,12 +739,7 @@ impl Pool {
             }
             st.counters.oom_retries += 1;
         }
-        let _ = self.release_now(
-            super::release::Captures::Keep,
-            stream.is_none(),
-            false,
-            false,
-        );
+        self.release_for_retry(stream.is_none());
         {
             let mut st = lock(&self.state);
             if let Some(p) = st.carve(key, size, bytes, true) {
@@ -828,12 +823,7 @@ impl Pool {
             }
             st.counters.oom_retries += 1;
         }
-        let _ = self.release_now(
-            super::release::Captures::Keep,
-            stream.is_none(),
-            false,
-            false,
-        );
+        self.release_for_retry(stream.is_none());
         match self.create_mapping(rounded, bytes) {
             Ok(p) => Ok(handoff(p)),
             Err(e) if e.is_out_of_memory() => {

@@ -76,9 +76,13 @@ fn validate_sim(config: &PoolConfig, sim: &SimConfig) -> Result<()> {
     Ok(())
 }
 
+/// The least simulated granularity a pool accepts, bytes (one page).
+pub const SIM_MIN_GRANULARITY_BYTES: u64 = 4096;
+
 /// The machine half of [`validate_sim`] (no pool yet: the PyTorch entry points check
 /// their simulated machine when it is configured, before any pool exists): a
-/// capacity of at least one granule, a power-of-two granularity, at least one and at
+/// capacity of at least one granule, a power-of-two granularity of at least
+/// [`SIM_MIN_GRANULARITY_BYTES`], at least one and at
 /// most [`SIM_MAX_DEVICES`](crate::driver::sim::SIM_MAX_DEVICES) devices.
 ///
 /// Errors: [`Error::InvalidArgument`] naming the value and the rule it breaks.
@@ -104,6 +108,15 @@ pub(crate) fn validate_sim_machine(sim: &SimConfig) -> Result<()> {
         0 => SimConfig::default().granularity_bytes,
         g => g,
     };
+    // Below a page, mappings would share the 512-byte units segments and the thread
+    // caches' pointer table count in (real devices: 2 MiB on an H200, 64 KiB at the
+    // least): a review saw a live pointer refused as unknown at a granularity of 1.
+    if granularity < SIM_MIN_GRANULARITY_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "the simulated granularity {granularity} bytes is below the least, \
+             {SIM_MIN_GRANULARITY_BYTES} bytes"
+        )));
+    }
     if sim.capacity_bytes < granularity {
         return Err(Error::InvalidArgument(format!(
             "the simulated device's capacity, {} bytes, is less than one granule ({} \

@@ -492,7 +492,18 @@ fn recorded_header_rules() {
     let msg = problem(&format!("{FULL} policy=best-fit"));
     assert!(msg.contains("policy= is given twice"), "{msg}");
     let msg = problem(&FULL.replace("device_total=150323855360", "device_total=0"));
-    assert!(msg.contains("device_total"), "{msg}");
+    assert!(
+        msg.contains("device_total=0 is less than one granule"),
+        "{msg}"
+    );
+    let msg = problem(&FULL.replace("granularity=2097152", "granularity=3000000"));
+    assert!(
+        msg.contains("granularity=3000000 is not a power of two"),
+        "{msg}"
+    );
+    // Below a page: no pool takes it (the simulated driver's least).
+    let msg = problem(&FULL.replace("granularity=2097152", "granularity=256"));
+    assert!(msg.contains("granularity=256 is below the least"), "{msg}");
     // The query-failed marker is accepted.
     let t = FULL.replace(
         "device_total=150323855360",

@@ -89,9 +89,10 @@ impl RecordedConfig {
     /// place would not be.
     ///
     /// Errors: [`Problem::RecordedConfig`] for a value that cannot be read, a key
-    /// missing or given twice, a granularity that is not a power of two, a
-    /// `device_total` of 0 (the recording pool writes `u64::MAX` when its query
-    /// failed), a negative device or peer ordinal.
+    /// missing or given twice, a granularity that is not a power of two or below
+    /// [`SIM_MIN_GRANULARITY_BYTES`](crate::backend::SIM_MIN_GRANULARITY_BYTES), a
+    /// `device_total` below one granule (the recording pool writes `u64::MAX` when
+    /// its query failed), a negative device or peer ordinal.
     pub fn parse(fields: &str) -> Result<RecordedConfig, Problem> {
         let mut c = RecordedConfig::default();
         let mut seen = [false; RECORDED_KEYS.len()];
@@ -135,11 +136,24 @@ impl RecordedConfig {
                 RECORDED_KEYS.join(", ")
             )));
         }
-        if c.device_total == 0 {
-            return Err(bad("device_total", "0"));
-        }
         if !c.granularity.is_power_of_two() {
-            return Err(bad("granularity", &c.granularity.to_string()));
+            return Err(Problem::RecordedConfig(format!(
+                "granularity={} is not a power of two",
+                c.granularity
+            )));
+        }
+        let least = crate::backend::SIM_MIN_GRANULARITY_BYTES;
+        if c.granularity < least {
+            return Err(Problem::RecordedConfig(format!(
+                "granularity={} is below the least a pool takes ({least} bytes)",
+                c.granularity
+            )));
+        }
+        if c.device_total < c.granularity {
+            return Err(Problem::RecordedConfig(format!(
+                "device_total={} is less than one granule ({} bytes): no pool ran on it",
+                c.device_total, c.granularity
+            )));
         }
         if c.device < 0 || c.peers.iter().any(|&p| p < 0) {
             return Err(Problem::RecordedConfig(

@@ -731,4 +731,20 @@ fn as_recorded_uses_the_header_and_refuses_other_settings() {
         assert!(stderr(&o).contains("cannot be used with"), "{}", stderr(&o));
         assert!(stdout(&o).is_empty());
     }
+    // A trace without the header among recorded ones: refused before any replays
+    // (no row of the first on the output).
+    let plain = scratch(
+        "plain.trace",
+        "# flare-trace v1
+a x 512
+",
+    );
+    let o = flare_replay(&["--as-recorded", "--json", s(&recorded), s(&plain)]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("no `# flare-pool` header"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stdout(&o).is_empty(), "{}", stdout(&o));
 }

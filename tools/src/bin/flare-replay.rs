@@ -677,15 +677,24 @@ fn emit_json_row(
 
 /// `--as-recorded`: each trace on a pool of its recorded configuration.
 fn run_as_recorded(args: &Args, traces: &[Input]) -> Result<(), Stop> {
+    // Every trace has its header before any is replayed (a bad input replays
+    // nothing, as a parse error does).
+    if let Some(t) = traces
+        .iter()
+        .map(|i| &i.trace)
+        .find(|t| t.recorded_config().is_none())
+    {
+        return Err(Stop::Failed(
+            EXIT_BAD_INPUT,
+            format!(
+                "{}: no `# flare-pool` header: not a recorded trace (--as-recorded)",
+                t.name()
+            ),
+        ));
+    }
     for t in traces.iter().map(|i| &i.trace) {
         let Some(recorded) = t.recorded_config() else {
-            return Err(Stop::Failed(
-                EXIT_BAD_INPUT,
-                format!(
-                    "{}: no `# flare-pool` header: not a recorded trace (--as-recorded)",
-                    t.name()
-                ),
-            ));
+            continue;
         };
         let pool = Pool::new(recorded.pool_config())
             .map_err(|e| (EXIT_FAILED, format!("cannot create the pool: {e}")))?;

@@ -590,3 +590,66 @@ fn done_lines_follow_the_streams_marks() {
     );
     assert!(msg.contains("\"x\", which is not live"), "{msg}");
 }
+
+/// `x BYTES [TAG [STREAM]]`: a request the recorded pool refused; and `oom N`
+/// belongs to the next call's allocation (`a` or `x`).
+#[test]
+fn refused_requests_and_oom_lines() {
+    let t = trace::parse_str(
+        "test.trace",
+        "oom 2\nx 4096\nx 8192 3\nx 512 0 0x100000000\na y 512\noom 1\na z 512 0 0x100000000\n",
+    )
+    .unwrap();
+    let e = t.events();
+    assert_eq!(
+        e[1],
+        Event::AllocFailed {
+            bytes: 4096,
+            tag: 0,
+            stream: None
+        }
+    );
+    assert_eq!(
+        e[2],
+        Event::AllocFailed {
+            bytes: 8192,
+            tag: 3,
+            stream: None
+        }
+    );
+    assert_eq!(
+        e[3],
+        Event::AllocFailed {
+            bytes: 512,
+            tag: 0,
+            stream: Some(0)
+        }
+    );
+    // A refused request allocates nothing: one `a` per live allocation only.
+    assert_eq!(t.allocations(), 2);
+    let (_, p) = error_of("x\n");
+    assert!(matches!(p, Problem::Malformed { found: 0, .. }), "{p:?}");
+    let (_, p) = error_of("x 0\n");
+    assert_eq!(p, Problem::ZeroSize);
+    // `oom` then a free, a second `oom`, or the end: errors naming the `oom` line.
+    for (text, line) in [
+        ("a x 512\noom 1\nf x\n", 3),
+        ("oom 1\noom 1\na x 512\n", 2),
+        ("a x 512\noom 1\n", 2),
+    ] {
+        let (at, p) = error_of(text);
+        assert_eq!(at, line, "{text:?}");
+        let want = if text.starts_with("oom 1\noom") { 1 } else { 2 };
+        assert_eq!(
+            p,
+            Problem::OomWithoutAllocation { oom_line: want },
+            "{text:?}"
+        );
+    }
+    // `done` lines may come between (the pool learnt both during the call).
+    assert!(trace::parse_str(
+        "test.trace",
+        "oom 1\na x 512 0 0x100000000\nf x 0x100000000\noom 1\ndone 0x100000000 1\na y 512\n"
+    )
+    .is_ok());
+}

@@ -11,7 +11,7 @@ mod common;
 use common::MIB;
 use flare_package::trace::{self, Event};
 use flare_package::{
-    CrossStreamReuse, CuResult, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver, Stream,
+    CrossStreamReuse, CuResult, Error, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver, Stream,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -544,4 +544,57 @@ fn header_and_plain_lines() {
     assert_eq!(c.best_fit_waste_percent, 17);
     assert_eq!(c.granularity, 2 * MIB);
     assert_eq!(c.device_total, SimConfig::default().capacity_bytes);
+}
+
+/// A request the pool refuses with out-of-memory still changes it: its retry
+/// released the idle memory first. The recording writes it (`x BYTES`, after its
+/// `oom N`), and the replay makes the same request: the peaks agree. Without the
+/// `x` line the replay would keep the idle memory and peak higher.
+#[test]
+fn a_refused_request_is_recorded_and_replayed() {
+    let path = temp_path("refused.trace");
+    let (pool, _sim) = common::simulated_pool(
+        128 * MIB,
+        PoolConfig {
+            record_path: Some(path.clone()),
+            release_threshold_bytes: u64::MAX,
+            thread_cache_entries: 0,
+            ..PoolConfig::default()
+        },
+    );
+    let held: Vec<u64> = (0..6)
+        .map(|_| pool.allocate_raw(8 * MIB).unwrap())
+        .collect();
+    for &p in &held[..4] {
+        pool.free_raw(p).unwrap();
+    }
+    // 48 MiB mapped (32 idle), 80 free: 120 MiB does not fit even after the retry
+    // released the idle 32 (112 free).
+    assert!(matches!(
+        pool.allocate_raw(120 * MIB),
+        Err(Error::OutOfMemory { .. })
+    ));
+    assert_eq!(pool.snapshot().physical_bytes, 16 * MIB);
+    let big = pool.allocate_raw(64 * MIB).unwrap();
+    let recorded_peak = pool.snapshot().peak_physical_bytes;
+    assert_eq!(recorded_peak, 80 * MIB, "16 live + 64");
+    pool.free_raw(big).unwrap();
+    drop(pool);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("\nx 125829120\n"), "{text}");
+    let replay = |text: &str| {
+        let t = trace::parse_str("refused", text).unwrap();
+        let p = Pool::new(t.recorded_config().unwrap().pool_config()).unwrap();
+        trace::replay_as_recorded(&p, &t, None).unwrap()
+    };
+    let report = replay(&text);
+    assert_eq!(report.peak_physical_bytes, recorded_peak);
+    assert_eq!(report.failed_requests_served, 0);
+    let without: String = text
+        .lines()
+        .filter(|l| !l.starts_with("x ") && !l.starts_with("oom "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    // 48 mapped and 64 more fit in 128: nothing released, a peak of 112 MiB.
+    assert_eq!(replay(&without).peak_physical_bytes, 112 * MIB);
 }

@@ -251,11 +251,13 @@ impl Pool {
     fn allocate_sync(&self, bytes: u64) -> Result<(DevicePtr, Option<u64>)> {
         self.record_call_start();
         let r = self.allocate_sync_inner(bytes);
-        if let Some(rec) = &self.rec {
-            match &r {
-                Ok((ptr, _)) => rec.alloc(*ptr, bytes, 0, None),
-                Err(_) => record::forget_ooms(),
+        match &r {
+            Ok((ptr, _)) => {
+                if let Some(rec) = &self.rec {
+                    rec.alloc(*ptr, bytes, 0, None);
+                }
             }
+            Err(e) => self.record_failed(e, bytes, 0, None),
         }
         r
     }

@@ -182,6 +182,19 @@ impl Recorder {
     /// out-of-memory during this allocation.
     #[inline]
     pub(super) fn alloc(&self, ptr: DevicePtr, bytes: u64, tag: u32, stream: Option<Stream>) {
+        self.alloc_line(Some(ptr), bytes, tag, stream);
+    }
+
+    /// `x BYTES [TAG [STREAM]]`: an allocation that failed with out-of-memory (the
+    /// pool released idle memory and retried first, which the replay must do too),
+    /// after its `oom N` line.
+    pub(super) fn failed(&self, bytes: u64, tag: u32, stream: Option<Stream>) {
+        self.alloc_line(None, bytes, tag, stream);
+    }
+
+    /// `a ID ...` for `Some(ptr)`, `x ...` for `None`.
+    #[inline]
+    fn alloc_line(&self, ptr: Option<DevicePtr>, bytes: u64, tag: u32, stream: Option<Stream>) {
         let ooms = OOMS.with(|c| c.replace(0));
         self.append(|b| {
             if ooms > 0 {
@@ -189,9 +202,14 @@ impl Recorder {
                 dec(b, u64::from(ooms));
                 b.push(b'\n');
             }
-            b.extend_from_slice(b"a ");
-            hex(b, ptr);
-            b.push(b' ');
+            match ptr {
+                Some(ptr) => {
+                    b.extend_from_slice(b"a ");
+                    hex(b, ptr);
+                    b.push(b' ');
+                }
+                None => b.extend_from_slice(b"x "),
+            }
             dec(b, bytes);
             if tag != 0 || stream.is_some() {
                 b.push(b' ');
@@ -298,6 +316,24 @@ impl Pool {
     ) {
         if let Some(rec) = &self.rec {
             rec.alloc(ptr, bytes, tag, stream);
+        }
+    }
+
+    /// A failed allocation call: an out-of-memory (whose retry released idle memory)
+    /// is written as an `x` line; any other error forgets its out-of-memory answers.
+    pub(super) fn record_failed(
+        &self,
+        e: &crate::Error,
+        bytes: u64,
+        tag: u32,
+        stream: Option<Stream>,
+    ) {
+        if let Some(rec) = &self.rec {
+            if matches!(e, crate::Error::OutOfMemory { .. }) {
+                rec.failed(bytes, tag, stream);
+            } else {
+                forget_ooms();
+            }
         }
     }
 

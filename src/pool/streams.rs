@@ -78,11 +78,13 @@ impl Pool {
     pub fn allocate_async_raw(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
         self.record_call_start();
         let r = self.allocate_async_unrecorded(bytes, stream);
-        if let Some(rec) = &self.rec {
-            match r {
-                Ok(ptr) => rec.alloc(ptr, bytes, 0, Some(stream)),
-                Err(_) => super::record::forget_ooms(),
+        match &r {
+            Ok(ptr) => {
+                if let Some(rec) = &self.rec {
+                    rec.alloc(*ptr, bytes, 0, Some(stream));
+                }
             }
+            Err(e) => self.record_failed(e, bytes, 0, Some(stream)),
         }
         r
     }

@@ -645,10 +645,23 @@ impl Pool {
                 None => self.allocate_raw(bytes),
             };
         }
+        let r = self.allocate_tagged_unrecorded(bytes, stream, tag);
+        match &r {
+            Ok(ptr) => self.record_tagged(*ptr, bytes, tag, stream),
+            Err(e) => self.record_failed(e, bytes, tag, stream),
+        }
+        r
+    }
+
+    /// [`Pool::allocate_tagged_raw`] of a tag other than 0, not recorded.
+    fn allocate_tagged_unrecorded(
+        &self,
+        bytes: u64,
+        stream: Option<Stream>,
+        tag: u32,
+    ) -> Result<DevicePtr> {
         if let Some(size) = self.block_size(bytes)? {
-            let ptr = self.allocate_tag_block(tag, size, bytes, stream)?;
-            self.record_tagged(ptr, bytes, tag, stream);
-            return Ok(ptr);
+            return self.allocate_tag_block(tag, size, bytes, stream);
         }
         let (rounded, max_size) = self.sizes(bytes)?;
         let ptr = match stream {
@@ -658,7 +671,6 @@ impl Pool {
         let mut st = lock(&self.state);
         st.tag_live(ptr, tag);
         drop(st);
-        self.record_tagged(ptr, bytes, tag, stream);
         Ok(ptr)
     }
 

@@ -201,6 +201,18 @@ pub enum Event {
         /// How many times, 1 or more.
         count: u32,
     },
+    /// `x BYTES [TAG [STREAM]]`: an allocation of `bytes` bytes (for `tag`, on
+    /// `stream` when given) that the recorded pool refused with out-of-memory, after
+    /// releasing idle memory to retry (a recorded trace: the replay makes the same
+    /// request; it allocates nothing when it fails as recorded).
+    AllocFailed {
+        /// Requested size, bytes (not rounded).
+        bytes: u64,
+        /// The tag, 0 to 2^32 - 1.
+        tag: u32,
+        /// Dense index of the stream's name, for a stream-ordered request.
+        stream: Option<u32>,
+    },
     /// `begin`: open a retention scope.
     Begin,
     /// `finish`: close the retention scope; retained memory is released.
@@ -294,6 +306,13 @@ pub enum Problem {
         marks: u64,
         /// The line of the `done`.
         done_line: usize,
+    },
+    /// An `oom N` that no allocation (`a` or `x`) follows as the next call's line
+    /// (the recorded pool writes it just before the allocation it happened in).
+    #[error("oom (line {oom_line}) is not followed by an allocation (a or x): it belongs to the next allocation's call")]
+    OomWithoutAllocation {
+        /// The line of the `oom`.
+        oom_line: usize,
     },
     /// A `begin` while a scope opened by an earlier `begin` is still open (retention
     /// scopes do not nest).
@@ -456,6 +475,8 @@ struct Parser {
     /// `done` lines beyond their stream's marks, checked after the next call's line:
     /// (stream key, stream index, mark, line).
     pending_done: Vec<(u32, u32, u64, usize)>,
+    /// The line of an `oom` whose allocation has not come yet.
+    pending_oom: usize,
 }
 
 /// The UTF-8 byte-order mark, ignored at the start of a trace.
@@ -482,6 +503,7 @@ fn parse_bytes(name: String, bytes: &[u8]) -> Result<Trace, TraceError> {
         marks: HashMap::new(),
         recorded: HashMap::new(),
         pending_done: Vec::new(),
+        pending_oom: 0,
     };
     for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
         let line = i + 1;
@@ -498,8 +520,12 @@ fn parse_bytes(name: String, bytes: &[u8]) -> Result<Trace, TraceError> {
             });
         }
     }
-    // A `done` with no call after it.
-    if let Err(problem) = p.check_pending_done() {
+    // A `done` or an `oom` with no call after it.
+    let dangling_oom = match p.pending_oom {
+        0 => Ok(()),
+        oom_line => Err(Problem::OomWithoutAllocation { oom_line }),
+    };
+    if let Err(problem) = p.check_pending_done().and(dangling_oom) {
         return Err(TraceError::Parse {
             file: p.trace.name,
             line: p.trace.lines.last().copied().unwrap_or(0),
@@ -647,6 +673,19 @@ impl Parser {
                 }
                 Event::RecordStream { id, stream }
             }
+            "x" => {
+                if found != 2 && found != 3 {
+                    arity(1, "a size in bytes, optionally a tag and then a stream")?;
+                }
+                let bytes = parse_size(args[0])?;
+                let tag = if found >= 2 { parse_tag(args[1])? } else { 0 };
+                let stream = if found == 3 {
+                    Some(self.stream(args[2])?)
+                } else {
+                    None
+                };
+                Event::AllocFailed { bytes, tag, stream }
+            }
             "done" => {
                 arity(2, "a stream and a mark")?;
                 let stream = self.stream(args[0])?;
@@ -713,6 +752,20 @@ impl Parser {
         };
         if matches!(event, Event::Begin | Event::Finish | Event::Abort) {
             self.trace.has_scope_events = true;
+        }
+        match event {
+            Event::Done { .. } => {}
+            Event::Oom { .. } if self.pending_oom == 0 => self.pending_oom = line,
+            Event::Alloc { .. }
+            | Event::AllocTagged { .. }
+            | Event::AllocAsync { .. }
+            | Event::AllocFailed { .. } => self.pending_oom = 0,
+            _ if self.pending_oom != 0 => {
+                return Err(Problem::OomWithoutAllocation {
+                    oom_line: self.pending_oom,
+                })
+            }
+            _ => {}
         }
         if !matches!(event, Event::Done { .. } | Event::Oom { .. }) {
             self.check_pending_done()?;
@@ -988,7 +1041,8 @@ impl Trace {
                 Event::Trim
                 | Event::RecordStream { .. }
                 | Event::Done { .. }
-                | Event::Oom { .. } => {}
+                | Event::Oom { .. }
+                | Event::AllocFailed { .. } => {}
             }
         }
         (live_peak, no_reuse_peak)
@@ -1013,6 +1067,11 @@ impl fmt::Display for Event {
             Event::RecordStream { id, stream } => write!(f, "r {id} s{stream}"),
             Event::Done { stream, mark } => write!(f, "done s{stream} {mark}"),
             Event::Oom { count } => write!(f, "oom {count}"),
+            Event::AllocFailed { bytes, tag, stream } => match stream {
+                Some(s) => write!(f, "x {bytes} {tag} s{s}"),
+                None if *tag != 0 => write!(f, "x {bytes} {tag}"),
+                None => write!(f, "x {bytes}"),
+            },
             Event::Begin => f.write_str("begin"),
             Event::Finish => f.write_str("finish"),
             Event::Abort => f.write_str("abort"),

@@ -38,6 +38,10 @@ pub struct ReplayReport {
     pub live_at_end: u64,
     /// Wall time of the replay itself, seconds (parsing excluded).
     pub seconds: f64,
+    /// Requests of `x` lines (refused by the recorded pool with out-of-memory) that
+    /// the replay served (and gave back at once): 0 for a replay as recorded that
+    /// went as the recording did.
+    pub failed_requests_served: u64,
 }
 
 /// What one tag held when a replay reached the end of its trace (before the
@@ -194,6 +198,8 @@ fn replay_inner(
     let mut allocations: u64 = 0;
     let mut scope_open = implicit_scope;
     let mut oom_line: Option<usize> = None;
+    // `x` lines whose request the replay served.
+    let mut failed_served: u64 = 0;
     let mut failure: Option<(usize, Error)> = None;
 
     for (i, (&event, &line)) in trace.events.iter().zip(&trace.lines).enumerate() {
@@ -274,6 +280,29 @@ fn replay_inner(
                     ss.done(stream, mark);
                 }
                 Ok(())
+            }
+            Event::AllocFailed { bytes, tag, stream } => {
+                // The same request; refused as recorded, it allocates nothing. Served
+                // (a replay under other settings, or one that diverged), it is given
+                // back at once: the engine never had it.
+                let as_event = match stream {
+                    Some(stream) => Event::AllocAsync {
+                        id: 0,
+                        bytes,
+                        tag,
+                        stream,
+                    },
+                    None if tag != 0 => Event::AllocTagged { id: 0, bytes, tag },
+                    None => Event::Alloc { id: 0, bytes },
+                };
+                match allocate(pool, as_event, bytes, streams.as_mut()) {
+                    Ok(ptr) => {
+                        failed_served += 1;
+                        pool.free_raw(ptr)
+                    }
+                    Err(Error::OutOfMemory { .. } | Error::RequestTooLarge { .. }) => Ok(()),
+                    Err(e) => Err(e),
+                }
             }
             Event::Oom { count } => {
                 if let Some(sim) = pool.sim_driver() {
@@ -371,6 +400,7 @@ fn replay_inner(
         out_of_memory_at_line: oom_line,
         live_at_end,
         seconds,
+        failed_requests_served: failed_served,
     })
 }
 

@@ -1008,7 +1008,8 @@ impl Bench {
                     | Event::Abort
                     | Event::RecordStream { .. }
                     | Event::Done { .. }
-                    | Event::Oom { .. } => Ok(()),
+                    | Event::Oom { .. }
+                    | Event::AllocFailed { .. } => Ok(()),
                 };
                 if let Err(e) = r {
                     error = Some(e.to_string());

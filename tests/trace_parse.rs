@@ -653,3 +653,55 @@ fn refused_requests_and_oom_lines() {
     )
     .is_ok());
 }
+
+/// `sleep TAG offload|discard` and `wake TAG`: a tag sleeps once until its wake.
+#[test]
+fn sleep_and_wake_lines() {
+    let t = trace::parse_str(
+        "test.trace",
+        "a x 512 1\nsleep 1 offload\nwake 1\nsleep 0 discard\nwake 0\n",
+    )
+    .unwrap();
+    assert!(t.has_sleep());
+    assert_eq!(
+        t.events()[1],
+        Event::Sleep {
+            tag: 1,
+            offload: true
+        }
+    );
+    assert_eq!(
+        t.events()[3],
+        Event::Sleep {
+            tag: 0,
+            offload: false
+        }
+    );
+    assert_eq!(t.events()[4], Event::Wake { tag: 0 });
+    let (line, p) = error_of("sleep 1 offload\nsleep 1 discard\n");
+    assert_eq!(
+        (line, p),
+        (
+            2,
+            Problem::SleepState {
+                tag: 1,
+                sleeping: true
+            }
+        )
+    );
+    let (line, p) = error_of("wake 2\n");
+    assert_eq!(
+        (line, p),
+        (
+            1,
+            Problem::SleepState {
+                tag: 2,
+                sleeping: false
+            }
+        )
+    );
+    let (_, p) = error_of("sleep 1 later\n");
+    assert_eq!(p, Problem::SleepMode("later".into()));
+    let (_, p) = error_of("sleep 1\n");
+    assert!(matches!(p, Problem::Malformed { found: 1, .. }), "{p:?}");
+}

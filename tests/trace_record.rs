@@ -598,3 +598,54 @@ fn a_refused_request_is_recorded_and_replayed() {
     // 48 mapped and 64 more fit in 128: nothing released, a peak of 112 MiB.
     assert_eq!(replay(&without).peak_physical_bytes, 112 * MIB);
 }
+
+/// Sleep and wake are recorded (`sleep TAG offload|discard`, `wake TAG`) and
+/// replayed: the memory a sleeping tag gave back served another allocation in the
+/// recording, and does in the replay. Without those lines the replay runs out.
+#[test]
+fn sleep_and_wake_are_recorded_and_replayed() {
+    let path = temp_path("sleep.trace");
+    let (pool, _sim) = common::simulated_pool(
+        64 * MIB,
+        PoolConfig {
+            record_path: Some(path.clone()),
+            ..PoolConfig::default()
+        },
+    );
+    let weights = pool.allocate_tagged_raw(32 * MIB, None, 1).unwrap();
+    pool.sleep(1, flare_package::SleepMode::Offload).unwrap();
+    let other = pool.allocate_raw(48 * MIB).unwrap();
+    pool.free_raw(other).unwrap();
+    pool.wake(1).unwrap();
+    pool.sleep(1, flare_package::SleepMode::Discard).unwrap();
+    pool.wake(1).unwrap();
+    pool.free_raw(weights).unwrap();
+    let recorded_peak = pool.snapshot().peak_physical_bytes;
+    assert_eq!(
+        recorded_peak,
+        48 * MIB,
+        "the tag's 32 MiB asleep while 48 were live"
+    );
+    drop(pool);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains("\nsleep 1 offload\n") && text.contains("\nsleep 1 discard\n"),
+        "{text}"
+    );
+    assert_eq!(text.matches("\nwake 1\n").count(), 2, "{text}");
+    let replay = |text: &str| {
+        let t = trace::parse_str("sleep", text).unwrap();
+        let p = Pool::new(t.recorded_config().unwrap().pool_config()).unwrap();
+        trace::replay_as_recorded(&p, &t, None).unwrap()
+    };
+    let report = replay(&text);
+    assert_eq!(report.peak_physical_bytes, recorded_peak);
+    assert_eq!(report.out_of_memory_at_line, None);
+    let without: String = text
+        .lines()
+        .filter(|l| !l.starts_with("sleep ") && !l.starts_with("wake "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    // 32 + 48 MiB do not fit in 64.
+    assert!(replay(&without).out_of_memory_at_line.is_some());
+}

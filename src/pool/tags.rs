@@ -981,6 +981,13 @@ impl Pool {
             self.tags_blocked.fetch_add(1, Ordering::Relaxed);
         }
         let result = self.sleep_steps(tag, mode);
+        if let (Some(rec), Ok(())) = (&self.rec, &result) {
+            let mode = match mode {
+                SleepMode::Offload => "offload",
+                SleepMode::Discard => "discard",
+            };
+            rec.line(&format!("sleep {tag} {mode}"));
+        }
         let mut st = lock(&self.state);
         let t = st.tags.entry(tag).or_default();
         t.busy = false;
@@ -1469,6 +1476,15 @@ impl Pool {
     /// room: free memory or trim, then wake again); [`Error::Driver`] for another
     /// refused call.
     pub fn wake(&self, tag: u32) -> Result<()> {
+        let r = self.wake_unrecorded(tag);
+        if let (Some(rec), Ok(())) = (&self.rec, &r) {
+            rec.line(&format!("wake {tag}"));
+        }
+        r
+    }
+
+    /// [`Pool::wake`], not recorded.
+    fn wake_unrecorded(&self, tag: u32) -> Result<()> {
         // What a release or an earlier wake's undo left pending is retried first
         // (no synchronize: a pending leftover's work is done): a leftover still
         // mapped at one of the tag's addresses would make this wake's map fail.

@@ -213,6 +213,19 @@ pub enum Event {
         /// Dense index of the stream's name, for a stream-ordered request.
         stream: Option<u32>,
     },
+    /// `sleep TAG offload|discard`: the recorded pool put tag `tag` to sleep
+    /// (`Pool::sleep`; a recorded trace).
+    Sleep {
+        /// The tag.
+        tag: u32,
+        /// Whether its contents were copied to host memory (`offload`).
+        offload: bool,
+    },
+    /// `wake TAG`: the recorded pool woke tag `tag` (`Pool::wake`).
+    Wake {
+        /// The tag.
+        tag: u32,
+    },
     /// `begin`: open a retention scope.
     Begin,
     /// `finish`: close the retention scope; retained memory is released.
@@ -306,6 +319,18 @@ pub enum Problem {
         marks: u64,
         /// The line of the `done`.
         done_line: usize,
+    },
+    /// A `sleep` line's mode that is neither `offload` nor `discard`.
+    #[error("sleep mode {0} is neither offload nor discard")]
+    SleepMode(Excerpt),
+    /// A `sleep` of a tag already asleep, or a `wake` of a tag awake.
+    #[error("{} of tag {tag}, which is {}", if *sleeping { "sleep" } else { "wake" }, if *sleeping { "asleep already" } else { "not asleep" })]
+    SleepState {
+        /// The tag.
+        tag: u32,
+        /// Whether the line is a `sleep` (of a sleeping tag); else a `wake` (of an
+        /// awake one).
+        sleeping: bool,
     },
     /// An `oom N` that no allocation (`a` or `x`) follows as the next call's line
     /// (the recorded pool writes it just before the allocation it happened in).
@@ -409,6 +434,8 @@ pub struct Trace {
     id_names: Vec<String>,
     allocations: usize,
     has_scope_events: bool,
+    /// Whether any `sleep` line is there.
+    has_sleep: bool,
     /// Whether an `a` line carries a tag other than 0.
     has_tags: bool,
     /// The stream names of stream-ordered lines, by dense index.
@@ -477,6 +504,8 @@ struct Parser {
     pending_done: Vec<(u32, u32, u64, usize)>,
     /// The line of an `oom` whose allocation has not come yet.
     pending_oom: usize,
+    /// Tags asleep (`sleep` lines without their `wake` yet).
+    sleeping: std::collections::HashSet<u32>,
 }
 
 /// The UTF-8 byte-order mark, ignored at the start of a trace.
@@ -492,6 +521,7 @@ fn parse_bytes(name: String, bytes: &[u8]) -> Result<Trace, TraceError> {
             id_names: Vec::new(),
             allocations: 0,
             has_scope_events: false,
+            has_sleep: false,
             has_tags: false,
             stream_names: Vec::new(),
             recorded: None,
@@ -504,6 +534,7 @@ fn parse_bytes(name: String, bytes: &[u8]) -> Result<Trace, TraceError> {
         recorded: HashMap::new(),
         pending_done: Vec::new(),
         pending_oom: 0,
+        sleeping: std::collections::HashSet::new(),
     };
     for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
         let line = i + 1;
@@ -685,6 +716,36 @@ impl Parser {
                     None
                 };
                 Event::AllocFailed { bytes, tag, stream }
+            }
+            "sleep" => {
+                arity(2, "a tag and offload or discard")?;
+                let tag = parse_tag(args[0])?;
+                let offload = match args[1] {
+                    "offload" => true,
+                    "discard" => false,
+                    other => {
+                        return Err(Problem::SleepMode(Excerpt::new(other)));
+                    }
+                };
+                if !self.sleeping.insert(tag) {
+                    return Err(Problem::SleepState {
+                        tag,
+                        sleeping: true,
+                    });
+                }
+                self.trace.has_sleep = true;
+                Event::Sleep { tag, offload }
+            }
+            "wake" => {
+                arity(1, "a tag")?;
+                let tag = parse_tag(args[0])?;
+                if !self.sleeping.remove(&tag) {
+                    return Err(Problem::SleepState {
+                        tag,
+                        sleeping: false,
+                    });
+                }
+                Event::Wake { tag }
             }
             "done" => {
                 arity(2, "a stream and a mark")?;
@@ -939,9 +1000,15 @@ impl Trace {
     }
 
     /// Whether the trace has any `begin`, `finish` or `abort` line. A trace without
-    /// one is replayed inside a single retention scope.
+    /// one (and without `sleep` lines) is replayed inside a single retention scope.
     pub fn has_scope_events(&self) -> bool {
         self.has_scope_events
+    }
+
+    /// Whether the trace has any `sleep` line (a recorded trace): it is replayed
+    /// with no implicit retention scope (a sleep is refused inside one).
+    pub fn has_sleep(&self) -> bool {
+        self.has_sleep
     }
 
     /// The stream names of the trace's stream-ordered lines (dense indices), in
@@ -1042,7 +1109,9 @@ impl Trace {
                 | Event::RecordStream { .. }
                 | Event::Done { .. }
                 | Event::Oom { .. }
-                | Event::AllocFailed { .. } => {}
+                | Event::AllocFailed { .. }
+                | Event::Sleep { .. }
+                | Event::Wake { .. } => {}
             }
         }
         (live_peak, no_reuse_peak)
@@ -1067,6 +1136,14 @@ impl fmt::Display for Event {
             Event::RecordStream { id, stream } => write!(f, "r {id} s{stream}"),
             Event::Done { stream, mark } => write!(f, "done s{stream} {mark}"),
             Event::Oom { count } => write!(f, "oom {count}"),
+            Event::Sleep { tag, offload } => {
+                write!(
+                    f,
+                    "sleep {tag} {}",
+                    if *offload { "offload" } else { "discard" }
+                )
+            }
+            Event::Wake { tag } => write!(f, "wake {tag}"),
             Event::AllocFailed { bytes, tag, stream } => match stream {
                 Some(s) => write!(f, "x {bytes} {tag} s{s}"),
                 None if *tag != 0 => write!(f, "x {bytes} {tag}"),

@@ -160,7 +160,7 @@ fn replay_inner(
     as_recorded: bool,
 ) -> Result<ReplayReport, ReplayError> {
     let start_snapshot = pool.snapshot();
-    let implicit_scope = !trace.has_scope_events() && !as_recorded;
+    let implicit_scope = !trace.has_scope_events() && !trace.has_sleep() && !as_recorded;
     let mut streams =
         if trace.has_streams() {
             match pool.sim_driver() {
@@ -304,6 +304,15 @@ fn replay_inner(
                     Err(e) => Err(e),
                 }
             }
+            Event::Sleep { tag, offload } => pool.sleep(
+                tag,
+                if offload {
+                    crate::SleepMode::Offload
+                } else {
+                    crate::SleepMode::Discard
+                },
+            ),
+            Event::Wake { tag } => pool.wake(tag),
             Event::Oom { count } => {
                 if let Some(sim) = pool.sim_driver() {
                     for _ in 0..count {

@@ -1009,7 +1009,9 @@ impl Bench {
                     | Event::RecordStream { .. }
                     | Event::Done { .. }
                     | Event::Oom { .. }
-                    | Event::AllocFailed { .. } => Ok(()),
+                    | Event::AllocFailed { .. }
+                    | Event::Sleep { .. }
+                    | Event::Wake { .. } => Ok(()),
                 };
                 if let Err(e) = r {
                     error = Some(e.to_string());

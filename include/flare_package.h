@@ -1018,6 +1018,34 @@ enum FlareStatus flare_retention_abort(struct FlarePool *pool);
 enum FlareStatus flare_pool_trim(struct FlarePool *pool);
 
 /**
+ * Writes what this pool recorded so far (`FlarePoolConfig::record_path`) to its file
+ * and waits for the write; destroy does it too. Does nothing for a pool that does
+ * not record. A write error is kept (`flare_pool_record_error`), never returned.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL. Thread-safe.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool.
+ */
+enum FlareStatus flare_pool_record_flush(const struct FlarePool *pool);
+
+/**
+ * Copies the first error of this pool's recording (the file could not be created,
+ * or a write failed, e.g. a full disk; UTF-8) into `buf` as a NUL-terminated string
+ * truncated to `len - 1` bytes, and returns its full length in bytes without the
+ * NUL (a return `>= len`: call again with a larger buffer). Returns 0 while the
+ * recording works, for a pool that does not record, and for a NULL pool. After an
+ * error the recording has stopped (the file holds what was written before it); no
+ * pool call ever failed for it. `buf` NULL or `len` 0: only the length.
+ * Thread-safe.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool; `buf` is NULL or points to at least `len` writable
+ * bytes.
+ */
+size_t flare_pool_record_error(const struct FlarePool *pool, char *buf, size_t len);
+
+/**
  * Writes a consistent copy of the pool's counters to `*out`. The caller sets
  * `out->struct_size` first (`sizeof(FlareSnapshot)`); only fields lying wholly
  * inside it are written.

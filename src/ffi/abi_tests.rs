@@ -1107,3 +1107,86 @@ fn torch_outputs_and_nulls_are_checked_before_the_allocator() {
     }
     assert_eq!(flare_torch_hook_failures(), before);
 }
+
+/// The recording's C calls: a flush of a pool that records writes its lines; an
+/// unwritable path never fails a call, and `flare_pool_record_error` says why (0
+/// for a pool that works, one that does not record, and NULL).
+#[test]
+fn record_flush_and_record_error() {
+    let dir = std::env::temp_dir().join(format!("flare-abi-record-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let error_of = |pool: *const FlarePool| -> (usize, String) {
+        let mut buf = [0 as c_char; 512];
+        // SAFETY: `pool` is NULL or live; `buf` has 512 writable bytes.
+        let n = unsafe { flare_pool_record_error(pool, buf.as_mut_ptr(), buf.len()) };
+        // SAFETY: NUL-terminated by the call (or still all zeros).
+        let text = unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        (n, text)
+    };
+    // A pool that records into a file that can be written.
+    let good = CString::new(dir.join("good.trace").to_str().unwrap()).unwrap();
+    let mut c = config();
+    c.record_path = good.as_ptr();
+    let pool = create(&c);
+    let (status, p) = allocate(pool, 4096);
+    ok(status);
+    ok(free(pool, p));
+    // SAFETY: a live pool.
+    ok(unsafe { flare_pool_record_flush(pool) });
+    let text = std::fs::read_to_string(dir.join("good.trace")).unwrap();
+    assert!(text.starts_with("# flare-trace v1\n"), "{text}");
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("a ")).count(),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("f ")).count(),
+        1,
+        "{text}"
+    );
+    assert_eq!(error_of(pool), (0, String::new()));
+    destroy(pool);
+    // A path in a directory that does not exist: calls succeed, the error is kept.
+    let bad = CString::new(dir.join("missing").join("x.trace").to_str().unwrap()).unwrap();
+    c.record_path = bad.as_ptr();
+    let pool = create(&c);
+    let (status, p) = allocate(pool, 4096);
+    ok(status);
+    ok(free(pool, p));
+    // SAFETY: a live pool.
+    ok(unsafe { flare_pool_record_flush(pool) });
+    let (n, text) = error_of(pool);
+    assert!(n > 0 && n == text.len(), "{n} {text:?}");
+    assert!(text.contains("x.trace"), "{text}");
+    // Truncated to the buffer, the full length returned; no buffer: the length.
+    let mut small = [0x55 as c_char; 8];
+    // SAFETY: a live pool; `small` has 8 writable bytes.
+    assert_eq!(
+        unsafe { flare_pool_record_error(pool, small.as_mut_ptr(), small.len()) },
+        n
+    );
+    assert_eq!(small[7], 0);
+    // SAFETY: a live pool; NULL buffer.
+    assert_eq!(
+        unsafe { flare_pool_record_error(pool, ptr::null_mut(), 0) },
+        n
+    );
+    destroy(pool);
+    // A pool that does not record, and NULL.
+    let pool = create(&config());
+    // SAFETY: a live pool.
+    ok(unsafe { flare_pool_record_flush(pool) });
+    assert_eq!(error_of(pool).0, 0);
+    destroy(pool);
+    assert_eq!(error_of(ptr::null()).0, 0);
+    // SAFETY: NULL is refused.
+    refused(
+        unsafe { flare_pool_record_flush(ptr::null()) },
+        FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+        "flare_pool_record_flush",
+        "NULL",
+    );
+}

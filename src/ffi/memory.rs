@@ -208,6 +208,65 @@ fn flare_pool_trim_inner(pool: Option<&FlarePool>) -> FlareStatus {
     pool_call("flare_pool_trim", pool, Pool::trim)
 }
 
+/// Writes what this pool recorded so far (`FlarePoolConfig::record_path`) to its file
+/// and waits for the write; destroy does it too. Does nothing for a pool that does
+/// not record. A write error is kept (`flare_pool_record_error`), never returned.
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL. Thread-safe.
+///
+/// # Safety
+/// `pool` is NULL or a live pool.
+#[no_mangle]
+pub unsafe extern "C" fn flare_pool_record_flush(pool: *const FlarePool) -> FlareStatus {
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+    flare_pool_record_flush_inner(unsafe { pool.as_ref() })
+}
+
+/// `flare_pool_record_flush` on the caller's pool.
+fn flare_pool_record_flush_inner(pool: Option<&FlarePool>) -> FlareStatus {
+    pool_call("flare_pool_record_flush", pool, |p| {
+        p.record_flush();
+        Ok(())
+    })
+}
+
+/// Copies the first error of this pool's recording (the file could not be created,
+/// or a write failed, e.g. a full disk; UTF-8) into `buf` as a NUL-terminated string
+/// truncated to `len - 1` bytes, and returns its full length in bytes without the
+/// NUL (a return `>= len`: call again with a larger buffer). Returns 0 while the
+/// recording works, for a pool that does not record, and for a NULL pool. After an
+/// error the recording has stopped (the file holds what was written before it); no
+/// pool call ever failed for it. `buf` NULL or `len` 0: only the length.
+/// Thread-safe.
+///
+/// # Safety
+/// `pool` is NULL or a live pool; `buf` is NULL or points to at least `len` writable
+/// bytes.
+#[no_mangle]
+pub unsafe extern "C" fn flare_pool_record_error(
+    pool: *const FlarePool,
+    buf: *mut std::ffi::c_char,
+    len: usize,
+) -> usize {
+    // SAFETY: `pool` is NULL or a live pool; `buf` is NULL or has `len` writable
+    // bytes, by the caller's contract.
+    flare_pool_record_error_inner(unsafe { pool.as_ref() }, unsafe {
+        super::boundary::c_buffer(buf, len)
+    })
+}
+
+/// `flare_pool_record_error` on the caller's pool and buffer.
+fn flare_pool_record_error_inner(
+    pool: Option<&FlarePool>,
+    buf: Option<&mut [MaybeUninit<std::ffi::c_char>]>,
+) -> usize {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pool.and_then(|p| p.pool.record_error())
+            .map_or(0, |e| super::boundary::copy_c_string(e.as_bytes(), buf))
+    }))
+    .unwrap_or(0)
+}
+
 /// Writes a consistent copy of the pool's counters to `*out`. The caller sets
 /// `out->struct_size` first (`sizeof(FlareSnapshot)`); only fields lying wholly
 /// inside it are written.

@@ -1165,16 +1165,12 @@ fn record_flush_and_record_error() {
     // Truncated to the buffer, the full length returned; no buffer: the length.
     let mut small = [0x55 as c_char; 8];
     // SAFETY: a live pool; `small` has 8 writable bytes.
-    assert_eq!(
-        unsafe { flare_pool_record_error(pool, small.as_mut_ptr(), small.len()) },
-        n
-    );
+    let m = unsafe { flare_pool_record_error(pool, small.as_mut_ptr(), small.len()) };
+    assert_eq!(m, n);
     assert_eq!(small[7], 0);
     // SAFETY: a live pool; NULL buffer.
-    assert_eq!(
-        unsafe { flare_pool_record_error(pool, ptr::null_mut(), 0) },
-        n
-    );
+    let m = unsafe { flare_pool_record_error(pool, ptr::null_mut(), 0) };
+    assert_eq!(m, n);
     destroy(pool);
     // A pool that does not record, and NULL.
     let pool = create(&config());

@@ -567,7 +567,9 @@ static void test_forced_reuse(void) {
               offsetof(FlareSnapshot, segment_lent_bytes) + 8 &&
           offsetof(FlareSnapshot, tags_sleeping) == offsetof(FlareSnapshot, remote_frees) + 8 &&
           offsetof(FlareSnapshot, sleeping_block_count) == offsetof(FlareSnapshot, offloaded_bytes) + 8 &&
-          sizeof(FlareSnapshot) == offsetof(FlareSnapshot, sleeping_block_bytes) + 8);
+          offsetof(FlareSnapshot, host_kept_bytes) ==
+              offsetof(FlareSnapshot, sleeping_block_bytes) + 8 &&
+          sizeof(FlareSnapshot) == offsetof(FlareSnapshot, host_kept_bytes) + 8);
     memset(&old, 0xab, sizeof old);
     old.struct_size = (uint32_t)offsetof(FlareSnapshot, reuse_forced_hits);
     OK(flare_pool_snapshot(pool, &old));

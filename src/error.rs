@@ -130,7 +130,7 @@ fn on_bytes(bytes: u64) -> String {
 fn hint(e: &DriverError) -> &'static str {
     match (e.call, e.code) {
         (DriverCall::Synchronize, CuResult::STREAM_CAPTURE_UNSUPPORTED) => {
-            "a stream is being captured: open a retention scope around capture; the release is retried at the next release point"
+            "a stream is being captured, and a device synchronize breaks its capture: keep releases and sleeps out of captures (a retention scope around the capture keeps the pool from releasing); what needed it is retried at the next release point"
         }
         (_, CuResult::ILLEGAL_ADDRESS) | (_, CuResult::ILLEGAL_INSTRUCTION) => {
             "the context is lost (sticky fault): recreate the context"

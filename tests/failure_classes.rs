@@ -615,8 +615,10 @@ fn every_error_message_says_call_code_sizes_and_what_to_do() {
     assert_eq!(
         pool.retention_finish().unwrap_err().to_string(),
         "driver call cuCtxSynchronize failed with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED \
-         (900); a stream is being captured: open a retention scope around capture; the \
-         release is retried at the next release point"
+         (900); a stream is being captured, and a device synchronize breaks its capture: \
+         keep releases and sleeps out of captures (a retention scope around the capture \
+         keeps the pool from releasing); what needed it is retried at the next release \
+         point"
     );
     sim.inject_failure(DriverCall::Synchronize, 1, CuResult::ILLEGAL_ADDRESS);
     assert_eq!(

@@ -656,7 +656,8 @@ pub fn import(name: &str, bytes: &[u8], options: &Options) -> Result<Imported, S
     let _ = writeln!(
         text,
         "# imported by flare-replay from the PyTorch memory snapshot {}",
-        Excerpt::new(name)
+        // The whole name (a converted trace says where it came from), on one line.
+        name.replace(['\n', '\r'], " ")
     );
     for line in summary.lines() {
         let _ = writeln!(text, "# {line}");

@@ -669,3 +669,16 @@ fn inconsistent_snapshots_are_refused() {
         "{err}"
     );
 }
+
+/// A converted trace names its snapshot whole in its first comment, however long
+/// the path (a new user saw it cut to 40 characters).
+#[test]
+fn converted_trace_names_its_whole_source() {
+    let p = snapshot(vec![vec![ev("alloc", 0, 4096)]], vec![]);
+    let name = format!("{}.pickle", "a-rather-long-snapshot-name-".repeat(4));
+    let path = scratch(&name, &p);
+    let trace = converted(&[s(&path)]);
+    let first_comment = trace.lines().nth(1).unwrap();
+    assert!(first_comment.ends_with(&name), "{first_comment}");
+    assert!(first_comment.contains(s(&path)), "{first_comment}");
+}

@@ -11,6 +11,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::mem::size_of;
 use std::ptr;
 
+use super::tests::{config, last_error};
 use super::*;
 
 const MIB: u64 = 1 << 20;
@@ -18,16 +19,6 @@ const MIB: u64 = 1 << 20;
 const GRANULARITY: u64 = 2 * MIB;
 const NULL_POOL: *mut FlarePool = ptr::null_mut();
 const SENTINEL: *mut c_void = 0x5e5e as *mut c_void;
-
-fn last_error() -> String {
-    let mut buf = [0 as c_char; 1024];
-    // SAFETY: `buf` has 1024 writable bytes.
-    unsafe { flare_last_error_message(buf.as_mut_ptr(), buf.len()) };
-    // SAFETY: flare_last_error_message NUL-terminated it.
-    unsafe { CStr::from_ptr(buf.as_ptr()) }
-        .to_string_lossy()
-        .into_owned()
-}
 
 /// Asserts `status` and that the last error starts with `function: ` and contains
 /// `detail`.
@@ -49,13 +40,6 @@ fn ok(status: FlareStatus) {
         "{}",
         last_error()
     );
-}
-
-fn config() -> FlarePoolConfig {
-    let mut c = FlarePoolConfig::default_for_layout();
-    // SAFETY: `c` is a whole, writable FlarePoolConfig.
-    unsafe { flare_pool_config_init(&mut c, size_of::<FlarePoolConfig>()) };
-    c
 }
 
 fn create(c: &FlarePoolConfig) -> *mut FlarePool {

@@ -53,7 +53,7 @@ mod torch;
 mod tests;
 
 // The exported functions' contracts, clause by clause (issue 16).
-#[cfg(test)]
+#[cfg(all(test, not(flare_loom)))]
 mod abi_tests;
 
 pub use boundary::{flare_last_error_message, flare_status_name};

@@ -12,7 +12,8 @@ use crate::{Error, ReusePolicy};
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-fn last_error() -> String {
+/// The calling thread's last error message (`flare_last_error_message`).
+pub(super) fn last_error() -> String {
     let mut buf = [0 as c_char; 1024];
     // SAFETY: `buf` has 1024 writable bytes.
     unsafe { flare_last_error_message(buf.as_mut_ptr(), buf.len()) };
@@ -22,7 +23,8 @@ fn last_error() -> String {
         .into_owned()
 }
 
-fn config() -> FlarePoolConfig {
+/// A configuration as `flare_pool_config_init` writes it.
+pub(super) fn config() -> FlarePoolConfig {
     let mut c = FlarePoolConfig::default_for_layout();
     // SAFETY: `c` is a whole, writable FlarePoolConfig.
     unsafe { flare_pool_config_init(&mut c, size_of::<FlarePoolConfig>()) };

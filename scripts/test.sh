@@ -40,6 +40,9 @@ if cargo tree -p flare-package -e normal --prefix none | grep -E '^(clap|serde|s
 fi
 echo "== cargo test (the library and the tools; simulated driver; GPU tests are ignored)"
 cargo test --release --workspace
+echo "== the package's tests again with overflow checks on (issue 16: an arithmetic mutant can hide behind wrapping; opt-level 1 to build faster)"
+CARGO_PROFILE_RELEASE_OVERFLOW_CHECKS=true CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_TARGET_DIR=target/overflow \
+  cargo test --release -p flare-package
 echo "== loom models (the whole workspace's tests under --cfg flare_loom: the models run, every other test is left out, nothing fails)"
 RUSTFLAGS="--cfg flare_loom" CARGO_TARGET_DIR=target/loom cargo test --release --workspace -- --nocapture --test-threads=1
 echo "== C and C++ programs linking the static library"

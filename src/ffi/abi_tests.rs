@@ -1171,3 +1171,50 @@ fn record_flush_and_record_error() {
         "NULL",
     );
 }
+
+/// A sleep whose `cuMemRelease` the driver refuses keeps the handle (the tag's
+/// allocation sleeps with its physical memory held, `sleeping_held_bytes`): the
+/// destroy report still counts that allocation's bytes among the live bytes it
+/// released, mapped or not (the header's `FlareDestroyReport` contract), and the
+/// held handle among the physical bytes.
+#[test]
+fn destroy_report_counts_a_sleeping_allocation_whose_handle_was_kept() {
+    let pool = create(&config());
+    const TAG: u32 = 5;
+    let (st, _p) = allocate_tagged(pool, 3 * MIB as usize, TAG);
+    ok(st);
+    // SAFETY: `pool` is live; 1 is cuMemRelease, 2 CUDA_ERROR_OUT_OF_MEMORY.
+    unsafe {
+        ok(flare_sim_inject_failure(
+            pool,
+            RawDriverCall(FlareDriverCall::FLARE_CALL_RELEASE as u32),
+            1,
+            2,
+        ));
+        ok(flare_pool_sleep(pool, TAG, RawSleepMode(0)));
+    }
+    let s = snap(pool);
+    assert_eq!(
+        (s.sleeping_count, s.sleeping_bytes, s.sleeping_held_bytes),
+        (1, 0, 4 * MIB),
+        "the 3 MiB request's 4 MiB mapping sleeps with its handle kept"
+    );
+    assert_eq!((s.live_mapped_bytes, s.physical_bytes), (0, 4 * MIB));
+    let mut r = FlareDestroyReport {
+        struct_size: size_of::<FlareDestroyReport>() as u32,
+        ..FlareDestroyReport::default()
+    };
+    // SAFETY: `pool` is live and not used again; `r` is a whole report.
+    ok(unsafe { flare_pool_destroy_report(pool, &mut r) });
+    assert_eq!(
+        r,
+        FlareDestroyReport {
+            struct_size: size_of::<FlareDestroyReport>() as u32,
+            scope_was_open: 0,
+            live_count: 1,
+            live_requested_bytes: 3 * MIB,
+            live_mapped_bytes: 4 * MIB,
+            physical_bytes: 4 * MIB,
+        }
+    );
+}

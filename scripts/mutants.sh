@@ -10,7 +10,8 @@
 #   bash scripts/mutants.sh pool            # one area: pool, sim or ffi
 #   MUTANTS_JOBS=4 bash scripts/mutants.sh  # parallel builds (cargo-mutants --jobs)
 #   MUTANTS_BAR=95                          # the bar, percent (default 95)
-#   MUTANTS_SHARD=1/4                       # one shard of each area (cargo-mutants --shard)
+#   MUTANTS_SHARD=0/4                       # one shard of each area (cargo-mutants --shard,
+#                                           # 0-based); the summary counts every shard run
 #   MUTANTS_ITERATE=1                       # keep mutants.out/<area> and skip the mutants
 #                                           # it already saw caught (cargo-mutants --iterate)
 #   MUTANTS_ARGS='-F grow'                  # more cargo-mutants arguments (a subset)
@@ -95,7 +96,16 @@ for area in "${areas[@]}"; do
     *) echo "unknown area $area (pool, sim or ffi)" >&2; exit 2 ;;
   esac
   echo "== $area"
-  out=mutants.out/$area
+  # A shard's results stay beside the other shards' (mutants.out/AREA-shard-K-of-N),
+  # and the summary counts them together: the shards of an area can run at different
+  # times or on different machines (copy their directories in), on the same code.
+  if [ -n "${MUTANTS_SHARD:-}" ]; then
+    out=mutants.out/$area-shard-${MUTANTS_SHARD/\//-of-}
+    rm -rf "mutants.out/$area"
+  else
+    out=mutants.out/$area
+    rm -rf "mutants.out/$area"-shard-*
+  fi
   if [ "$area" = ffi ]; then
     # The Rust tests through the C ABI (src/ffi/abi_tests.rs) and the header check
     # (which reads cbindgen_sources) first; then the mutants they miss face the C
@@ -109,9 +119,11 @@ for area in "${areas[@]}"; do
   else
     pass "$out" "${MUTANTS_ITERATE:-0}" 0 "${files[@]}" "${cpu_tests[@]}"
   fi
-  python3 - "$out" "$equivalent" "$area" "$bar" >>"$summary" <<'EOF' || failed=1
+  python3 - "$equivalent" "$area" "$bar" mutants.out/"$area" mutants.out/"$area"-shard-* \
+    >>"$summary" <<'EOF' || failed=1
 import os, sys
-out, equivalent, area, bar = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+equivalent, area, bar = sys.argv[1], sys.argv[2], float(sys.argv[3])
+outs = [d for d in sys.argv[4:] if os.path.isdir(d)]
 eq = set()
 try:
     for line in open(equivalent):
@@ -121,10 +133,13 @@ try:
 except FileNotFoundError:
     pass
 def names(f):
-    try:
-        return {l.strip() for l in open(os.path.join(out, f)) if l.strip()}
-    except FileNotFoundError:
-        return set()
+    found = set()
+    for out in outs:
+        try:
+            found |= {l.strip() for l in open(os.path.join(out, f)) if l.strip()}
+        except FileNotFoundError:
+            pass
+    return found
 # An --iterate pass lists what earlier passes caught in previously_caught.txt.
 caught = names("caught.txt") | names("previously_caught.txt")
 missed = names("missed.txt") - caught
@@ -135,7 +150,9 @@ missed -= equiv
 viable = len(caught) + len(missed) + len(timeout)
 score = 100.0 * len(caught) / viable if viable else 100.0
 ok = score >= bar
-print(f"{area}: caught {len(caught)}, missed {len(missed)}, timeout {len(timeout)}, "
+shards = [d for d in outs if "-shard-" in d]
+where = f" ({len(shards)} shard(s): {', '.join(os.path.basename(d) for d in shards)})" if shards else ""
+print(f"{area}{where}: caught {len(caught)}, missed {len(missed)}, timeout {len(timeout)}, "
       f"unviable {len(unviable)}, equivalent {len(equiv)}: {score:.1f}% of {viable} viable "
       f"({'meets' if ok else 'below'} the bar of {bar:.0f}%)")
 for m in sorted(missed):

@@ -1218,3 +1218,177 @@ fn destroy_report_counts_a_sleeping_allocation_whose_handle_was_kept() {
         }
     );
 }
+
+/// A tag sleeping in discard mode (no fault): its allocation's bytes are
+/// `sleeping_bytes`, no longer physical; the destroy report counts them among the
+/// live bytes it released all the same ("mapped or not").
+#[test]
+fn destroy_report_counts_a_discarded_sleeping_allocation() {
+    let pool = create(&config());
+    const TAG: u32 = 6;
+    let (st, _p) = allocate_tagged(pool, 3 * MIB as usize, TAG);
+    ok(st);
+    // SAFETY: `pool` is live; mode 0 is FLARE_SLEEP_DISCARD.
+    ok(unsafe { flare_pool_sleep(pool, TAG, RawSleepMode(0)) });
+    let s = snap(pool);
+    assert_eq!(
+        (s.sleeping_count, s.sleeping_bytes, s.sleeping_held_bytes),
+        (1, 4 * MIB, 0)
+    );
+    assert_eq!((s.live_mapped_bytes, s.physical_bytes), (0, 0));
+    let mut r = FlareDestroyReport {
+        struct_size: size_of::<FlareDestroyReport>() as u32,
+        ..FlareDestroyReport::default()
+    };
+    // SAFETY: `pool` is live and not used again; `r` is a whole report.
+    ok(unsafe { flare_pool_destroy_report(pool, &mut r) });
+    assert_eq!(
+        (
+            r.live_count,
+            r.live_requested_bytes,
+            r.live_mapped_bytes,
+            r.physical_bytes
+        ),
+        (1, 3 * MIB, 4 * MIB, 0)
+    );
+}
+
+/// A destroy the driver refuses (cuMemRelease fails, and fails again at the retry
+/// `Pool::destroy` makes): `FLARE_STATUS_DRIVER_ERROR`, and the report is written
+/// all the same (its contract: "written whenever the pool was destroyed: on
+/// FLARE_STATUS_SUCCESS and on FLARE_STATUS_DRIVER_ERROR"),
+/// counting the live allocation it released; the last error keeps the driver's
+/// failure first and appends what was live.
+#[test]
+fn a_destroy_the_driver_refuses_still_writes_its_report() {
+    let pool = create(&config());
+    let (st, _p) = allocate(pool, 3 * MIB as usize);
+    ok(st);
+    let release = RawDriverCall(FlareDriverCall::FLARE_CALL_RELEASE as u32);
+    // SAFETY: `pool` is live; 999 is CUDA_ERROR_UNKNOWN.
+    unsafe {
+        ok(flare_sim_inject_failure(pool, release, 1, 999));
+        ok(flare_sim_inject_failure(pool, release, 2, 999));
+    }
+    let mut r = FlareDestroyReport {
+        struct_size: size_of::<FlareDestroyReport>() as u32,
+        ..FlareDestroyReport::default()
+    };
+    // SAFETY: `pool` is live and not used again; `r` is a whole report.
+    let st = unsafe { flare_pool_destroy_report(pool, &mut r) };
+    assert_eq!(
+        st,
+        FlareStatus::FLARE_STATUS_DRIVER_ERROR,
+        "{}",
+        last_error()
+    );
+    assert_eq!(
+        (
+            r.live_count,
+            r.live_requested_bytes,
+            r.live_mapped_bytes,
+            r.physical_bytes
+        ),
+        (1, 3 * MIB, 4 * MIB, 4 * MIB)
+    );
+    let message = last_error();
+    assert!(
+        message.starts_with("flare_pool_destroy_report: ")
+            && message.contains("cuMemRelease")
+            && message.ends_with(
+                "; released 1 live allocation(s): 3145728 bytes requested, \
+                 4194304 bytes (4.0 MiB) mapped"
+            ),
+        "{message}"
+    );
+}
+
+/// Every refusal of the simulated stream controls the C ABI can provoke names the
+/// call, the stream and what the code means there (`refused` in sim.rs; the codes
+/// are the simulated driver's, rows of docs/vmm-semantics.md): a handle that is no
+/// stream, a launch on memory not mapped, an end of a capture never begun, a capture
+/// of the legacy stream, a launch into a capture a device synchronize invalidated, an
+/// end of a global-mode capture from another thread. (The two codes only events or
+/// blocking streams produce, `STREAM_CAPTURE_UNMATCHED` and `_IMPLICIT`, cannot
+/// reach it through the C ABI: it makes neither.)
+#[test]
+fn each_refusal_of_the_simulated_stream_controls_says_what_it_means() {
+    let pool = create(&config());
+    let mut s = ptr::null_mut();
+    // SAFETY: `pool` is live; `s` is writable.
+    ok(unsafe { flare_sim_stream_create(pool, &mut s) });
+    let bogus = 0xdead as FlareStream;
+    let invalid = FlareStatus::FLARE_STATUS_INVALID_ARGUMENT;
+    let mut valid: c_int = -1;
+    // SAFETY: `pool` is live throughout; outputs are writable; pointers given to the
+    // simulated launch are only compared with its mappings.
+    unsafe {
+        refused(
+            flare_sim_launch(pool, bogus, ptr::null(), 0),
+            invalid,
+            "flare_sim_launch",
+            "cuLaunchKernel on stream 0xdead: CUDA_ERROR_INVALID_HANDLE (400): not a live \
+             stream of this pool's simulated driver",
+        );
+        refused(
+            flare_sim_launch(pool, s, 0x1000 as *const c_void, 4096),
+            invalid,
+            "flare_sim_launch",
+            "a byte of the range is not mapped with access for the stream's device",
+        );
+        refused(
+            flare_sim_end_capture(pool, s, &mut valid),
+            invalid,
+            "flare_sim_end_capture",
+            "the stream is not in a capture state that allows it",
+        );
+        refused(
+            flare_sim_begin_capture(pool, ptr::null_mut()),
+            invalid,
+            "flare_sim_begin_capture",
+            "the legacy stream cannot be captured",
+        );
+        assert_eq!(valid, -1, "nothing written on a refusal");
+        // A tag sleeping while `s` (a stream the pool never saw) is captured: the
+        // pool's device synchronize breaks the capture (and fails the sleep).
+        let (st, _p) = allocate_tagged(pool, 1, 9);
+        ok(st);
+        ok(flare_sim_begin_capture(pool, s));
+        assert_eq!(
+            flare_pool_sleep(pool, 9, RawSleepMode(0)),
+            FlareStatus::FLARE_STATUS_DRIVER_ERROR,
+            "{}",
+            last_error()
+        );
+        refused(
+            flare_sim_launch(pool, s, ptr::null(), 0),
+            invalid,
+            "flare_sim_launch",
+            "the stream's capture was invalidated: end it",
+        );
+        ok(flare_sim_end_capture(pool, s, &mut valid));
+        assert_eq!(valid, 0, "the capture ended invalidated");
+        // A global-mode capture (the mode flare_sim_begin_capture uses) ended from
+        // another thread.
+        ok(flare_sim_begin_capture(pool, s));
+    }
+    let (p, st) = (pool as usize, s as usize);
+    std::thread::spawn(move || {
+        let mut valid: c_int = -1;
+        // SAFETY: the pool and stream are live; `valid` is writable.
+        let status =
+            unsafe { flare_sim_end_capture(p as *mut FlarePool, st as FlareStream, &mut valid) };
+        refused(
+            status,
+            FlareStatus::FLARE_STATUS_INVALID_ARGUMENT,
+            "flare_sim_end_capture",
+            "the capture was begun on another thread",
+        );
+    })
+    .join()
+    .unwrap();
+    // SAFETY: `pool` is live; `valid` is writable.
+    ok(unsafe { flare_sim_end_capture(pool, s, &mut valid) });
+    assert_eq!(valid, 1);
+    destroy(pool);
+}

@@ -115,8 +115,14 @@ unsafe extern "C-unwind" fn record_oom(
 
 #[test]
 fn pytorch_entry_points_allocate_free_and_report_failures() {
+    // Every pool records (FLARE_TORCH_RECORD, read when the allocator is made).
+    let dir = std::env::temp_dir().join(format!("flare-torch-abi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let record = dir.join("rec");
+    std::env::set_var("FLARE_TORCH_RECORD", &record);
+    // Three devices: device 2 exists, device 3 does not.
     assert_eq!(
-        flare_torch_use_simulated(CAPACITY, 2),
+        flare_torch_use_simulated(CAPACITY, 3),
         FlareStatus::FLARE_STATUS_SUCCESS,
         "{}",
         last_error()
@@ -315,5 +321,45 @@ fn pytorch_entry_points_allocate_free_and_report_failures() {
         assert_eq!(number_in(&stats_of(1), "tensor", "physical_bytes"), 2 * MIB);
         ok(flare_torch_trim(1));
         assert_eq!(number_in(&stats_of(1), "created", "physical_bytes"), 0);
+        // An aborted scope counts as aborted, not finished.
+        ok(flare_torch_retention_begin(1));
+        ok(flare_torch_retention_finish(1, 1));
+        let json = stats_of(1);
+        assert_eq!(
+            (
+                number_in(&json, "tensor", "scopes_finished"),
+                number_in(&json, "tensor", "scopes_aborted")
+            ),
+            (1, 1)
+        );
+
+        // The machine has devices 0, 1 and 2 (use_simulated's count, not its
+        // default of 2).
+        assert!(stats_of(2).starts_with("{\"device\":2,\"backend\":\"sim\",\"created\":false"));
+        assert!(
+            stats_of(3).contains("device 3 does not exist"),
+            "{}",
+            stats_of(3)
+        );
+
+        // The flush writes what device 1's tensor pool recorded so far, up to its
+        // last call (its writer would only have written on its own 200 ms later):
+        // two allocations (8 MiB, 4096 bytes), each scope's begin and end, the trim.
+        flare_torch_record_flush();
+        assert_eq!(flare_torch_hook_failures(), 1);
+        let text = std::fs::read_to_string(format!("{}.dev1.tensor.trace", record.display()))
+            .expect("device 1's tensor pool's trace");
+        // (`done` lines, what the pool saw of stream work, are left out.)
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.starts_with("done "))
+            .collect();
+        let first = |l: &&str| l.split(' ').next().unwrap_or("").to_string();
+        assert_eq!(
+            lines.iter().map(first).collect::<Vec<_>>(),
+            ["begin", "a", "f", "finish", "a", "f", "trim", "begin", "abort"],
+            "{text}"
+        );
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }

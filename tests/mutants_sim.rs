@@ -247,3 +247,25 @@ fn config_reads_back_the_normalised_settings() {
         }
     );
 }
+
+/// `SimDriver`'s `Debug` shows its configuration and its state (what a failing test
+/// prints when it formats the driver): a handle of one granule shows as one handle
+/// of 2 MiB, and the default capacity as 140 GiB (`SimConfig::default`, an H200).
+#[test]
+fn debug_shows_the_configuration_and_the_state() {
+    let d = sim();
+    let _h = d.mem_create(G).unwrap();
+    let text = format!("{d:?}");
+    assert!(
+        text.starts_with("SimDriver { config: SimConfig {"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("capacity_bytes: {}", 140u64 << 30)),
+        "{text}"
+    );
+    assert!(
+        text.contains("state: SimState { handles: 1, physical_bytes: 2097152,"),
+        "{text}"
+    );
+}

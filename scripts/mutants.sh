@@ -42,7 +42,8 @@ fi
 bar=${MUTANTS_BAR:-95}
 jobs=${MUTANTS_JOBS:-1}
 extra=()
-[ -n "${MUTANTS_SHARD:-}" ] && extra+=(--shard "$MUTANTS_SHARD")
+# Round-robin: each shard samples every file alike (mutant i on shard i % N).
+[ -n "${MUTANTS_SHARD:-}" ] && extra+=(--shard "$MUTANTS_SHARD" --sharding round-robin)
 
 # The CPU test binaries of the package: every tests/*.rs but the GPU ones, the loom
 # model, the header check and the C programs (the last two added for the ffi area).

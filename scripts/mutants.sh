@@ -28,8 +28,10 @@
 # tests miss are tried again against the C and C++ programs (a second pass).
 #
 # Not part of .ci/run (too slow); run it before resolving an issue that changes
-# these files. Results: mutants.out/<area>/ (cargo-mutants' own output) and
-# mutants.out/summary.txt.
+# these files. Results: mutants.out/<area>/ (cargo-mutants' own output; its lists,
+# *.txt, and commit.txt, the commit it ran on, are committed) and
+# mutants.out/summary.txt. The summary flags a result whose area's source changed
+# since its run as STALE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -132,11 +134,39 @@ for area in "${areas[@]}"; do
   else
     pass "$out" "${MUTANTS_ITERATE:-0}" 0 "${files[@]}" "${cpu_tests[@]}"
   fi
-  python3 - "$equivalent" "$area" "$bar" mutants.out/"$area" mutants.out/"$area"-shard-* \
-    >>"$summary" <<'EOF' || failed=1
-import os, sys
-equivalent, area, bar = sys.argv[1], sys.argv[2], float(sys.argv[3])
-outs = [d for d in sys.argv[4:] if os.path.isdir(d)]
+  # The commit the run saw (its lists, *.txt, are committed: the shards of the pool
+  # take more than one session on a small machine).
+  if [ "${MUTANTS_REPORT:-0}" != 1 ]; then
+    {
+      git rev-parse HEAD
+      git status --porcelain -- src tests ffi-tests | sed 's/^/uncommitted: /'
+    } >"$out/commit.txt"
+  fi
+  case "$area" in
+    pool) src=src/pool ;;
+    sim) src=src/driver/sim ;;
+    ffi) src=src/ffi ;;
+  esac
+  # The area's mutants in the checkout as it is: a result under another name (code
+  # moved since its run) is left out, a mutant with no result is "not run".
+  listing=mutants.out/$area.list
+  cargo mutants --list "${files[@]}" >"$listing"
+  python3 - "$equivalent" "$area" "$bar" "$src" "$listing" mutants.out/"$area" \
+    mutants.out/"$area"-shard-* >>"$summary" <<'EOF' || failed=1
+import os, subprocess, sys
+equivalent, area, bar, src, listing = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], sys.argv[5]
+outs = [d for d in sys.argv[6:] if os.path.isdir(d)]
+current = {l.strip() for l in open(listing) if l.strip()}
+# A directory whose run saw other code of the area than the checkout's is stale.
+for d in outs:
+    try:
+        commit = open(os.path.join(d, "commit.txt")).readline().strip()
+    except FileNotFoundError:
+        print(f"{area}: {d} has no commit.txt (its run's code is unknown)")
+        continue
+    same = subprocess.run(["git", "diff", "--quiet", commit, "--", src]).returncode == 0
+    if not same:
+        print(f"{area}: STALE: {d} ran on {commit[:12]}; {src} has changed since")
 eq = set()
 try:
     for line in open(equivalent):
@@ -155,20 +185,22 @@ def names(f):
     return found
 # An --iterate pass lists what earlier passes caught, and the unviable mutants they
 # saw, in previously_caught.txt; the latter are kept in unviable_earlier.txt.
-unviable = names("unviable.txt") | names("unviable_earlier.txt")
-caught = (names("caught.txt") | names("previously_caught.txt")) - unviable
-missed = names("missed.txt") - caught
-timeout = names("timeout.txt") - caught
+unviable = (names("unviable.txt") | names("unviable_earlier.txt")) & current
+caught = ((names("caught.txt") | names("previously_caught.txt")) & current) - unviable
+missed = (names("missed.txt") & current) - caught
+timeout = (names("timeout.txt") & current) - caught
+not_run = current - unviable - caught - missed - timeout
 equiv = {m for m in missed if m in eq}
 missed -= equiv
 viable = len(caught) + len(missed) + len(timeout)
 score = 100.0 * len(caught) / viable if viable else 100.0
-ok = score >= bar
+ok = score >= bar and not not_run
 shards = [d for d in outs if "-shard-" in d]
 where = f" ({len(shards)} shard(s): {', '.join(os.path.basename(d) for d in shards)})" if shards else ""
-print(f"{area}{where}: caught {len(caught)}, missed {len(missed)}, timeout {len(timeout)}, "
+print(f"{area}{where}: {len(current)} mutants, not run {len(not_run)}; "
+      f"caught {len(caught)}, missed {len(missed)}, timeout {len(timeout)}, "
       f"unviable {len(unviable)}, equivalent {len(equiv)}: {score:.1f}% of {viable} viable "
-      f"({'meets' if ok else 'below'} the bar of {bar:.0f}%; "
+      f"({'meets' if ok else 'not all run' if score >= bar else 'below'} the bar of {bar:.0f}%; "
       f"{100.0 * len(caught) / max(1, viable + len(equiv)):.1f}% counting the equivalent as missed)")
 for m in sorted(missed):
     print(f"  missed: {m}")

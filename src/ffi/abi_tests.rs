@@ -1373,7 +1373,7 @@ fn each_refusal_of_the_simulated_stream_controls_says_what_it_means() {
         ok(flare_sim_begin_capture(pool, s));
     }
     let (p, st) = (pool as usize, s as usize);
-    std::thread::spawn(move || {
+    let other = std::thread::spawn(move || {
         let mut valid: c_int = -1;
         // SAFETY: the pool and stream are live; `valid` is writable.
         let status =
@@ -1384,9 +1384,10 @@ fn each_refusal_of_the_simulated_stream_controls_says_what_it_means() {
             "flare_sim_end_capture",
             "the capture was begun on another thread",
         );
-    })
-    .join()
-    .unwrap();
+    });
+    if let Err(panic) = other.join() {
+        std::panic::resume_unwind(panic);
+    }
     // SAFETY: `pool` is live; `valid` is writable.
     ok(unsafe { flare_sim_end_capture(pool, s, &mut valid) });
     assert_eq!(valid, 1);

@@ -269,3 +269,18 @@ fn debug_shows_the_configuration_and_the_state() {
         "{text}"
     );
 }
+
+/// `ctx_synchronize`: "`CUDA_ERROR_INVALID_DEVICE` for an ordinal that is not one of
+/// the simulated devices", below the first and past the last alike; the devices in
+/// between synchronize.
+#[test]
+fn synchronize_of_a_device_the_machine_lacks_is_invalid_device() {
+    let d = SimDriver::new(SimConfig {
+        device_count: 2,
+        ..SimConfig::default()
+    });
+    assert_eq!(d.ctx_synchronize(-1), CuResult::INVALID_DEVICE);
+    assert_eq!(d.ctx_synchronize(2), CuResult::INVALID_DEVICE);
+    assert_eq!(d.ctx_synchronize(0), OK);
+    assert_eq!(d.ctx_synchronize(1), OK);
+}

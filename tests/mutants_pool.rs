@@ -1396,3 +1396,23 @@ fn simulated_granularity_below_a_page_is_refused() {
     assert_eq!(check(&pool).live_count, 0);
     pool.retention_finish().unwrap();
 }
+
+/// `Pool`'s `Debug` (what a failing test prints) names its policy, its granularity in
+/// bytes and whether it runs on the simulated driver: a best-fit pool on the default
+/// simulator shows `BestFit`, 2 MiB (2097152) and `simulated: true`.
+#[test]
+fn debug_names_the_policy_granularity_and_backend() {
+    let (pool, _sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            reuse_policy: ReusePolicy::BestFit,
+            ..PoolConfig::default()
+        },
+    );
+    let text = format!("{pool:?}");
+    assert!(text.starts_with("Pool { policy: BestFit"), "{text}");
+    assert!(
+        text.contains("granularity: 2097152, simulated: true, .. }"),
+        "{text}"
+    );
+}

@@ -1189,3 +1189,32 @@ fn seg_cached_small_blocks_coalesce_before_a_growth() {
     assert_eq!(s.mappings_released, s.mappings_created);
     assert_eq!(sim.call_count(DriverCall::Release), s.mappings_created);
 }
+
+/// The waste bound is inclusive in the thread cache as in the books: best-fit takes
+/// a mapping of up to `rounded + floor(rounded * percent / 100)` bytes
+/// (`max_fit`, "the largest mapping size best-fit takes"). With a 25 % bound an
+/// 8 MiB request's bound is exactly 10 MiB: it takes a cached 10 MiB mapping, a
+/// cache hit with no driver call.
+#[test]
+fn a_cached_mapping_exactly_at_the_waste_bound_is_a_hit() {
+    let (pool, sim) = pool_with(PoolConfig {
+        best_fit_max_waste_percent: 25,
+        ..PoolConfig::default()
+    });
+    pool.retention_begin().unwrap();
+    let a = pool.allocate_raw(10 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    assert_eq!(check(&pool).thread_cache_count, 1);
+    let calls: u64 = DriverCall::ALL.iter().map(|&c| sim.call_count(c)).sum();
+    let b = pool.allocate_raw(8 * MIB).unwrap();
+    assert_eq!(b, a, "the 10 MiB mapping is within 25 % of 8 MiB");
+    let s = check(&pool);
+    assert_eq!(
+        (s.thread_cache_hits, s.reuse_hits, s.reuse_exact_hits),
+        (1, 1, 0)
+    );
+    let after: u64 = DriverCall::ALL.iter().map(|&c| sim.call_count(c)).sum();
+    assert_eq!(after, calls, "a cache hit makes no driver call");
+    pool.free_raw(b).unwrap();
+    pool.retention_finish().unwrap();
+}

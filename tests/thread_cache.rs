@@ -1218,3 +1218,71 @@ fn a_cached_mapping_exactly_at_the_waste_bound_is_a_hit() {
     pool.free_raw(b).unwrap();
     pool.retention_finish().unwrap();
 }
+
+/// The bytes bound counts what the cache holds now: a hit takes its mapping's bytes
+/// out of it. `thread_cache_bytes = 6 MiB`: a 4 MiB mapping cached, then handed out
+/// again (a hit: 0 bytes held), then freed again with a 2 MiB one: 4 + 2 = 6 MiB,
+/// both cached.
+#[test]
+fn a_hit_takes_its_bytes_out_of_the_bytes_bound() {
+    let (pool, sim) = pool_with(PoolConfig {
+        thread_cache_bytes: 6 * MIB,
+        ..PoolConfig::default()
+    });
+    pool.retention_begin().unwrap();
+    let a = pool.allocate_raw(4 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    assert_eq!(pool.allocate_raw(4 * MIB).unwrap(), a, "a hit");
+    let b = pool.allocate_raw(2 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    pool.free_raw(b).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.thread_cache_hits, s.thread_cache_count), (1, 2));
+    assert_eq!(s.thread_cache_bytes, 6 * MIB);
+    pool.retention_finish().unwrap();
+    released_once(&pool, &sim);
+}
+
+/// The same when a miss moves another thread's cached mapping to the books (the
+/// pass over every cache before a mapping is created): that cache's bytes go down.
+/// `thread_cache_bytes = 6 MiB`; thread B caches a 4 MiB mapping; the main thread's
+/// 4 MiB request takes it from B's cache; B then caches a 2 MiB mapping (0 + 2 MiB
+/// held, within the bound).
+#[test]
+fn a_mapping_moved_out_of_another_threads_cache_leaves_its_bytes_bound() {
+    let (pool, sim) = pool_with(PoolConfig {
+        thread_cache_bytes: 6 * MIB,
+        ..PoolConfig::default()
+    });
+    pool.retention_begin().unwrap();
+    let (to_b, b_waits) = mpsc::channel::<()>();
+    let (to_main, main_waits) = mpsc::channel::<DevicePtr>();
+    thread::scope(|scope| {
+        let pool = &pool;
+        // Owned here, so that a failed assertion below drops it and B stops waiting.
+        let to_b = to_b;
+        scope.spawn(move || {
+            let x = pool.allocate_raw(4 * MIB).unwrap();
+            pool.free_raw(x).unwrap();
+            to_main.send(x).unwrap();
+            b_waits.recv().unwrap();
+            // B's cache is empty now: a new 2 MiB mapping, cached at its free.
+            let y = pool.allocate_raw(2 * MIB).unwrap();
+            pool.free_raw(y).unwrap();
+            to_main.send(y).unwrap();
+            // B keeps its cache until the main thread has looked.
+            b_waits.recv().unwrap();
+        });
+        let x = main_waits.recv().unwrap();
+        let a = pool.allocate_raw(4 * MIB).unwrap();
+        assert_eq!(a, x, "B's cached mapping, moved to the books");
+        to_b.send(()).unwrap();
+        let _y = main_waits.recv().unwrap();
+        let s = check(&pool);
+        assert_eq!((s.thread_cache_count, s.thread_cache_bytes), (1, 2 * MIB));
+        to_b.send(()).unwrap();
+        pool.free_raw(a).unwrap();
+    });
+    pool.retention_finish().unwrap();
+    released_once(&pool, &sim);
+}

@@ -1416,3 +1416,28 @@ fn debug_names_the_policy_granularity_and_backend() {
         "{text}"
     );
 }
+
+/// Segment mode: a growth whose `cuMemSetAccess` fails and whose undoing unmap fails
+/// too leaves its range mapped with no access (`map_fresh`: "the claimed range now
+/// holds a mapping that cannot be removed"). That range must stay claimed: the next
+/// growth maps its new handle past it, not over it (the driver refuses to map over
+/// a mapped range), so the next allocation succeeds on memory it may touch.
+#[test]
+fn a_growth_range_left_mapped_stays_claimed() {
+    let (pool, sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            reuse_policy: ReusePolicy::Segments,
+            ..PoolConfig::default()
+        },
+    );
+    sim.inject_failure(DriverCall::SetAccess, 1, FAIL);
+    sim.inject_failure(DriverCall::Unmap, 1, FAIL);
+    assert!(pool.allocate_raw(4096).is_err());
+    let p = pool
+        .allocate_raw(4096)
+        .expect("the next growth maps past the lost range");
+    assert_eq!(sim.touch(p, 4096, 0), CuResult::SUCCESS);
+    assert!(sim.faults().is_empty(), "{:?}", sim.faults());
+    pool.free_raw(p).unwrap();
+}

@@ -1441,3 +1441,66 @@ fn a_growth_range_left_mapped_stays_claimed() {
     assert!(sim.faults().is_empty(), "{:?}", sim.faults());
     pool.free_raw(p).unwrap();
 }
+
+/// A segment-mode pool on the default simulator (1 GiB), in a retention scope.
+fn seg_pool_in_scope() -> (Pool, Arc<SimDriver>) {
+    let (pool, sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            reuse_policy: ReusePolicy::Segments,
+            ..PoolConfig::default()
+        },
+    );
+    pool.retention_begin().unwrap();
+    (pool, sim)
+}
+
+/// Stitching (`lend_handles`: "largest first while they fit in need"): a 4 MiB
+/// growth whose segment has two free 2 MiB handles, each alone in its free block
+/// (its neighbours live), lends both and creates no handle: the peak stays at the
+/// 12 MiB the four 2 MiB and one 4 MiB allocations made.
+#[test]
+fn a_growth_lends_every_lone_free_handle_it_needs() {
+    let (pool, sim) = seg_pool_in_scope();
+    let w: Vec<_> = (0..4)
+        .map(|_| pool.allocate_raw(2 * MIB).unwrap())
+        .collect();
+    let n1 = pool.allocate_raw(4 * MIB).unwrap();
+    pool.free_raw(w[0]).unwrap();
+    pool.free_raw(w[2]).unwrap();
+    let created = sim.call_count(DriverCall::Create);
+    let n2 = pool.allocate_raw(4 * MIB).unwrap();
+    let s = check(&pool);
+    assert_eq!(sim.call_count(DriverCall::Create), created, "no new handle");
+    assert_eq!((s.segment_handles_lent, s.segment_lent_bytes), (2, 4 * MIB));
+    assert_eq!(s.peak_physical_bytes, 12 * MIB);
+    for p in [w[1], w[3], n1, n2] {
+        pool.free_raw(p).unwrap();
+    }
+    pool.retention_finish().unwrap();
+}
+
+/// A lend whose new mapping cannot be undone (`cuMemSetAccess` refused, then the
+/// unmap too) keeps that mapping, retired, as the handle's alias (`lend_failed`):
+/// the handle counts as lent, its 2 MiB in `segment_lent_bytes`, and the growth
+/// fails with the set-access error.
+#[test]
+fn a_lend_left_mapped_counts_as_lent() {
+    let (pool, sim) = seg_pool_in_scope();
+    let w1 = pool.allocate_raw(2 * MIB).unwrap();
+    let w2 = pool.allocate_raw(2 * MIB).unwrap();
+    let n1 = pool.allocate_raw(4 * MIB).unwrap();
+    pool.free_raw(w1).unwrap();
+    sim.inject_failure(DriverCall::SetAccess, 1, FAIL);
+    sim.inject_failure(DriverCall::Unmap, 1, FAIL);
+    match pool.allocate_raw(4 * MIB) {
+        Err(Error::Driver { source, .. }) => assert_eq!(source.call, DriverCall::SetAccess),
+        other => panic!("{other:?}"),
+    }
+    let s = check(&pool);
+    assert_eq!((s.segment_handles_lent, s.segment_lent_bytes), (1, 2 * MIB));
+    for p in [w2, n1] {
+        pool.free_raw(p).unwrap();
+    }
+    pool.retention_finish().unwrap();
+}

@@ -1504,3 +1504,30 @@ fn a_lend_left_mapped_counts_as_lent() {
     }
     pool.retention_finish().unwrap();
 }
+
+/// `Pool::destroy` with a segment handle the driver will not unmap (refused, and
+/// again at the retry): the error names the unmap, and that handle's memory is left
+/// to the driver, its segment's reservation with it ("a reservation is never freed
+/// while a mapping in it is live"); the rest is released.
+#[test]
+fn destroy_keeps_the_reservation_of_a_segment_left_mapped() {
+    let (pool, sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            reuse_policy: ReusePolicy::Segments,
+            ..PoolConfig::default()
+        },
+    );
+    let _p = pool.allocate_raw(4096).unwrap();
+    sim.inject_failure(DriverCall::Unmap, 1, FAIL);
+    sim.inject_failure(DriverCall::Unmap, 2, FAIL);
+    match pool.destroy() {
+        Err(Error::Driver { source, .. }) => assert_eq!(source.call, DriverCall::Unmap),
+        other => panic!("{other:?}"),
+    }
+    let d = sim.state();
+    assert_eq!((d.handles, d.mappings, d.reservations), (1, 1, 1), "{d:?}");
+    // Not even tried: the segment's is the only reservation.
+    assert_eq!(sim.call_count(DriverCall::FreeReservation), 0);
+    assert!(sim.faults().is_empty(), "{:?}", sim.faults());
+}

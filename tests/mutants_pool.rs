@@ -1440,6 +1440,13 @@ fn a_growth_range_left_mapped_stays_claimed() {
     assert_eq!(sim.touch(p, 4096, 0), CuResult::SUCCESS);
     assert!(sim.faults().is_empty(), "{:?}", sim.faults());
     pool.free_raw(p).unwrap();
+    // The trim releases both handles: the failed growth's (kept pending, never
+    // created: its set-access failed) is counted in neither `mappings_created` nor
+    // `mappings_released`, the second growth's in both.
+    pool.trim().unwrap();
+    let s = check(&pool);
+    assert_eq!((s.mappings_created, s.mappings_released), (1, 1));
+    assert_eq!((s.physical_bytes, s.pending_count), (0, 0));
 }
 
 /// A segment-mode pool on the default simulator (1 GiB), in a retention scope.

@@ -119,6 +119,12 @@ for area in "${areas[@]}"; do
     out=mutants.out/$area
     rm -rf "mutants.out/$area"-shard-*
   fi
+  # The commit the run sees (its lists, *.txt, are committed: the shards of the pool
+  # take more than one session on a small machine).
+  seen=$({
+    git rev-parse HEAD
+    git status --porcelain -- src tests ffi-tests | sed 's/^/uncommitted: /'
+  })
   if [ "${MUTANTS_REPORT:-0}" = 1 ]; then
     : # the summary of what mutants.out holds, nothing run
   elif [ "$area" = ffi ]; then
@@ -134,14 +140,7 @@ for area in "${areas[@]}"; do
   else
     pass "$out" "${MUTANTS_ITERATE:-0}" 0 "${files[@]}" "${cpu_tests[@]}"
   fi
-  # The commit the run saw (its lists, *.txt, are committed: the shards of the pool
-  # take more than one session on a small machine).
-  if [ "${MUTANTS_REPORT:-0}" != 1 ]; then
-    {
-      git rev-parse HEAD
-      git status --porcelain -- src tests ffi-tests | sed 's/^/uncommitted: /'
-    } >"$out/commit.txt"
-  fi
+  [ "${MUTANTS_REPORT:-0}" != 1 ] && printf '%s\n' "$seen" >"$out/commit.txt"
   case "$area" in
     pool) src=src/pool ;;
     sim) src=src/driver/sim ;;

@@ -82,7 +82,7 @@ pass() {
     it=(--iterate)
     # --iterate skips the unviable mutants of earlier passes too (its
     # previously_caught.txt lists them with the caught ones): keep their names.
-    unviable=$(cat "$out/unviable.txt" "$out/unviable_earlier.txt" 2>/dev/null | sort -u)
+    unviable=$(cat "$out/unviable.txt" "$out/unviable_earlier.txt" 2>/dev/null | sort -u || true)
   else
     rm -rf "$out" "$out.tmp"
   fi

@@ -1278,7 +1278,7 @@ fn a_mapping_moved_out_of_another_threads_cache_leaves_its_bytes_bound() {
         assert_eq!(a, x, "B's cached mapping, moved to the books");
         to_b.send(()).unwrap();
         let _y = main_waits.recv().unwrap();
-        let s = check(&pool);
+        let s = check(pool);
         assert_eq!((s.thread_cache_count, s.thread_cache_bytes), (1, 2 * MIB));
         to_b.send(()).unwrap();
         pool.free_raw(a).unwrap();

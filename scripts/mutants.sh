@@ -13,7 +13,9 @@
 #   MUTANTS_SHARD=0/4                       # one shard of each area (cargo-mutants --shard,
 #                                           # 0-based); the summary counts every shard run
 #   MUTANTS_ITERATE=1                       # keep mutants.out/<area> and skip the mutants
-#                                           # it already saw caught (cargo-mutants --iterate)
+#                                           # it already saw caught (cargo-mutants --iterate;
+#                                           # not with MUTANTS_SHARD: it shards what is left,
+#                                           # another subset)
 #   MUTANTS_ARGS='-F grow'                  # more cargo-mutants arguments (a subset)
 #   MUTANTS_REPORT=1                        # only the summary of what mutants.out holds
 #

@@ -11,7 +11,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::mem::size_of;
 use std::ptr;
 
-use super::tests::{config, last_error};
+use super::tests::{config, destroy_report, last_error};
 use super::*;
 
 const MIB: u64 = 1 << 20;
@@ -1200,12 +1200,9 @@ fn destroy_report_counts_a_sleeping_allocation_whose_handle_was_kept() {
         "the 3 MiB request's 4 MiB mapping sleeps with its handle kept"
     );
     assert_eq!((s.live_mapped_bytes, s.physical_bytes), (0, 4 * MIB));
-    let mut r = FlareDestroyReport {
-        struct_size: size_of::<FlareDestroyReport>() as u32,
-        ..FlareDestroyReport::default()
-    };
-    // SAFETY: `pool` is live and not used again; `r` is a whole report.
-    ok(unsafe { flare_pool_destroy_report(pool, &mut r) });
+    // `pool` is not used again.
+    let (st, r) = destroy_report(pool);
+    ok(st);
     assert_eq!(
         r,
         FlareDestroyReport {
@@ -1236,12 +1233,9 @@ fn destroy_report_counts_a_discarded_sleeping_allocation() {
         (1, 4 * MIB, 0)
     );
     assert_eq!((s.live_mapped_bytes, s.physical_bytes), (0, 0));
-    let mut r = FlareDestroyReport {
-        struct_size: size_of::<FlareDestroyReport>() as u32,
-        ..FlareDestroyReport::default()
-    };
-    // SAFETY: `pool` is live and not used again; `r` is a whole report.
-    ok(unsafe { flare_pool_destroy_report(pool, &mut r) });
+    // `pool` is not used again.
+    let (st, r) = destroy_report(pool);
+    ok(st);
     assert_eq!(
         (
             r.live_count,
@@ -1270,12 +1264,8 @@ fn a_destroy_the_driver_refuses_still_writes_its_report() {
         ok(flare_sim_inject_failure(pool, release, 1, 999));
         ok(flare_sim_inject_failure(pool, release, 2, 999));
     }
-    let mut r = FlareDestroyReport {
-        struct_size: size_of::<FlareDestroyReport>() as u32,
-        ..FlareDestroyReport::default()
-    };
-    // SAFETY: `pool` is live and not used again; `r` is a whole report.
-    let st = unsafe { flare_pool_destroy_report(pool, &mut r) };
+    // `pool` is not used again.
+    let (st, r) = destroy_report(pool);
     assert_eq!(
         st,
         FlareStatus::FLARE_STATUS_DRIVER_ERROR,

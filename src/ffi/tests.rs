@@ -380,7 +380,7 @@ fn cuda_backend_with_a_negative_device_is_an_invalid_argument() {
     assert_eq!(pool, 0x5e5e as *mut FlarePool);
 }
 
-fn destroy_report(pool: *mut FlarePool) -> (FlareStatus, FlareDestroyReport) {
+pub(super) fn destroy_report(pool: *mut FlarePool) -> (FlareStatus, FlareDestroyReport) {
     let mut r = FlareDestroyReport {
         struct_size: size_of::<FlareDestroyReport>() as u32,
         ..FlareDestroyReport::default()

@@ -284,3 +284,45 @@ fn synchronize_of_a_device_the_machine_lacks_is_invalid_device() {
     assert_eq!(d.ctx_synchronize(0), OK);
     assert_eq!(d.ctx_synchronize(1), OK);
 }
+
+// ---------------------------------------------------------------- content (copies)
+
+/// `cuMemcpyDtoH` / `cuMemcpyHtoD` copy exactly `size` bytes between the given
+/// offsets, across page boundaries and at offsets inside pages (the content model's
+/// 4096-byte pages are the simulator's own, invisible to a caller): the bytes before
+/// and after the destination range are untouched, and host bytes never written read
+/// as zeros ("a page never written reads as zeros"), also where they land over
+/// written device bytes.
+#[test]
+fn copies_move_exactly_their_range() {
+    const PAGE: usize = 4096;
+    let d = sim();
+    let va = d.mem_address_reserve(G, 0).unwrap();
+    let h = d.mem_create(G).unwrap();
+    assert_eq!(d.mem_map(va, G, 0, h), OK);
+    assert_eq!(d.mem_set_access(va, G, &[0]), OK);
+    let a: Vec<u8> = (0..3 * PAGE).map(|i| (i % 251) as u8 + 1).collect();
+    assert_eq!(d.write(va, &a), OK);
+    let r2 = va + (1 << 20);
+    assert_eq!(d.write(r2, &[0xee; 4 * PAGE]), OK);
+    let host = d.mem_host_alloc(4 * PAGE as u64).unwrap();
+    // Host bytes [100, 5100) get a[3000..8000); the rest of the buffer is never written.
+    assert_eq!(d.memcpy_dtoh(host, 100, va + 3000, 5000), OK);
+    // Host [0, 6000) to r2 + 50: zeros, a[3000..8000), zeros.
+    assert_eq!(d.memcpy_htod(r2 + 50, host, 0, 6000), OK);
+    // Host [2 pages + 10, + 3000), never written, to r2 + 9000: zeros.
+    assert_eq!(
+        d.memcpy_htod(r2 + 9000, host, 2 * PAGE as u64 + 10, 3000),
+        OK
+    );
+    let mut want = vec![0xee; 4 * PAGE];
+    want[50..150].fill(0);
+    want[150..5150].copy_from_slice(&a[3000..8000]);
+    want[5150..6050].fill(0);
+    want[9000..12000].fill(0);
+    let got = d.read(r2, 4 * PAGE as u64).unwrap();
+    let first_diff = got.iter().zip(&want).position(|(x, y)| x != y);
+    assert_eq!(first_diff, None, "r2 differs from byte {first_diff:?} on");
+    // The source range is unchanged by the copy out of it.
+    assert_eq!(d.read(va, 3 * PAGE as u64).unwrap(), a);
+}

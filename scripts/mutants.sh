@@ -16,6 +16,9 @@
 #                                           # it already saw caught (cargo-mutants --iterate;
 #                                           # not with MUTANTS_SHARD: it shards what is left,
 #                                           # another subset)
+#   MUTANTS_RETRY=1                         # only the mutants the area's earlier runs
+#                                           # (every shard) missed or timed out, into
+#                                           # mutants.out/<area>-retry: after new tests
 #   MUTANTS_ARGS='-F grow'                  # more cargo-mutants arguments (a subset)
 #   MUTANTS_REPORT=1                        # only the summary of what mutants.out holds
 #
@@ -112,14 +115,26 @@ for area in "${areas[@]}"; do
   # A shard's results stay beside the other shards' (mutants.out/AREA-shard-K-of-N),
   # and the summary counts them together: the shards of an area can run at different
   # times or on different machines (copy their directories in), on the same code.
+  retry=()
   if [ "${MUTANTS_REPORT:-0}" = 1 ]; then
     out=mutants.out/$area
+  elif [ "${MUTANTS_RETRY:-0}" = 1 ]; then
+    # The names the area's runs (every shard, earlier retries) missed or timed out
+    # and none caught, each as an exact -F regex; a retry's catch counts over an
+    # earlier miss in the summary. Earlier retries' results are kept (--iterate).
+    out=mutants.out/$area-retry
+    dirs=(mutants.out/"$area" mutants.out/"$area"-shard-* "$out")
+    while IFS= read -r name; do
+      retry+=(-F "^$(printf '%s' "$name" | sed 's/[][\\.^$*+?(){}|]/\\&/g')\$")
+    done < <(comm -23 \
+      <(for d in "${dirs[@]}"; do cat "$d"/{missed,timeout}.txt 2>/dev/null || :; done | sort -u) \
+      <(for d in "${dirs[@]}"; do cat "$d"/{caught,previously_caught}.txt 2>/dev/null || :; done | sort -u))
   elif [ -n "${MUTANTS_SHARD:-}" ]; then
     out=mutants.out/$area-shard-${MUTANTS_SHARD/\//-of-}
     rm -rf "mutants.out/$area"
   else
     out=mutants.out/$area
-    rm -rf "mutants.out/$area"-shard-*
+    rm -rf "mutants.out/$area"-shard-* "mutants.out/$area"-retry
   fi
   # The commit the run sees (its lists, *.txt, are committed: the shards of the pool
   # take more than one session on a small machine).
@@ -127,20 +142,25 @@ for area in "${areas[@]}"; do
     git rev-parse HEAD
     git status --porcelain -- src tests ffi-tests | sed 's/^/uncommitted: /'
   })
+  iterate=${MUTANTS_ITERATE:-0}
+  [ "${MUTANTS_RETRY:-0}" = 1 ] && iterate=1
   if [ "${MUTANTS_REPORT:-0}" = 1 ]; then
     : # the summary of what mutants.out holds, nothing run
+  elif [ "${MUTANTS_RETRY:-0}" = 1 ] && [ ${#retry[@]} -eq 0 ]; then
+    echo "== $area: nothing missed or timed out to retry"
   elif [ "$area" = ffi ]; then
     # The Rust tests through the C ABI (src/ffi/abi_tests.rs) and the header check
     # (which reads cbindgen_sources) first; then the mutants they miss face the C
     # and C++ programs too (a build of the static library per mutant: slow, so
     # only for those).
-    pass "$out" "${MUTANTS_ITERATE:-0}" 0 "${files[@]}" "${cpu_tests[@]}" -C=--test -C=header
+    pass "$out" "$iterate" 0 "${files[@]}" "${retry[@]}" "${cpu_tests[@]}" -C=--test -C=header
     if [ -s "$out/missed.txt" ]; then
       echo "== $area: the missed mutants against the C and C++ programs"
-      pass "$out" 1 1 "${files[@]}" "${cpu_tests[@]}" -C=--test -C=header -C=--test -C=c_programs
+      pass "$out" 1 1 "${files[@]}" "${retry[@]}" "${cpu_tests[@]}" -C=--test -C=header \
+        -C=--test -C=c_programs
     fi
   else
-    pass "$out" "${MUTANTS_ITERATE:-0}" 0 "${files[@]}" "${cpu_tests[@]}"
+    pass "$out" "$iterate" 0 "${files[@]}" "${retry[@]}" "${cpu_tests[@]}"
   fi
   [ "${MUTANTS_REPORT:-0}" != 1 ] && printf '%s\n' "$seen" >"$out/commit.txt"
   case "$area" in
@@ -153,7 +173,7 @@ for area in "${areas[@]}"; do
   listing=mutants.out/$area.list
   cargo mutants --list "${files[@]}" >"$listing"
   python3 - "$equivalent" "$area" "$bar" "$src" "$listing" mutants.out/"$area" \
-    mutants.out/"$area"-shard-* >>"$summary" <<'EOF' || failed=1
+    mutants.out/"$area"-shard-* mutants.out/"$area"-retry >>"$summary" <<'EOF' || failed=1
 import os, subprocess, sys
 equivalent, area, bar, src, listing = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], sys.argv[5]
 outs = [d for d in sys.argv[6:] if os.path.isdir(d)]

@@ -326,3 +326,76 @@ fn copies_move_exactly_their_range() {
     // The source range is unchanged by the copy out of it.
     assert_eq!(d.read(va, 3 * PAGE as u64).unwrap(), a);
 }
+
+/// A range over two adjacent mappings of two handles is one range to a kernel and
+/// to `cuMemcpyDtoH` / `cuMemcpyHtoD` (row "unmap one range covering two adjacent
+/// whole mappings of two handles: success": the VA is contiguous): bytes written
+/// across the boundary read back whole, each handle holding its part, and a copy
+/// out of and back into such ranges moves them exactly; pages never written read as
+/// zeros, at the right length.
+#[test]
+fn ranges_across_two_mappings_are_contiguous() {
+    let d = sim();
+    let va = d.mem_address_reserve(2 * G, 0).unwrap();
+    let (h1, h2) = (d.mem_create(G).unwrap(), d.mem_create(G).unwrap());
+    assert_eq!(d.mem_map(va, G, 0, h1), OK);
+    assert_eq!(d.mem_map(va + G, G, 0, h2), OK);
+    assert_eq!(d.mem_set_access(va, G, &[0]), OK);
+    assert_eq!(d.mem_set_access(va + G, G, &[0]), OK);
+    // 5000 bytes on each side of the boundary (more than one 4096-byte page each).
+    let p: Vec<u8> = (0..10_000).map(|i| (i % 241) as u8 + 7).collect();
+    let at = va + G - 5000;
+    assert_eq!(d.write(at, &p), OK);
+    assert_eq!(d.read(at, 10_000).unwrap(), p);
+    assert_eq!(d.read(va + G, 5000).unwrap(), &p[5000..]);
+    assert_eq!(d.read(va + G - 5000, 5000).unwrap(), &p[..5000]);
+    // A never-written stretch reads as zeros, its length exact.
+    assert_eq!(d.read(va + 4096 + 10, 9000).unwrap(), vec![0; 9000]);
+    // Out to the host and back in at another place across the boundary.
+    let host = d.mem_host_alloc(16_384).unwrap();
+    assert_eq!(d.memcpy_dtoh(host, 100, at, 10_000), OK);
+    let back = va + G - 7000;
+    assert_eq!(d.memcpy_htod(back, host, 100, 10_000), OK);
+    assert_eq!(d.read(back, 10_000).unwrap(), p);
+}
+
+/// `cuMemcpyDtoH` / `cuMemcpyHtoD`: "`CUDA_ERROR_INVALID_VALUE` (nothing copied)
+/// when ... the host range is not inside a live buffer": a range ending exactly at
+/// the buffer's end is inside it; one byte further is not, nor is a freed buffer.
+#[test]
+fn a_host_range_may_end_at_its_buffers_end_and_no_further() {
+    let d = sim();
+    let va = d.mem_address_reserve(G, 0).unwrap();
+    let h = d.mem_create(G).unwrap();
+    assert_eq!(d.mem_map(va, G, 0, h), OK);
+    assert_eq!(d.mem_set_access(va, G, &[0]), OK);
+    let host = d.mem_host_alloc(8192).unwrap();
+    assert_eq!(d.memcpy_dtoh(host, 8192 - 6000, va, 6000), OK);
+    assert_eq!(d.memcpy_htod(va, host, 8192 - 6000, 6000), OK);
+    assert_eq!(d.memcpy_dtoh(host, 8192 - 5999, va, 6000), INVALID);
+    assert_eq!(d.memcpy_htod(va, host, 8192 - 5999, 6000), INVALID);
+    assert_eq!(d.mem_free_host(host), OK);
+    assert_eq!(d.memcpy_dtoh(host, 0, va, 4096), INVALID);
+}
+
+/// `cuMemHostAlloc`: "returns its address (never 0, never reused)"; "Errors:
+/// `CUDA_ERROR_INVALID_VALUE` for 0 bytes"; `host_bytes`: bytes allocated and not
+/// yet freed. `cuMemFreeHost`: `CUDA_ERROR_INVALID_VALUE` for an address that is
+/// not a live host buffer (one freed already).
+#[test]
+fn host_buffers_are_distinct_nonzero_and_counted() {
+    let d = sim();
+    assert_eq!(d.mem_host_alloc(0), Err(INVALID));
+    let a = d.mem_host_alloc(1000).unwrap();
+    let b = d.mem_host_alloc(3000).unwrap();
+    assert!(a != 0 && b != 0 && a != b, "{a:#x} {b:#x}");
+    assert_eq!(d.host_bytes(), 4000);
+    assert_eq!(d.mem_free_host(a), OK);
+    assert_eq!(d.host_bytes(), 3000);
+    assert_eq!(d.mem_free_host(a), INVALID);
+    let c = d.mem_host_alloc(10).unwrap();
+    assert!(c != 0 && c != a && c != b, "reused {c:#x}");
+    assert_eq!(d.mem_free_host(b), OK);
+    assert_eq!(d.mem_free_host(c), OK);
+    assert_eq!(d.host_bytes(), 0);
+}

@@ -7,6 +7,7 @@
 mod common;
 
 use common::{assert_driver_empty, check, check_with_devices, simulated_pool, MIB};
+use flare_package::driver::sim::{CaptureMode, SimStreamCall};
 use flare_package::{
     CuResult, DriverCall, DriverError, Error, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver,
     Snapshot,
@@ -1537,4 +1538,505 @@ fn destroy_keeps_the_reservation_of_a_segment_left_mapped() {
     // Not even tried: the segment's is the only reservation.
     assert_eq!(sim.call_count(DriverCall::FreeReservation), 0);
     assert!(sim.faults().is_empty(), "{:?}", sim.faults());
+}
+
+/// Segment mode, "Growth" (`docs/ARCHITECTURE.md`): "a miss maps one new whole handle
+/// at the segment's end, counting the free block already there", and a lend takes
+/// only handles "not the block at the segment's end, which the growth extends anyway"
+/// (`lend_handles`). A growth whose lend the driver refused leaves the lent range
+/// claimed above the segment's highest handle; the next release brings the growing
+/// end back down to that handle ("Release": "the segment's growing end comes back
+/// down to its highest mapping left"). After it, the block at the end (live then,
+/// freed later) is still the one a growth extends: a 4 MiB request over a free
+/// 2 MiB end block maps one 2 MiB handle after it and takes the block's address,
+/// lending nothing.
+#[test]
+fn after_a_refused_lend_the_next_growth_still_extends_the_end_block() {
+    let (pool, sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            reuse_policy: ReusePolicy::Segments,
+            // Nothing released by a free (and no thread cache: the threshold is not
+            // u64::MAX); trim releases.
+            release_threshold_bytes: 1 << 30,
+            ..PoolConfig::default()
+        },
+    );
+    // Three 2 MiB growths, one 2 MiB handle each (a growth maps the need, or an
+    // eighth of what is mapped rounded up to the granularity when that is more: here
+    // never more than 2 MiB): handles A, B, C in address order, each wholly one live
+    // block.
+    let a = pool.allocate_raw(G).unwrap();
+    let b = pool.allocate_raw(G).unwrap();
+    let c = pool.allocate_raw(G).unwrap();
+    assert_eq!((b - a, c - b), (G, G), "mapped back to back");
+    // A is free and alone in its free block (B live after it): lendable.
+    pool.free_raw(a).unwrap();
+    // 4 MiB fits no free block: the growth lends A to the end (2 MiB) and claims a
+    // new 2 MiB handle after it; mapping A again is refused, so the growth fails
+    // and A goes back to its place.
+    sim.inject_failure(DriverCall::Map, 1, FAIL);
+    match pool.allocate_raw(4 * MIB) {
+        Err(Error::Driver { source, .. }) => assert_eq!(source.call, DriverCall::Map),
+        other => panic!("{other:?}"),
+    }
+    let s = check(&pool);
+    assert_eq!((s.segment_handles, s.segment_handles_lent), (3, 0));
+    assert_eq!(s.physical_bytes, 6 * MIB);
+    // Trim releases A (wholly free); B and C stay.
+    pool.trim().unwrap();
+    let s = check(&pool);
+    assert_eq!((s.segment_handles, s.physical_bytes), (2, 4 * MIB));
+    // C's block is the segment's end block; freed, it is a free 2 MiB block there.
+    pool.free_raw(c).unwrap();
+    let created = sim.call_count(DriverCall::Create);
+    let d = pool.allocate_raw(4 * MIB).unwrap();
+    let s = check(&pool);
+    assert_eq!(d, c, "the growth extends the free block at the end");
+    assert_eq!(sim.call_count(DriverCall::Create), created + 1);
+    assert_eq!(
+        (
+            s.segment_handles,
+            s.segment_handles_lent,
+            s.segment_lent_bytes
+        ),
+        (3, 0, 0),
+        "nothing lent: the end block is extended, not moved"
+    );
+    assert_eq!(s.physical_bytes, 6 * MIB, "B, C and one new 2 MiB handle");
+    pool.free_raw(b).unwrap();
+    pool.free_raw(d).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+}
+
+/// `Pool::trim` forgets the streams whose memory is all gone ("Streams whose memory is
+/// all gone are done with, until used again (a stream may be destroyed after a
+/// trim)"), and only "one of the pool's streams (used since the last trim or finish,
+/// or holding memory in the pool)" is asked whether it is being captured: a stream
+/// the pool is done with is not asked, at a release point nor at a scope's begin. So
+/// a capture begun on such a stream before a scope, whose first allocation in the
+/// pool comes inside the scope, is first seen in that scope, and its memory is
+/// released when the scope finishes (`docs/ARCHITECTURE.md`: "Capture-held memory
+/// is released when the retention scope open when the capture was first seen
+/// closes").
+#[test]
+fn a_stream_forgotten_at_a_trim_is_not_asked_about_captures() {
+    let (pool, sim) = simulated_pool(1 << 30, PoolConfig::default());
+    let s = common::stream(&sim);
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    pool.free_async_raw(p, s).unwrap();
+    pool.trim().unwrap();
+    assert_eq!(check(&pool).physical_bytes, 0);
+    // Done with `s`: neither a trim nor a scope's begin asks about it.
+    let asked = sim.stream_call_count(SimStreamCall::StreamGetCaptureInfo);
+    pool.trim().unwrap();
+    assert_eq!(
+        sim.stream_call_count(SimStreamCall::StreamGetCaptureInfo),
+        asked,
+        "a trim asks no forgotten stream"
+    );
+    assert_eq!(
+        sim.stream_begin_capture(s.0, CaptureMode::Global),
+        CuResult::SUCCESS
+    );
+    pool.retention_begin().unwrap();
+    assert_eq!(
+        sim.stream_call_count(SimStreamCall::StreamGetCaptureInfo),
+        asked,
+        "a scope's begin asks no forgotten stream"
+    );
+    // The capture's first allocation and free in the pool, inside the scope.
+    let q = pool.allocate_async_raw(G, s).unwrap();
+    pool.free_async_raw(q, s).unwrap();
+    let snap = check(&pool);
+    assert_eq!((snap.captures_seen, snap.capture_held_bytes), (1, G));
+    assert!(sim.stream_end_capture(s.0).is_success());
+    pool.retention_finish().unwrap();
+    let snap = check(&pool);
+    assert_eq!(
+        (snap.capture_held_bytes, snap.physical_bytes),
+        (0, 0),
+        "first seen in the scope: released at its finish"
+    );
+    common::no_faults(&sim);
+}
+
+/// The event calls (`cuEventRecord`, `cuEventQuery`) the pool has made so far.
+fn event_calls(sim: &SimDriver) -> u64 {
+    sim.stream_call_count(SimStreamCall::EventRecord)
+        + sim.stream_call_count(SimStreamCall::EventQuery)
+}
+
+/// Segment mode, a stream's growth (`Pool::release_other_homes`): before it, "other
+/// streams' heaps' wholly free handles whose stream work is known complete (their
+/// fences polled now)" are released. The growing stream's own heap is not another
+/// stream's: its fences are not polled there. With S's freed block waiting on S's
+/// unfinished kernel and a live block in T's heap, S's 4 MiB growth polls T (nothing
+/// to record or query: T freed nothing) and records no fence on S.
+#[test]
+fn a_streams_growth_polls_only_the_other_streams_heaps() {
+    let (pool, sim) = common::segment_pool(1 << 30, 0);
+    let (s, t) = (common::stream(&sim), common::stream(&sim));
+    // T's heap holds a handle (wholly live).
+    let on_t = pool.allocate_async_raw(G, t).unwrap();
+    // S's block, used by a kernel still running, freed on S: back in S's heap at
+    // once (its own stream), not releasable before a fence on S completes.
+    let on_s = pool.allocate_async_raw(G, s).unwrap();
+    assert_eq!(sim.launch(s.0, on_s, G), CuResult::SUCCESS);
+    pool.free_async_raw(on_s, s).unwrap();
+    let before = event_calls(&sim);
+    let snap = check(&pool);
+    assert_eq!((snap.events_outstanding, snap.physical_bytes), (0, 2 * G));
+    // 4 MiB fits no free block of S's heap: S's heap grows.
+    let big = pool.allocate_async_raw(4 * MIB, s).unwrap();
+    let snap = check(&pool);
+    assert_eq!(event_calls(&sim), before, "no fence recorded or queried");
+    assert_eq!(snap.events_outstanding, 0);
+    sim.stream_complete(s.0);
+    pool.free_async_raw(big, s).unwrap();
+    pool.free_async_raw(on_t, t).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+    common::no_faults(&sim);
+}
+
+/// Segment mode, a growth with no other stream's heap holding memory
+/// (`State::other_homes_hold_memory`, "what a miss asks before polling fences"):
+/// nothing of another stream's heap can be released for it, so it polls no fence.
+/// S's block, freed on S after `record_stream` on T (T's kernel still running), waits
+/// on T's fence (recorded at the free); S's 4 MiB growth then records and queries
+/// no event, and the block stays waiting.
+#[test]
+fn a_growth_with_no_other_streams_heap_polls_no_fence() {
+    let (pool, sim) = common::segment_pool(1 << 30, 0);
+    let (s, t) = (common::stream(&sim), common::stream(&sim));
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    pool.record_stream(p, t).unwrap();
+    assert_eq!(sim.launch(t.0, p, G), CuResult::SUCCESS);
+    pool.free_async_raw(p, s).unwrap();
+    let snap = check(&pool);
+    assert_eq!((snap.event_wait_bytes, snap.events_outstanding), (G, 1));
+    let before = event_calls(&sim);
+    let q = pool.allocate_async_raw(4 * MIB, s).unwrap();
+    let snap = check(&pool);
+    assert_eq!(event_calls(&sim), before, "no fence recorded or queried");
+    assert_eq!((snap.event_wait_bytes, snap.events_outstanding), (G, 1));
+    assert_eq!(
+        snap.physical_bytes,
+        G + 4 * MIB,
+        "p's handle and the growth's"
+    );
+    sim.stream_complete(t.0);
+    pool.free_async_raw(q, s).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+    common::no_faults(&sim);
+}
+
+/// A simulated driver with a one-shot hook, to act while the pool is inside a driver
+/// call (outside its lock, as every memory, synchronize and event wait call is): the
+/// first call of the armed kind runs the hook first (what another thread does
+/// meanwhile), then returns the simulated call's result, or the armed failure
+/// instead.
+mod hooked {
+    use flare_package::driver::{CaptureMode, Event, MemInfo, PhysicalHandle, Reservation};
+    use flare_package::{CuResult, DevicePtr, Driver, DriverCall, DriverError, SimDriver, Stream};
+    use std::sync::{Arc, Mutex};
+
+    type Hook = Box<dyn FnOnce() + Send>;
+
+    pub struct Hooked {
+        pub sim: Arc<SimDriver>,
+        armed: Mutex<Option<(DriverCall, Hook, Option<CuResult>)>>,
+    }
+
+    impl Hooked {
+        pub fn new(sim: Arc<SimDriver>) -> Arc<Hooked> {
+            Arc::new(Hooked {
+                sim,
+                armed: Mutex::new(None),
+            })
+        }
+
+        /// Runs `hook` at the next call of kind `call`; that call then fails with
+        /// `fail` (unmade), or is made.
+        pub fn arm(
+            &self,
+            call: DriverCall,
+            fail: Option<CuResult>,
+            hook: impl FnOnce() + Send + 'static,
+        ) {
+            *self.armed.lock().unwrap() = Some((call, Box::new(hook), fail));
+        }
+
+        fn at(&self, call: DriverCall) -> Result<(), DriverError> {
+            let armed = {
+                let mut g = self.armed.lock().unwrap();
+                match g.as_ref() {
+                    Some((c, _, _)) if *c == call => g.take(),
+                    _ => None,
+                }
+            };
+            if let Some((_, hook, fail)) = armed {
+                hook();
+                if let Some(code) = fail {
+                    return Err(DriverError::new(call, code));
+                }
+            }
+            Ok(())
+        }
+    }
+
+    impl Driver for Hooked {
+        fn granularity(&self) -> Result<u64, DriverError> {
+            self.sim.granularity()
+        }
+        fn create(&self, size: u64) -> Result<PhysicalHandle, DriverError> {
+            self.at(DriverCall::Create)?;
+            self.sim.create(size)
+        }
+        fn release(&self, h: PhysicalHandle) -> Result<(), DriverError> {
+            self.at(DriverCall::Release)?;
+            self.sim.release(h)
+        }
+        fn reserve(&self, size: u64) -> Result<Reservation, DriverError> {
+            self.at(DriverCall::Reserve)?;
+            self.sim.reserve(size)
+        }
+        fn free_reservation(&self, r: Reservation) -> Result<(), DriverError> {
+            self.at(DriverCall::FreeReservation)?;
+            self.sim.free_reservation(r)
+        }
+        fn map(&self, ptr: DevicePtr, h: PhysicalHandle) -> Result<(), DriverError> {
+            self.at(DriverCall::Map)?;
+            self.sim.map(ptr, h)
+        }
+        fn set_access(&self, ptr: DevicePtr, size: u64, d: &[i32]) -> Result<(), DriverError> {
+            self.at(DriverCall::SetAccess)?;
+            self.sim.set_access(ptr, size, d)
+        }
+        fn unmap(&self, ptr: DevicePtr, size: u64) -> Result<(), DriverError> {
+            self.at(DriverCall::Unmap)?;
+            self.sim.unmap(ptr, size)
+        }
+        fn synchronize(&self, device: i32) -> Result<(), DriverError> {
+            self.at(DriverCall::Synchronize)?;
+            self.sim.synchronize(device)
+        }
+        fn mem_info(&self) -> Result<MemInfo, DriverError> {
+            self.sim.mem_info()
+        }
+        fn event_create(&self) -> Result<Event, DriverError> {
+            Driver::event_create(&*self.sim)
+        }
+        fn event_destroy(&self, e: Event) -> Result<(), DriverError> {
+            Driver::event_destroy(&*self.sim, e)
+        }
+        fn event_record(&self, e: Event, s: Stream) -> Result<(), DriverError> {
+            self.at(DriverCall::EventRecord)?;
+            Driver::event_record(&*self.sim, e, s)
+        }
+        fn event_query(&self, e: Event) -> Result<bool, DriverError> {
+            self.at(DriverCall::EventQuery)?;
+            Driver::event_query(&*self.sim, e)
+        }
+        fn event_synchronize(&self, e: Event) -> Result<(), DriverError> {
+            self.at(DriverCall::EventSynchronize)?;
+            Driver::event_synchronize(&*self.sim, e)
+        }
+        fn stream_wait_event(&self, s: Stream, e: Event) -> Result<(), DriverError> {
+            Driver::stream_wait_event(&*self.sim, s, e)
+        }
+        fn stream_capture(&self, s: Stream) -> Result<Option<u64>, DriverError> {
+            Driver::stream_capture(&*self.sim, s)
+        }
+        fn exchange_capture_mode(&self, mode: CaptureMode) -> Result<CaptureMode, DriverError> {
+            Driver::exchange_capture_mode(&*self.sim, mode)
+        }
+        fn stream_create_blocking(&self) -> Result<Stream, DriverError> {
+            Driver::stream_create_blocking(&*self.sim)
+        }
+        fn stream_destroy(&self, s: Stream) -> Result<(), DriverError> {
+            Driver::stream_destroy(&*self.sim, s)
+        }
+        fn note_handoff(&self, stream: Stream, ptr: DevicePtr, size: u64) {
+            Driver::note_handoff(&*self.sim, stream, ptr, size);
+        }
+    }
+}
+
+/// A pool of `config` on a [`hooked::Hooked`] default simulated driver, shared (the
+/// hooks act on it from another thread).
+fn hooked_pool(config: PoolConfig) -> (Arc<Pool>, Arc<hooked::Hooked>, Arc<SimDriver>) {
+    let sim = Arc::new(SimDriver::new(SimConfig::default()));
+    let driver = hooked::Hooked::new(sim.clone());
+    let pool = Pool::with_driver(config, driver.clone()).expect("a pool on the hooked driver");
+    (Arc::new(pool), driver, sim)
+}
+
+/// `Pool::retention_begin` is the scope barrier (`docs/ARCHITECTURE.md`): "when
+/// begin returns, no release that began before it ... is still running, because
+/// begin waits for the batches already collected (a count of running batches under
+/// the lock, and a condition variable)". A begin made on another thread while a trim
+/// is inside its device synchronize waits (it has opened the scope: `scope_open`);
+/// the trim's end lets it through at once, not some later release.
+#[test]
+fn a_scope_begun_during_a_trim_opens_when_the_trim_ends() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+    let (pool, driver, sim) = hooked_pool(PoolConfig {
+        // The free caches its memory, for the trim to release.
+        release_threshold_bytes: u64::MAX,
+        ..PoolConfig::default()
+    });
+    let p = pool.allocate_raw(G).unwrap();
+    pool.free_raw(p).unwrap();
+    assert_eq!(pool.snapshot().idle_bytes, G);
+    let (tx, rx) = mpsc::channel();
+    // Set by the begin's thread when the begin returns.
+    let returned = Arc::new(AtomicBool::new(false));
+    // Whether it had returned while the trim was still in its synchronize.
+    let early = Arc::new(AtomicBool::new(false));
+    let weak = Arc::downgrade(&pool);
+    let (ret, ret_seen, seen) = (returned.clone(), returned.clone(), early.clone());
+    driver.arm(DriverCall::Synchronize, None, move || {
+        let pool = weak.upgrade().expect("the pool");
+        let begin = pool.clone();
+        std::thread::spawn(move || {
+            let r = begin.retention_begin();
+            ret.store(true, Ordering::SeqCst);
+            let _ = tx.send(r);
+        });
+        // The begin sets `scope_open` and waits under one hold of the lock: once a
+        // snapshot (which takes the lock) shows the scope open, it is waiting.
+        let start = Instant::now();
+        while !pool.snapshot().scope_open {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the begin never ran"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        seen.store(ret_seen.load(Ordering::SeqCst), Ordering::SeqCst);
+    });
+    pool.trim().unwrap();
+    assert!(
+        !early.load(Ordering::SeqCst),
+        "the begin returned during the trim"
+    );
+    let begun = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the begin returns once the trim is done");
+    assert!(begun.is_ok(), "{begun:?}");
+    assert!(returned.load(Ordering::SeqCst));
+    let s = pool.snapshot();
+    assert!(s.scope_open);
+    assert_eq!(
+        (s.physical_bytes, s.idle_bytes),
+        (0, 0),
+        "the trim released it"
+    );
+    pool.retention_finish().unwrap();
+    assert_eq!(sim.state().physical_bytes, 0);
+}
+
+/// Recording (`docs/trace-format.md`): "`done STREAM MARK`: the pool saw STREAM's
+/// work complete through its MARK-th mark ... a stream's `done` marks increase". Two
+/// trims that wait on the same fence (the second runs while the first waits on it,
+/// outside the lock) learn the same completion; it is written once, and the recorded
+/// trace parses.
+#[test]
+fn a_completion_two_release_points_learn_is_recorded_once() {
+    let dir = std::env::temp_dir().join(format!("flare-mutants-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("done-once.trace");
+    let (pool, driver, sim) = hooked_pool(PoolConfig {
+        record_path: Some(path.clone()),
+        ..PoolConfig::default()
+    });
+    let s = common::stream(&sim);
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    // Idle on S, no fence yet (a free's poll fences only memory idle at the previous
+    // poll).
+    pool.free_async_raw(p, s).unwrap();
+    assert_eq!(pool.snapshot().events_outstanding, 0);
+    let weak = Arc::downgrade(&pool);
+    driver.arm(DriverCall::EventSynchronize, None, move || {
+        let other = weak.upgrade().expect("the pool");
+        std::thread::spawn(move || other.trim())
+            .join()
+            .unwrap()
+            .expect("the second trim");
+    });
+    pool.trim().unwrap();
+    let snap = pool.snapshot();
+    assert_eq!((snap.physical_bytes, snap.events_outstanding), (0, 0));
+    assert_eq!(pool.record_error(), None);
+    drop(pool);
+    let t = flare_package::trace::parse(&path).expect("the recorded trace parses");
+    let done: Vec<_> = t
+        .events()
+        .iter()
+        .filter(|e| matches!(e, flare_package::trace::Event::Done { .. }))
+        .collect();
+    assert_eq!(done.len(), 1, "{done:?}");
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A release point whose event wait failed (`Pool::trim`, `docs/ARCHITECTURE.md`
+/// "Release points"): "What a failed stream or event call left unconfirmed goes to
+/// *held* there ... memory freed after the release point recorded its fences is left
+/// for a later one". While a trim waits on T's fence (outside the lock), another
+/// thread frees X after `record_stream` on U (U's kernel running) and Y after
+/// `record_stream` on T (T's kernel running, after the fence); then the wait fails.
+/// Y waits on T, whose order is unknown now: held, released after the trim's device
+/// synchronize. X waits on U only, which nothing failed on: left waiting for a later
+/// release point. The failed wait guarded memory that was not kept: the trim
+/// succeeds.
+#[test]
+fn a_failed_fence_wait_holds_only_the_memory_waiting_on_its_stream() {
+    let (pool, driver, sim) = hooked_pool(PoolConfig::default());
+    let (s, t, u) = (
+        common::stream(&sim),
+        common::stream(&sim),
+        common::stream(&sim),
+    );
+    let x = pool.allocate_async_raw(G, s).unwrap();
+    let y = pool.allocate_async_raw(2 * G, s).unwrap();
+    // Idle on T, for the trim to fence and wait on.
+    let w = pool.allocate_async_raw(3 * G, t).unwrap();
+    pool.free_async_raw(w, t).unwrap();
+    let weak = Arc::downgrade(&pool);
+    let hook_sim = sim.clone();
+    driver.arm(DriverCall::EventSynchronize, Some(FAIL), move || {
+        let other = weak.upgrade().expect("the pool");
+        std::thread::spawn(move || {
+            assert_eq!(hook_sim.launch(u.0, x, G), CuResult::SUCCESS);
+            other.record_stream(x, u).unwrap();
+            other.free_async_raw(x, s).unwrap();
+            assert_eq!(hook_sim.launch(t.0, y, 2 * G), CuResult::SUCCESS);
+            other.record_stream(y, t).unwrap();
+            other.free_async_raw(y, s).unwrap();
+            let snap = other.snapshot();
+            assert_eq!(snap.event_wait_bytes, 3 * G, "X and Y wait on their fences");
+        })
+        .join()
+        .unwrap();
+    });
+    pool.trim()
+        .expect("the failed wait's memory was released after a synchronize");
+    let snap = pool.snapshot();
+    assert_eq!(snap.stream_call_failures, 1);
+    assert_eq!(snap.event_wait_bytes, G, "X still waits on U");
+    assert_eq!(snap.physical_bytes, G, "Y (held) and W released; X kept");
+    assert_eq!(sim.state().physical_bytes, G);
+    assert_eq!(snap.live_count, 0);
+    // U's work done: the next trim releases X.
+    sim.stream_complete(u.0);
+    pool.trim().unwrap();
+    assert_eq!(pool.snapshot().physical_bytes, 0);
+    assert_eq!(sim.state().physical_bytes, 0);
 }

@@ -2040,3 +2040,86 @@ fn a_failed_fence_wait_holds_only_the_memory_waiting_on_its_stream() {
     assert_eq!(pool.snapshot().physical_bytes, 0);
     assert_eq!(sim.state().physical_bytes, 0);
 }
+
+/// Releasing a lent handle (stitching's: its retired mapping first, then its own):
+/// with the own unmap refused after the retired mapping is gone, the handle is no
+/// longer lent (`segment_handles_lent` and `segment_lent_bytes` count handles with
+/// a retired mapping still mapped) and goes back to its segment, mapped (a free
+/// block, released at the next release point); with the retired mapping's unmap
+/// refused, it stays lent, its own unmap not tried (the retired mapping goes
+/// first). Either way the other lent handle is released, and a trim then releases
+/// the one kept.
+#[test]
+fn a_lent_handles_refused_release_keeps_it_and_counts_it_lent_only_while_its_alias_lives() {
+    // (the unmap refused, unmaps made, handles lent after the release point)
+    for (nth, unmapped, lent_after) in [(2, 4, 0), (1, 3, 1)] {
+        let (pool, sim) = seg_pool_in_scope();
+        let w: Vec<_> = (0..4)
+            .map(|_| pool.allocate_raw(2 * MIB).unwrap())
+            .collect();
+        let n1 = pool.allocate_raw(4 * MIB).unwrap();
+        pool.free_raw(w[0]).unwrap();
+        pool.free_raw(w[2]).unwrap();
+        let n2 = pool.allocate_raw(4 * MIB).unwrap();
+        let s = check(&pool);
+        assert_eq!((s.segment_handles, s.segment_handles_lent), (5, 2));
+        // n2 freed: the two lent handles at the segment's end are wholly free; the
+        // scope's finish releases them, each with two unmaps (retired, own).
+        pool.free_raw(n2).unwrap();
+        sim.inject_failure(DriverCall::Unmap, nth, FAIL);
+        let unmaps = sim.call_count(DriverCall::Unmap);
+        let _ = pool.retention_finish();
+        sim.clear_failures();
+        assert_eq!(
+            sim.call_count(DriverCall::Unmap) - unmaps,
+            unmapped,
+            "nth {nth}"
+        );
+        let s = check(&pool);
+        // w1, w3 and n1's handles, and the one kept.
+        assert_eq!(s.segment_handles, 4, "nth {nth}");
+        assert_eq!(s.physical_bytes, 10 * MIB, "nth {nth}");
+        assert_eq!(
+            (s.segment_handles_lent, s.segment_lent_bytes),
+            (lent_after, lent_after * 2 * MIB),
+            "nth {nth}"
+        );
+        pool.trim().unwrap();
+        let s = check(&pool);
+        assert_eq!(
+            (s.segment_handles, s.segment_handles_lent),
+            (3, 0),
+            "nth {nth}"
+        );
+        assert_eq!(s.physical_bytes, 8 * MIB, "nth {nth}");
+        for p in [w[1], w[3], n1] {
+            pool.free_raw(p).unwrap();
+        }
+        pool.trim().unwrap();
+        assert_driver_empty(&pool);
+    }
+}
+
+/// `Pool::with_driver`: "[`Error::InvalidArgument`] for ... a granularity that is
+/// not a power of two" (the pool rounds with masks); the simulated driver reports
+/// whatever granularity it is given, so 3 MiB is refused and 4 MiB is taken.
+#[test]
+fn a_granularity_that_is_not_a_power_of_two_is_refused() {
+    let with = |g: u64| {
+        Pool::with_driver(
+            PoolConfig::default(),
+            Arc::new(SimDriver::new(SimConfig {
+                granularity_bytes: g,
+                ..SimConfig::default()
+            })),
+        )
+    };
+    match with(3 * MIB) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("not a power of two"), "{m}"),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    let pool = with(4 * MIB).unwrap();
+    let a = pool.allocate_raw(1).unwrap();
+    assert_eq!(a % (4 * MIB), 0);
+    pool.free_raw(a).unwrap();
+}

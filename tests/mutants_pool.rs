@@ -2123,3 +2123,32 @@ fn a_granularity_that_is_not_a_power_of_two_is_refused() {
     assert_eq!(a % (4 * MIB), 0);
     pool.free_raw(a).unwrap();
 }
+
+/// The names of policies and cross-stream modes (`ReusePolicy::name`,
+/// `CrossStreamReuse::name`, and `FromStr`): every name parses back to its value;
+/// `bestfit` and `best_fit` are taken for `best-fit`; an unknown name is refused
+/// with a message that lists the names. `ReusePolicy::default()` is best-fit.
+#[test]
+fn policy_and_mode_names_round_trip() {
+    use flare_package::CrossStreamReuse;
+    assert_eq!(ReusePolicy::default(), ReusePolicy::BestFit);
+    for p in ReusePolicy::ALL {
+        assert_eq!(p.name().parse::<ReusePolicy>(), Ok(p));
+    }
+    for alias in ["bestfit", "best_fit"] {
+        assert_eq!(alias.parse::<ReusePolicy>(), Ok(ReusePolicy::BestFit));
+    }
+    let err = "best fit".parse::<ReusePolicy>().unwrap_err();
+    assert!(err.contains("\"best fit\""), "{err}");
+    for p in ReusePolicy::ALL {
+        assert!(err.contains(p.name()), "{err}");
+    }
+    for m in CrossStreamReuse::ALL {
+        assert_eq!(m.name().parse::<CrossStreamReuse>(), Ok(m));
+    }
+    let err = "always".parse::<CrossStreamReuse>().unwrap_err();
+    assert!(err.contains("\"always\""), "{err}");
+    for m in CrossStreamReuse::ALL {
+        assert!(err.contains(m.name()), "{err}");
+    }
+}

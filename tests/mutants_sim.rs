@@ -437,3 +437,34 @@ fn a_wait_inside_one_capture_is_legal() {
     assert_eq!(d.stream_end_capture(s3), OK);
     assert_eq!(d.stream_end_capture(s1), OK);
 }
+
+/// `SimStreamCall::cuda_name`: "the CUDA driver function this call stands for", one
+/// per call and all distinct: the driver API's own names.
+#[test]
+fn stream_calls_name_their_cuda_functions() {
+    use flare_package::driver::sim::SimStreamCall as C;
+    let want = [
+        (C::StreamCreate, "cuStreamCreate"),
+        (C::StreamDestroy, "cuStreamDestroy"),
+        (C::StreamQuery, "cuStreamQuery"),
+        (C::StreamSynchronize, "cuStreamSynchronize"),
+        (C::StreamWaitEvent, "cuStreamWaitEvent"),
+        (C::StreamBeginCapture, "cuStreamBeginCapture"),
+        (C::StreamEndCapture, "cuStreamEndCapture"),
+        (C::StreamGetCaptureInfo, "cuStreamGetCaptureInfo"),
+        (C::EventCreate, "cuEventCreate"),
+        (C::EventDestroy, "cuEventDestroy"),
+        (C::EventRecord, "cuEventRecord"),
+        (C::EventQuery, "cuEventQuery"),
+        (C::EventSynchronize, "cuEventSynchronize"),
+        (
+            C::ThreadExchangeCaptureMode,
+            "cuThreadExchangeStreamCaptureMode",
+        ),
+    ];
+    assert_eq!(C::ALL.len(), want.len());
+    for (call, name) in want {
+        assert!(C::ALL.contains(&call));
+        assert_eq!(call.cuda_name(), name);
+    }
+}

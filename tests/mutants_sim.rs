@@ -468,3 +468,55 @@ fn stream_calls_name_their_cuda_functions() {
         assert_eq!(call.cuda_name(), name);
     }
 }
+
+// ---------------------------------------------------------------- stream handles
+
+/// "A handle that is not a live stream" is `CUDA_ERROR_INVALID_HANDLE`: a stream
+/// destroyed while its work still runs (`cuStreamDestroy`: "the handle is refused
+/// from now on"), and a value the driver never handed out, such as the simulator's
+/// internal key of a device's legacy stream (`1 << 63`, created streams count up
+/// from `1 << 32`), even once that legacy stream exists.
+#[test]
+fn destroyed_and_unknown_stream_handles_are_refused() {
+    use flare_package::driver::sim::{CUDA_ERROR_INVALID_HANDLE, CU_STREAM_NON_BLOCKING};
+    let d = sim();
+    let va = d.mem_address_reserve(G, 0).unwrap();
+    let h = d.mem_create(G).unwrap();
+    assert_eq!(d.mem_map(va, G, 0, h), OK);
+    assert_eq!(d.mem_set_access(va, G, &[0]), OK);
+    let s = d.stream_create_with_flags(CU_STREAM_NON_BLOCKING).unwrap();
+    assert_eq!(d.launch(s, va, G), OK);
+    assert_eq!(d.stream_destroy(s), OK);
+    assert_eq!(d.stream_query(s), CUDA_ERROR_INVALID_HANDLE);
+    assert_eq!(d.launch(s, va, G), CUDA_ERROR_INVALID_HANDLE);
+    // The legacy stream of device 0 exists once used.
+    assert_eq!(d.launch(0, va, G), OK);
+    assert_eq!(d.stream_query(1 << 63), CUDA_ERROR_INVALID_HANDLE);
+    assert_eq!(d.launch(1 << 63, va, G), CUDA_ERROR_INVALID_HANDLE);
+}
+
+/// The legacy stream synchronizes with the blocking streams of its own device, on
+/// every device: on device 1 (the calling thread's current device, `cuCtxSetCurrent`),
+/// work on a blocking stream runs after earlier legacy-stream work, so handing the
+/// legacy stream's memory to it is ordered (no contract fault), while a
+/// non-blocking stream's hand-off is not.
+#[test]
+fn the_legacy_stream_orders_blocking_streams_on_device_one_too() {
+    use flare_package::driver::sim::{CU_STREAM_DEFAULT, CU_STREAM_NON_BLOCKING};
+    let d = SimDriver::new(SimConfig {
+        device_count: 2,
+        ..SimConfig::default()
+    });
+    assert_eq!(d.ctx_set_current(1), OK);
+    let va = d.mem_address_reserve(G, 0).unwrap();
+    let h = d.mem_create(G).unwrap();
+    assert_eq!(d.mem_map(va, G, 0, h), OK);
+    assert_eq!(d.mem_set_access(va, G, &[0, 1]), OK);
+    let blocking = d.stream_create_with_flags(CU_STREAM_DEFAULT).unwrap();
+    let nb = d.stream_create_with_flags(CU_STREAM_NON_BLOCKING).unwrap();
+    assert_eq!(d.launch(0, va, G), OK);
+    assert_eq!(d.note_handoff(blocking, va, G), OK);
+    assert_eq!(d.contract_faults(), 0, "blocking after legacy: ordered");
+    assert_eq!(d.note_handoff(nb, va, G), OK);
+    assert_eq!(d.contract_faults(), 1, "non-blocking vs legacy: unordered");
+}

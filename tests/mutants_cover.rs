@@ -1,0 +1,414 @@
+//! Issue 16: tests for pool code that no other test reached (a coverage run of the
+//! CPU suite found these lines never executed, so every cargo-mutants mutant on them
+//! survived). Each test names the contract it checks (a doc comment of `Pool`,
+//! `PoolConfig`, `Snapshot`, `Error`, `docs/ARCHITECTURE.md`, or the simulated
+//! driver's documented behaviour); the expected values are reasoned from there, not
+//! copied from a run.
+#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
+
+mod common;
+
+use common::{assert_driver_empty, check, no_faults, segment_pool, simulated_pool, MIB};
+use flare_package::driver::sim::SimStreamCall;
+use flare_package::{
+    CrossStreamReuse, CuResult, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimConfig,
+    SleepMode, Stream,
+};
+use std::path::PathBuf;
+
+/// The simulated driver's default granularity.
+const G: u64 = 2 * MIB;
+
+/// A code no call returns by itself and that is not out-of-memory.
+const FAIL: CuResult = CuResult::UNKNOWN;
+
+/// A fresh path in the temporary directory for `name`.
+fn temp_path(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("flare-cover-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    dir.join(name)
+}
+
+// ---------------------------------------------------------------- segments.rs
+
+/// `Pool::allocate_raw`: "[`Error::InvalidArgument`] for 0 bytes or a size whose
+/// rounding overflows". In segment mode a request is rounded to a 512-byte block
+/// (then its handle to the granularity) before anything else: 0 bytes, and sizes
+/// within 512 bytes (or within the granularity) of `u64::MAX`, are refused on every
+/// entry point (synchronous, stream-ordered, tagged), and nothing reaches the driver.
+#[test]
+fn segment_mode_refuses_zero_and_overflowing_sizes() {
+    let (pool, sim) = segment_pool(1 << 30, 0);
+    let s = common::stream(&sim);
+    // u64::MAX: its 512-byte rounding overflows. u64::MAX - 1023: rounds to
+    // u64::MAX - 511 (a multiple of 512), whose granularity rounding overflows.
+    for bytes in [0, u64::MAX, u64::MAX - 1023] {
+        for (what, r) in [
+            ("sync", pool.allocate_raw(bytes)),
+            ("async", pool.allocate_async_raw(bytes, s)),
+            ("tagged", pool.allocate_tagged_raw(bytes, None, 3)),
+        ] {
+            match r {
+                Err(Error::InvalidArgument(msg)) => {
+                    if bytes == 0 {
+                        assert!(msg.contains("0 bytes"), "{what} {bytes}: {msg}");
+                    } else {
+                        assert!(msg.contains("overflows"), "{what} {bytes}: {msg}");
+                    }
+                }
+                other => panic!("{what} {bytes}: want InvalidArgument, got {other:?}"),
+            }
+        }
+    }
+    let snap = check(&pool);
+    assert_eq!((snap.live_count, snap.allocations), (0, 0));
+    assert_eq!(sim.call_count(DriverCall::Create), 0);
+    assert_eq!(sim.call_count(DriverCall::Reserve), 0);
+    // The largest size that rounds within range is not refused as invalid: it is
+    // above the device's total, `Error::RequestTooLarge`.
+    assert!(matches!(
+        pool.allocate_raw(u64::MAX - (G - 1) - 511),
+        Err(Error::RequestTooLarge { .. })
+    ));
+    // A small request still works.
+    let p = pool.allocate_raw(1).unwrap();
+    pool.free_raw(p).unwrap();
+    check(&pool);
+}
+
+// ---------------------------------------------------------------- mod.rs (trim)
+
+/// `Pool::trim`: "frees the pinned host buffer an offload's wake kept for the next
+/// offload sleep"; "Errors: [`Error::Driver`] with the first step the driver
+/// refused". `Snapshot::host_kept_bytes`: the buffer a wake kept, which trim frees.
+/// When `cuMemFreeHost` refuses it, trim answers `Error::Driver` for that call with
+/// the buffer's size, and the pool no longer counts it (left to the driver).
+#[test]
+fn trim_reports_a_refused_host_buffer_free() {
+    let (pool, sim) = simulated_pool(1 << 30, PoolConfig::default());
+    let p = pool.allocate_tagged_raw(3 * MIB, None, 5).unwrap();
+    assert_eq!(sim.write(p, &[9; 64]), CuResult::SUCCESS);
+    pool.sleep(5, SleepMode::Offload).unwrap();
+    let asleep = check(&pool);
+    // `Pool::sleep`: one pinned buffer "receives every live allocation's requested
+    // bytes".
+    assert_eq!(asleep.offloaded_bytes, 3 * MIB);
+    pool.wake(5).unwrap();
+    assert_eq!(sim.read(p, 64).unwrap(), vec![9; 64]);
+    let awake = check(&pool);
+    assert_eq!((awake.offloaded_bytes, awake.host_kept_bytes), (0, 3 * MIB));
+    pool.free_raw(p).unwrap();
+
+    let frees = sim.call_count(DriverCall::HostFree);
+    sim.inject_failure(DriverCall::HostFree, 1, FAIL);
+    match pool.trim() {
+        Err(Error::Driver { source, bytes }) => {
+            assert_eq!(source.call, DriverCall::HostFree);
+            assert_eq!(source.code, FAIL);
+            assert_eq!(bytes, 3 * MIB, "the kept buffer's size");
+        }
+        other => panic!("want the host free's error, got {other:?}"),
+    }
+    assert_eq!(sim.call_count(DriverCall::HostFree), frees + 1);
+    let after = check(&pool);
+    assert_eq!(after.host_kept_bytes, 0, "the buffer is the driver's now");
+    // The device memory was released all the same (the release ran first).
+    assert_eq!((after.physical_bytes, after.idle_bytes), (0, 0));
+    assert_driver_empty(&pool);
+    // Nothing left to free: the next trim succeeds without a host free.
+    pool.trim().unwrap();
+    assert_eq!(sim.call_count(DriverCall::HostFree), frees + 1);
+}
+
+// ---------------------------------------------------------------- books.rs
+
+/// `Allocation` (guards.rs): "dropping the guard frees the pointer only while it is
+/// still this allocation (not after a `free_raw` of it and a later allocation that
+/// reused the address)". Without thread caches (the books' path): a guard whose
+/// address was freed with `free_raw` and handed out again frees nothing on drop; the
+/// new allocation stays live and is freed once, by its owner.
+#[test]
+fn a_stale_guard_does_not_free_the_reused_address() {
+    let (pool, sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            thread_cache_entries: 0,
+            thread_cache_bytes: 0,
+            // Idle memory is kept (not released at the free), so the address is
+            // reused.
+            release_threshold_bytes: 1 << 30,
+            ..PoolConfig::default()
+        },
+    );
+    let a = pool.allocate(3 * MIB).unwrap();
+    let p = a.ptr();
+    pool.free_raw(p).unwrap();
+    // Best fit reuses the idle mapping of the same size: the same address.
+    let b = pool.allocate_raw(3 * MIB).unwrap();
+    assert_eq!(b, p);
+    assert_eq!(pool.snapshot().reuse_hits, 1);
+    drop(a);
+    let s = check(&pool);
+    assert_eq!(
+        (s.live_count, s.frees),
+        (1, 1),
+        "the stale drop freed nothing"
+    );
+    assert_eq!(s.live_mapped_bytes, 2 * G);
+    // Still live: its owner frees it, once.
+    pool.free_raw(b).unwrap();
+    assert!(matches!(
+        pool.free_raw(b),
+        Err(Error::UnknownPointer { ptr }) if ptr == b
+    ));
+    let s = check(&pool);
+    assert_eq!((s.live_count, s.frees), (0, 2));
+    assert_eq!(sim.call_count(DriverCall::Create), 1);
+}
+
+// ---------------------------------------------------------------- streams.rs
+
+/// `Pool::record_stream` and `free_async_raw`: memory used on a recorded stream is
+/// released only after a fence on that stream. After the legacy stream, the fence
+/// is recorded on the pool's own blocking stream, created on first use
+/// (`cuStreamCreate`). When that creation fails, the stream order of the recorded
+/// use cannot be tracked: the free is held for a device synchronize instead (no
+/// fence, nothing waiting on events), the failure is counted in
+/// `Snapshot::stream_call_failures`, and the mapping is not reused on the freeing
+/// stream. A later free creates the fence stream then.
+#[test]
+fn a_failed_fence_stream_creation_holds_the_free() {
+    let (pool, sim) = simulated_pool(1 << 30, PoolConfig::default());
+    let s = common::stream(&sim);
+    let created = sim.stream_call_count(SimStreamCall::StreamCreate);
+    let p = pool.allocate_async_raw(3 * MIB, s).unwrap();
+    pool.record_stream(p, Stream::LEGACY).unwrap();
+    sim.inject_stream_failure(SimStreamCall::StreamCreate, 1, FAIL);
+    pool.free_async_raw(p, s).unwrap();
+    assert_eq!(
+        sim.stream_call_count(SimStreamCall::StreamCreate),
+        created + 1,
+        "the fence stream's creation was tried once"
+    );
+    let snap = check(&pool);
+    assert_eq!(snap.stream_call_failures, 1);
+    // No fence recorded; the held mapping is counted in `event_wait_bytes` (idle,
+    // "reusable ... for release only after" its order is known: here a synchronize).
+    assert_eq!(snap.events_outstanding, 0);
+    assert_eq!((snap.idle_bytes, snap.event_wait_bytes), (2 * G, 2 * G));
+    // Held: not reused on its stream (a new mapping instead).
+    let q = pool.allocate_async_raw(3 * MIB, s).unwrap();
+    assert_ne!(q, p);
+    assert_eq!(pool.snapshot().mappings_created, 2);
+
+    // The next recorded legacy use: the fence stream is created now, and the free
+    // waits on a fence recorded there.
+    pool.record_stream(q, Stream::LEGACY).unwrap();
+    pool.free_async_raw(q, s).unwrap();
+    assert_eq!(
+        sim.stream_call_count(SimStreamCall::StreamCreate),
+        created + 2
+    );
+    let snap = check(&pool);
+    assert_eq!(snap.stream_call_failures, 1);
+    assert_eq!(snap.events_outstanding, 1);
+    pool.trim().unwrap();
+    check(&pool);
+    assert_driver_empty(&pool);
+    no_faults(&sim);
+}
+
+/// `CrossStreamReuse::Wait`: memory freed on one stream serves another stream after
+/// `cuStreamWaitEvent` on its fence (`Snapshot::cross_stream_waits`). When the wait
+/// is refused, the mapping is not handed out (no order is established): the
+/// allocation takes new memory, the failure is counted in `stream_call_failures`,
+/// and no wait is counted.
+#[test]
+fn a_refused_cross_stream_wait_hands_nothing_out() {
+    let (pool, sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            cross_stream_reuse: CrossStreamReuse::Wait,
+            ..PoolConfig::default()
+        },
+    );
+    let (s1, s2) = (common::stream(&sim), common::stream(&sim));
+    let p = pool.allocate_async_raw(3 * MIB, s1).unwrap();
+    // Work queued on s1 that the free orders before reuse: the fence stays pending.
+    assert_eq!(sim.launch(s1.0, p, 3 * MIB), CuResult::SUCCESS);
+    pool.free_async_raw(p, s1).unwrap();
+    sim.inject_stream_failure(SimStreamCall::StreamWaitEvent, 1, FAIL);
+    let waits = sim.stream_call_count(SimStreamCall::StreamWaitEvent);
+    let q = pool.allocate_async_raw(3 * MIB, s2).unwrap();
+    assert_eq!(
+        sim.stream_call_count(SimStreamCall::StreamWaitEvent),
+        waits + 1
+    );
+    assert_ne!(q, p, "the refused wait hands nothing out");
+    let snap = check(&pool);
+    assert_eq!(snap.stream_call_failures, 1);
+    assert_eq!((snap.cross_stream_waits, snap.cross_stream_hits), (0, 0));
+    assert_eq!(snap.mappings_created, 2);
+    // Without a failure the next one waits and takes it.
+    let r = pool.allocate_async_raw(3 * MIB, s2).unwrap();
+    assert_eq!(r, p);
+    let snap = check(&pool);
+    assert_eq!(snap.cross_stream_waits, 1);
+    assert_eq!(snap.mappings_created, 2);
+    no_faults(&sim);
+}
+
+// ---------------------------------------------------------------- cache.rs
+
+/// `docs/ARCHITECTURE.md`, "Threads": "A cache is registered on a thread's first
+/// call (at most 256 per pool; further threads use the books". With 256 threads
+/// holding caches, a 257th thread's free of an address a cached thread allocated
+/// goes to the books: it is counted (frees, live bytes) and the memory becomes idle
+/// in the books, reused by that thread's next allocation of the size.
+#[test]
+fn a_thread_beyond_the_cache_registry_frees_through_the_books() {
+    use std::sync::{Arc, Barrier};
+    let (pool, _sim) = simulated_pool(
+        64 << 30,
+        PoolConfig {
+            // Freed memory stays idle (below the threshold), to be seen and reused.
+            release_threshold_bytes: 1 << 30,
+            ..PoolConfig::default()
+        },
+    );
+    let pool = Arc::new(pool);
+    // The caches serve inside a retention scope.
+    pool.retention_begin().unwrap();
+    const N: usize = 256;
+    let registered = Arc::new(Barrier::new(N + 1));
+    let done = Arc::new(Barrier::new(N + 1));
+    let mut threads = Vec::new();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..N {
+        let (pool, registered, done, tx) = (
+            Arc::clone(&pool),
+            Arc::clone(&registered),
+            Arc::clone(&done),
+            tx.clone(),
+        );
+        threads.push(std::thread::spawn(move || {
+            let p = pool.allocate_raw(MIB).unwrap();
+            tx.send(p).unwrap();
+            registered.wait();
+            // Alive (its cache held) until the extra thread is done.
+            done.wait();
+        }));
+    }
+    registered.wait();
+    let ptrs: Vec<u64> = rx.iter().take(N).collect();
+    let before = check(&pool);
+    assert_eq!(before.live_count, N as u64);
+    let extra = {
+        let pool = Arc::clone(&pool);
+        let victim = ptrs[0];
+        std::thread::spawn(move || {
+            pool.free_raw(victim).unwrap();
+            let s = check(&pool);
+            assert_eq!(s.live_count, N as u64 - 1);
+            assert_eq!(s.frees, 1);
+            assert_eq!(s.live_mapped_bytes, (N as u64 - 1) * G);
+            assert_eq!(s.idle_bytes, G, "idle in the books");
+            // Not a cache's entry: nothing was cached.
+            assert_eq!(s.thread_cache_count, 0);
+            // Freed again: refused, it is no longer live.
+            assert!(matches!(
+                pool.free_raw(victim),
+                Err(Error::UnknownPointer { .. })
+            ));
+            let again = pool.allocate_raw(MIB).unwrap();
+            assert_eq!(again, victim, "the idle mapping is reused");
+            pool.free_raw(again).unwrap();
+        })
+    };
+    extra.join().unwrap();
+    done.wait();
+    for t in threads {
+        t.join().unwrap();
+    }
+    for p in &ptrs[1..] {
+        pool.free_raw(*p).unwrap();
+    }
+    pool.retention_finish().unwrap();
+    let s = check(&pool);
+    assert_eq!(s.live_count, 0);
+    assert_eq!(s.frees, N as u64 + 1);
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+}
+
+// ---------------------------------------------------------------- record.rs
+
+/// `record.rs` header (`docs/trace-format.md`, "Recorded traces"): the pool's
+/// configuration is one `# flare-pool` line whose `peers=` lists the peer devices
+/// comma-separated (`none` when there are none); `RecordedConfig` reads it back.
+#[test]
+fn recorded_header_lists_the_peer_devices() {
+    let path = temp_path("peers.trace");
+    let pool = Pool::new(PoolConfig {
+        peer_devices: vec![2, 1],
+        record_path: Some(path.clone()),
+        ..PoolConfig::simulated(SimConfig {
+            device_count: 3,
+            ..SimConfig::default()
+        })
+    })
+    .unwrap();
+    let p = pool.allocate_raw(MIB).unwrap();
+    pool.free_raw(p).unwrap();
+    pool.record_flush();
+    assert_eq!(pool.record_error(), None);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("# flare-pool "))
+        .expect("the configuration line");
+    assert!(
+        header.split(' ').any(|f| f == "peers=2,1"),
+        "peers in the given order: {header}"
+    );
+    let t = flare_package::trace::parse(&path).expect("a valid trace");
+    assert_eq!(t.recorded_config().unwrap().peers, vec![2, 1]);
+    drop(pool);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// `record.rs` module documentation: "a writer thread takes the buffer when it
+/// passes `FLUSH_AT` bytes ... or every `FLUSH_EVERY` [200 ms] otherwise, and writes
+/// it to the file". So lines recorded and left alone (no `record_flush`, no drop,
+/// far below `FLUSH_AT`) reach the file within a few periods.
+#[test]
+fn recorded_lines_reach_the_file_without_a_flush() {
+    let path = temp_path("timer.trace");
+    let (pool, _sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            record_path: Some(path.clone()),
+            ..PoolConfig::default()
+        },
+    );
+    let p = pool.allocate_raw(MIB).unwrap();
+    pool.free_raw(p).unwrap();
+    let want_a = format!("a {p:#x} {}", MIB);
+    let want_f = format!("f {p:#x}");
+    // Up to 5 s (25 periods) for a loaded machine; one period suffices.
+    let mut text = String::new();
+    for _ in 0..50 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        text = std::fs::read_to_string(&path).unwrap();
+        if text.contains(&want_f) {
+            break;
+        }
+    }
+    assert!(text.starts_with("# flare-trace v1\n"), "{text:?}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.contains(&want_a.as_str()), "{text}");
+    assert!(lines.contains(&want_f.as_str()), "{text}");
+    assert_eq!(pool.record_error(), None);
+    drop(pool);
+    let _ = std::fs::remove_file(&path);
+}

@@ -412,3 +412,193 @@ fn recorded_lines_reach_the_file_without_a_flush() {
     drop(pool);
     let _ = std::fs::remove_file(&path);
 }
+
+// ---------------------------------------------------------------- segments.rs (lends)
+
+/// A segment-mode pool on a 1 GiB simulated device that releases nothing at a free
+/// (release threshold 1 GiB; trim releases), and its driver.
+fn keeping_segments() -> (Pool, std::sync::Arc<flare_package::SimDriver>) {
+    simulated_pool(
+        1 << 30,
+        PoolConfig {
+            reuse_policy: ReusePolicy::Segments,
+            release_threshold_bytes: 1 << 30,
+            ..PoolConfig::default()
+        },
+    )
+}
+
+/// Four 2 MiB blocks and a 4 MiB one, one handle each (a growth maps the need, or an
+/// eighth of what is mapped when that is more: never more here);
+/// blocks 0 and 2 freed, so their handles are wholly free and alone in their free
+/// blocks (their neighbours live): what a 4 MiB growth lends (stitching,
+/// `docs/ARCHITECTURE.md`, "Segments"). Returns the live blocks 1, 3 and the 4 MiB.
+fn two_lendable_handles(pool: &Pool) -> Vec<u64> {
+    let w: Vec<_> = (0..4).map(|_| pool.allocate_raw(G).unwrap()).collect();
+    let n1 = pool.allocate_raw(4 * MIB).unwrap();
+    pool.free_raw(w[0]).unwrap();
+    pool.free_raw(w[2]).unwrap();
+    vec![w[1], w[3], n1]
+}
+
+/// A growth lends handles in turn, mapping each again at the segment's end
+/// (`cuMemMap`, then `cuMemSetAccess`). Once one lend is refused the growth fails
+/// with that error (`Pool::allocate_raw`: "[`Error::Driver`] with the step the driver
+/// refused"), and the lends after it are not tried: exactly one map call, no handle
+/// created, nothing left lent. Both handles stay where they were, so the next 4 MiB
+/// request lends both and creates nothing.
+#[test]
+fn after_a_refused_lend_the_next_lends_are_not_tried() {
+    let (pool, sim) = keeping_segments();
+    let live = two_lendable_handles(&pool);
+    let (maps, creates) = (
+        sim.call_count(DriverCall::Map),
+        sim.call_count(DriverCall::Create),
+    );
+    sim.inject_failure(DriverCall::Map, 1, FAIL);
+    match pool.allocate_raw(4 * MIB) {
+        Err(Error::Driver { source, .. }) => {
+            assert_eq!((source.call, source.code), (DriverCall::Map, FAIL))
+        }
+        other => panic!("want the map's error, got {other:?}"),
+    }
+    assert_eq!(sim.call_count(DriverCall::Map), maps + 1, "one lend tried");
+    assert_eq!(sim.call_count(DriverCall::Create), creates);
+    let s = check(&pool);
+    assert_eq!((s.segment_handles_lent, s.segment_lent_bytes), (0, 0));
+    // One handle per growth, each the need (4 MiB for the 4 MiB block).
+    assert_eq!((s.segment_handles, s.physical_bytes), (5, 12 * MIB));
+    assert_eq!(s.block_free_bytes, 2 * G);
+    // Nothing was lost: the retry lends both handles.
+    let n2 = pool.allocate_raw(4 * MIB).unwrap();
+    let s = check(&pool);
+    assert_eq!(sim.call_count(DriverCall::Create), creates, "no new handle");
+    assert_eq!((s.segment_handles_lent, s.segment_lent_bytes), (2, 4 * MIB));
+    assert_eq!(s.physical_bytes, 12 * MIB);
+    for p in live.into_iter().chain([n2]) {
+        pool.free_raw(p).unwrap();
+    }
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+    no_faults(&sim);
+}
+
+/// A lend whose access grant is refused (`cuMemSetAccess`) is undone: the new
+/// mapping never had access, so it is unmapped at once (one `cuMemUnmap`), and the
+/// handle is not lent (`segment_handles_lent` 0: only a retired mapping the driver
+/// refused to unmap would count). The growth fails with the set-access error; the
+/// handle is lendable again.
+#[test]
+fn a_lend_refused_access_is_unmapped_and_not_lent() {
+    let (pool, sim) = keeping_segments();
+    let w1 = pool.allocate_raw(G).unwrap();
+    let w2 = pool.allocate_raw(G).unwrap();
+    let n1 = pool.allocate_raw(4 * MIB).unwrap();
+    pool.free_raw(w1).unwrap();
+    let (unmaps, access) = (
+        sim.call_count(DriverCall::Unmap),
+        sim.call_count(DriverCall::SetAccess),
+    );
+    sim.inject_failure(DriverCall::SetAccess, 1, FAIL);
+    match pool.allocate_raw(4 * MIB) {
+        Err(Error::Driver { source, .. }) => assert_eq!(source.call, DriverCall::SetAccess),
+        other => panic!("want the set-access error, got {other:?}"),
+    }
+    assert_eq!(sim.call_count(DriverCall::SetAccess), access + 1);
+    assert_eq!(
+        sim.call_count(DriverCall::Unmap),
+        unmaps + 1,
+        "the lend undone"
+    );
+    let s = check(&pool);
+    assert_eq!((s.segment_handles_lent, s.segment_lent_bytes), (0, 0));
+    assert_eq!(sim.state().mappings, 3, "the handles of w1, w2 and n1");
+    // The retry lends w1's handle and maps one new 2 MiB handle after it.
+    let n2 = pool.allocate_raw(4 * MIB).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.segment_handles_lent, s.segment_lent_bytes), (1, G));
+    for p in [w2, n1, n2] {
+        pool.free_raw(p).unwrap();
+    }
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+    no_faults(&sim);
+}
+
+/// `docs/ARCHITECTURE.md`, "Segments": a lent handle keeps its old mapping,
+/// retired, "until the handle's release"; at release a wholly free handle is
+/// "unmapped (its retired mapping first), released". `Pool::trim`: "Errors:
+/// [`Error::Driver`] with the first step the driver refused"; what was refused stays
+/// held and is retried by the next release point. With the two lent handles of a
+/// stitched 4 MiB block wholly free:
+/// - the first unmap refused is a retired mapping's: that handle stays whole (both
+///   mappings, still lent); the other lent handle is released (two unmaps);
+/// - at the next trim its retired mapping is unmapped and its own mapping refused:
+///   it is no longer lent, still mapped once;
+/// - the trim after unmaps only its own mapping (one call: the retired one is gone)
+///   and releases it. Nothing faults and the books match the driver throughout.
+#[test]
+fn a_lent_handle_whose_unmaps_are_refused_is_released_in_steps() {
+    let (pool, sim) = keeping_segments();
+    let live = two_lendable_handles(&pool);
+    let n2 = pool.allocate_raw(4 * MIB).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.segment_handles, s.segment_handles_lent), (5, 2));
+    pool.free_raw(n2).unwrap();
+
+    let u = sim.call_count(DriverCall::Unmap);
+    sim.inject_failure(DriverCall::Unmap, 1, FAIL);
+    match pool.trim() {
+        Err(Error::Driver { source, bytes }) => {
+            assert_eq!((source.call, bytes), (DriverCall::Unmap, G))
+        }
+        other => panic!("want the unmap's error, got {other:?}"),
+    }
+    assert_eq!(sim.call_count(DriverCall::Unmap), u + 3);
+    let s = check(&pool);
+    assert_eq!(
+        (
+            s.segment_handles,
+            s.segment_handles_lent,
+            s.segment_lent_bytes
+        ),
+        (4, 1, G)
+    );
+    assert_eq!((s.physical_bytes, s.block_free_bytes), (10 * MIB, G));
+    assert_eq!(s.unmap_failures, 1);
+    // Three live handles, and the lent one at both addresses.
+    assert_eq!(sim.state().mappings, 5);
+
+    let u = sim.call_count(DriverCall::Unmap);
+    sim.inject_failure(DriverCall::Unmap, 2, FAIL);
+    assert!(matches!(
+        pool.trim(),
+        Err(Error::Driver { source, .. }) if source.call == DriverCall::Unmap
+    ));
+    assert_eq!(sim.call_count(DriverCall::Unmap), u + 2);
+    let s = check(&pool);
+    assert_eq!(
+        (
+            s.segment_handles,
+            s.segment_handles_lent,
+            s.segment_lent_bytes
+        ),
+        (4, 0, 0)
+    );
+    assert_eq!((s.physical_bytes, s.unmap_failures), (10 * MIB, 2));
+    assert_eq!(sim.state().mappings, 4);
+
+    let u = sim.call_count(DriverCall::Unmap);
+    pool.trim().unwrap();
+    assert_eq!(sim.call_count(DriverCall::Unmap), u + 1);
+    let s = check(&pool);
+    assert_eq!((s.segment_handles, s.physical_bytes), (3, 8 * MIB));
+    assert_eq!(s.block_free_bytes, 0);
+    for p in live {
+        pool.free_raw(p).unwrap();
+    }
+    pool.trim().unwrap();
+    check(&pool);
+    assert_driver_empty(&pool);
+    no_faults(&sim);
+}

@@ -602,3 +602,87 @@ fn a_lent_handle_whose_unmaps_are_refused_is_released_in_steps() {
     assert_driver_empty(&pool);
     no_faults(&sim);
 }
+
+// ---------------------------------------------------------------- release.rs (pending)
+
+/// A failed growth's undo that the driver refuses is kept pending (`Snapshot`:
+/// `pending_count`, `pending_bytes`: "a pending leftover that is still mapped
+/// always still holds its handle") and retried at each release point (`release.rs`:
+/// "what a refused step leaves is kept ... pending and retried at the next release
+/// point"). A retry whose unmap is refused again keeps it pending, and `Pool::trim`
+/// reports the unmap; the next trim releases it and the driver holds nothing.
+#[test]
+fn a_pending_leftover_refused_again_stays_pending() {
+    let (pool, sim) = keeping_segments();
+    // The growth's new handle: mapped, access refused, unmap refused.
+    sim.inject_failure(DriverCall::SetAccess, 1, FAIL);
+    sim.inject_failure(DriverCall::Unmap, 1, FAIL);
+    match pool.allocate_raw(G) {
+        Err(Error::Driver { source, .. }) => assert_eq!(source.call, DriverCall::SetAccess),
+        other => panic!("want the set-access error, got {other:?}"),
+    }
+    let s = check(&pool);
+    assert_eq!((s.pending_count, s.pending_bytes), (1, G));
+    assert_eq!((s.live_count, s.physical_bytes), (0, G));
+    assert_eq!(sim.state().mappings, 1);
+
+    let u = sim.call_count(DriverCall::Unmap);
+    sim.inject_failure(DriverCall::Unmap, 1, FAIL);
+    match pool.trim() {
+        Err(Error::Driver { source, bytes }) => {
+            assert_eq!((source.call, bytes), (DriverCall::Unmap, G))
+        }
+        other => panic!("want the unmap's error, got {other:?}"),
+    }
+    assert_eq!(sim.call_count(DriverCall::Unmap), u + 1);
+    let s = check(&pool);
+    assert_eq!((s.pending_count, s.pending_bytes), (1, G), "still pending");
+    assert_eq!(sim.state().mappings, 1);
+
+    pool.trim().unwrap();
+    assert_eq!(sim.call_count(DriverCall::Unmap), u + 2);
+    let s = check(&pool);
+    assert_eq!(
+        (s.pending_count, s.pending_bytes, s.physical_bytes),
+        (0, 0, 0)
+    );
+    assert_driver_empty(&pool);
+    no_faults(&sim);
+}
+
+// ---------------------------------------------------------------- mod.rs (miss)
+
+/// `Pool::allocate_raw` on out-of-memory (the miss path): a forced reuse of idle
+/// memory the caller may take, then "a release of what is idle, `retake` under the
+/// lock, and `create` once more". Memory freed on a stream whose work is still
+/// queued cannot serve the synchronous caller before the release point's device
+/// synchronize; when that release's unmap is refused, the mapping stays idle (its
+/// work now complete) and the retake hands it out: the allocation succeeds with it,
+/// one out-of-memory retry counted, no second mapping.
+#[test]
+fn an_oom_retry_takes_what_the_release_could_not_release() {
+    let (pool, sim) = simulated_pool(
+        6 * MIB,
+        PoolConfig {
+            release_threshold_bytes: 1 << 30,
+            ..PoolConfig::default()
+        },
+    );
+    let s = common::stream(&sim);
+    let p = pool.allocate_async_raw(4 * MIB, s).unwrap();
+    assert_eq!(sim.launch(s.0, p, 4 * MIB), CuResult::SUCCESS);
+    pool.free_async_raw(p, s).unwrap();
+    // 4 + 4 MiB do not fit in 6: the create is out of memory; the release point
+    // synchronizes the device, then its unmap of p is refused.
+    sim.inject_failure(DriverCall::Unmap, 1, FAIL);
+    let q = pool.allocate_raw(4 * MIB).expect("the retake serves it");
+    assert_eq!(q, p);
+    let snap = check(&pool);
+    assert_eq!(snap.oom_retries, 1);
+    assert_eq!((snap.mappings_created, snap.unmap_failures), (1, 1));
+    assert_eq!((snap.live_count, snap.idle_count), (1, 0));
+    pool.free_raw(q).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+    no_faults(&sim);
+}

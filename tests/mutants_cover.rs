@@ -686,3 +686,64 @@ fn an_oom_retry_takes_what_the_release_could_not_release() {
     assert_driver_empty(&pool);
     no_faults(&sim);
 }
+
+// ---------------------------------------------------------------- release.rs (retries)
+
+/// `Pool::free_async_raw`: "No host synchronization, ever"; `Pool::free_raw`'s
+/// release synchronizes the device. A synchronous free whose release was refused
+/// (`cuMemUnmap`) leaves its mapping idle for a retry at the next release point
+/// (`release.rs`: "kept idle-for-retry ... and retried at the next release point").
+/// Its release needs a device synchronize, so the stream-ordered frees' release
+/// points (which release what their fences say is complete) keep it for later,
+/// without synchronizing; the next synchronous free's release retries it: two
+/// unmaps (its own mapping and the retried one) after one synchronize.
+#[test]
+fn a_refused_synchronous_release_waits_for_a_synchronizing_release_point() {
+    let (pool, sim) = simulated_pool(1 << 30, PoolConfig::default());
+    let a = pool.allocate_raw(3 * MIB).unwrap();
+    sim.inject_failure(DriverCall::Unmap, 1, FAIL);
+    pool.free_raw(a).unwrap();
+    let snap = check(&pool);
+    assert_eq!((snap.idle_count, snap.idle_bytes), (1, 2 * G));
+    assert_eq!(snap.unmap_failures, 1);
+
+    // Stream-ordered frees, the device completing the stream's work between them:
+    // their fences complete, and their release points release that memory.
+    let s = common::stream(&sim);
+    let syncs = sim.call_count(DriverCall::Synchronize);
+    let released = snap.mappings_released;
+    let bs: Vec<_> = (0..8)
+        .map(|_| pool.allocate_async_raw(5 * MIB, s).unwrap())
+        .collect();
+    for b in bs {
+        pool.free_async_raw(b, s).unwrap();
+        assert_eq!(sim.stream_complete(s.0), CuResult::SUCCESS);
+    }
+    let snap = check(&pool);
+    assert!(
+        snap.mappings_released > released,
+        "a stream-ordered release point ran: {snap:#?}"
+    );
+    assert_eq!(
+        sim.call_count(DriverCall::Synchronize),
+        syncs,
+        "no device synchronize for a stream-ordered free"
+    );
+    // `a`'s 4 MiB mapping is still idle (the streams' mappings are 6 MiB).
+    assert_eq!(snap.idle_bytes % (6 * MIB), 2 * G, "{snap:#?}");
+
+    let c = pool.allocate_raw(MIB).unwrap();
+    let unmaps = sim.call_count(DriverCall::Unmap);
+    pool.free_raw(c).unwrap();
+    assert_eq!(sim.call_count(DriverCall::Synchronize), syncs + 1);
+    assert_eq!(
+        sim.call_count(DriverCall::Unmap),
+        unmaps + 2,
+        "c's mapping and the retried one"
+    );
+    let snap = check(&pool);
+    assert_eq!(snap.idle_bytes % (6 * MIB), 0, "{snap:#?}");
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+    no_faults(&sim);
+}

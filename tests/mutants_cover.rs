@@ -747,3 +747,85 @@ fn a_refused_synchronous_release_waits_for_a_synchronizing_release_point() {
     assert_driver_empty(&pool);
     no_faults(&sim);
 }
+
+// ---------------------------------------------------------------- streams.rs (fences)
+
+/// `CrossStreamReuse::Wait`: a mapping freed on another stream is taken after
+/// `cuStreamWaitEvent` on a fence covering its free, recorded then if none does
+/// yet. When that fence cannot be recorded (`cuEventRecord` refused), nothing can
+/// order the new stream after the free: the mapping is not handed out (its work is
+/// still queued), the allocation takes new memory, and the failure is counted in
+/// `stream_call_failures`. The next allocation waits on a fence and takes it.
+#[test]
+fn a_cross_stream_wait_without_a_fence_hands_nothing_out() {
+    let (pool, sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            cross_stream_reuse: CrossStreamReuse::Wait,
+            // No release at a free, so no free's poll records a fence first.
+            release_threshold_bytes: 1 << 30,
+            ..PoolConfig::default()
+        },
+    );
+    let (s1, s2) = (common::stream(&sim), common::stream(&sim));
+    let p = pool.allocate_async_raw(3 * MIB, s1).unwrap();
+    // Queued work the free orders before reuse (so no poll finds it complete).
+    assert_eq!(sim.launch(s1.0, p, 3 * MIB), CuResult::SUCCESS);
+    pool.free_async_raw(p, s1).unwrap();
+    assert_eq!(pool.snapshot().events_outstanding, 0, "no fence yet");
+    let records = sim.stream_call_count(SimStreamCall::EventRecord);
+    sim.inject_stream_failure(SimStreamCall::EventRecord, 1, FAIL);
+    let q = pool.allocate_async_raw(3 * MIB, s2).unwrap();
+    assert!(sim.stream_call_count(SimStreamCall::EventRecord) > records);
+    assert_ne!(q, p, "not handed out without a fence");
+    let snap = check(&pool);
+    assert_eq!(snap.stream_call_failures, 1);
+    assert_eq!((snap.cross_stream_waits, snap.cross_stream_hits), (0, 0));
+    assert_eq!(snap.mappings_created, 2);
+    let r = pool.allocate_async_raw(3 * MIB, s2).unwrap();
+    assert_eq!(r, p);
+    let snap = check(&pool);
+    assert_eq!((snap.cross_stream_waits, snap.mappings_created), (1, 2));
+    no_faults(&sim);
+}
+
+/// `Pool::free_async_raw` during a capture, of memory also used (`record_stream`) on
+/// a stream that another capture is capturing: "Used by a graph being captured on
+/// `s`: the graph may replay into it, so it becomes that capture's memory" (kept
+/// for that capture: `Snapshot::capture_held_bytes`, a second capture seen). It
+/// waits on no fence of the freeing capture's (no stream) bucket: nothing is counted
+/// in `event_wait_bytes` and no event is recorded. Once both captures ended, trim
+/// releases it.
+#[test]
+fn a_free_recorded_on_another_capture_becomes_that_captures_memory() {
+    use flare_package::driver::sim::CaptureMode;
+    let (pool, sim) = simulated_pool(1 << 30, PoolConfig::default());
+    let (s1, s2) = (common::stream(&sim), common::stream(&sim));
+    let p = pool.allocate_async_raw(3 * MIB, s1).unwrap();
+    pool.record_stream(p, s2).unwrap();
+    for s in [s1, s2] {
+        assert_eq!(
+            sim.stream_begin_capture(s.0, CaptureMode::Relaxed),
+            CuResult::SUCCESS
+        );
+    }
+    let records = sim.stream_call_count(SimStreamCall::EventRecord);
+    pool.free_async_raw(p, s1).unwrap();
+    assert_eq!(sim.stream_call_count(SimStreamCall::EventRecord), records);
+    let snap = check(&pool);
+    assert_eq!(snap.captures_seen, 2, "both captures seen");
+    assert_eq!((snap.capture_held_bytes, snap.event_wait_bytes), (2 * G, 0));
+    assert_eq!((snap.idle_bytes, snap.events_outstanding), (2 * G, 0));
+    // Kept for s2's capture: an allocation on s1 (its own capture) does not take it.
+    let q = pool.allocate_async_raw(3 * MIB, s1).unwrap();
+    assert_ne!(q, p);
+    pool.free_async_raw(q, s1).unwrap();
+    for s in [s1, s2] {
+        assert!(sim.stream_end_capture(s.0).is_success());
+    }
+    pool.trim().unwrap();
+    let snap = check(&pool);
+    assert_eq!((snap.capture_held_bytes, snap.physical_bytes), (0, 0));
+    assert_driver_empty(&pool);
+    no_faults(&sim);
+}

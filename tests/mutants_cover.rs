@@ -829,3 +829,60 @@ fn a_free_recorded_on_another_capture_becomes_that_captures_memory() {
     assert_driver_empty(&pool);
     no_faults(&sim);
 }
+
+/// Memory freed during a capture while also used (`record_stream`) on another,
+/// uncaptured stream is the capture's, reused by it only once that stream's fence
+/// completes. A release point whose wait on that fence fails
+/// (`cuEventSynchronize` refused) cannot confirm it; memory of a capture "stays its
+/// capture's (its graph may replay into it), released with that capture's memory
+/// after a device synchronize". The out-of-memory release keeps captures' memory
+/// (`Pool::allocate_raw`: the release before the retry; `docs/ARCHITECTURE.md`:
+/// capture-held memory is released at the scope's close, trim or destroy): so the
+/// allocation that needed it fails with `Error::OutOfMemory`, the memory counted in
+/// `capture_held_bytes`, and trim (after the capture) releases it.
+#[test]
+fn an_unconfirmed_free_of_a_capture_stays_the_captures() {
+    use flare_package::driver::sim::CaptureMode;
+    let (pool, sim) = simulated_pool(
+        8 * MIB,
+        PoolConfig {
+            release_threshold_bytes: 1 << 30,
+            ..PoolConfig::default()
+        },
+    );
+    let (s1, s2) = (common::stream(&sim), common::stream(&sim));
+    let p = pool.allocate_async_raw(3 * MIB, s1).unwrap();
+    pool.record_stream(p, s2).unwrap();
+    // Work on s2 still queued: no query finds its fence complete.
+    assert_eq!(sim.launch(s2.0, p, 3 * MIB), CuResult::SUCCESS);
+    assert_eq!(
+        sim.stream_begin_capture(s1.0, CaptureMode::Relaxed),
+        CuResult::SUCCESS
+    );
+    pool.free_async_raw(p, s1).unwrap();
+    let snap = check(&pool);
+    assert_eq!(snap.captures_seen, 1);
+    assert_eq!(snap.event_wait_bytes, 2 * G, "waiting on s2's fence");
+    assert!(sim.stream_end_capture(s1.0).is_success());
+
+    sim.inject_stream_failure(SimStreamCall::EventSynchronize, 1, FAIL);
+    match pool.allocate_raw(6 * MIB) {
+        Err(Error::OutOfMemory { .. }) => {}
+        other => panic!("want out-of-memory, got {other:?}"),
+    }
+    let snap = check(&pool);
+    assert_eq!(snap.oom_retries, 1);
+    assert_eq!(snap.stream_call_failures, 1);
+    assert_eq!((snap.capture_held_bytes, snap.event_wait_bytes), (2 * G, 0));
+    assert_eq!((snap.idle_bytes, snap.physical_bytes), (2 * G, 2 * G));
+
+    pool.trim().unwrap();
+    let snap = check(&pool);
+    assert_eq!((snap.capture_held_bytes, snap.physical_bytes), (0, 0));
+    // Now it fits.
+    let q = pool.allocate_raw(6 * MIB).unwrap();
+    pool.free_raw(q).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+    no_faults(&sim);
+}

@@ -886,3 +886,38 @@ fn an_unconfirmed_free_of_a_capture_stays_the_captures() {
     assert_driver_empty(&pool);
     no_faults(&sim);
 }
+
+/// Stitching lends free handles "largest first while they fit in `need`"
+/// (`docs/ARCHITECTURE.md`, "Segments": a growth lends the heap's free handles whose
+/// free block is exactly their range; a request larger than any free block is
+/// served partly by memory already held, "with a new handle for the rest"). A
+/// 6 MiB request over two lone free 4 MiB handles lends one (4 MiB fits in 6); the
+/// other does not fit in the 2 MiB left and is skipped; one new 2 MiB handle
+/// covers the rest: one handle created, one lent, 2 MiB more physical memory.
+#[test]
+fn a_lend_skips_a_handle_larger_than_what_is_left() {
+    let (pool, sim) = keeping_segments();
+    // One handle per growth, each the request's size (never less than an eighth of
+    // what is mapped): 4, 2, 4, 2 MiB back to back.
+    let x1 = pool.allocate_raw(4 * MIB).unwrap();
+    let y1 = pool.allocate_raw(G).unwrap();
+    let x2 = pool.allocate_raw(4 * MIB).unwrap();
+    let y2 = pool.allocate_raw(G).unwrap();
+    assert_eq!(check(&pool).segment_handles, 4);
+    pool.free_raw(x1).unwrap();
+    pool.free_raw(x2).unwrap();
+    let created = sim.call_count(DriverCall::Create);
+    let n = pool.allocate_raw(6 * MIB).unwrap();
+    let s = check(&pool);
+    assert_eq!(sim.call_count(DriverCall::Create), created + 1);
+    assert_eq!((s.segment_handles_lent, s.segment_lent_bytes), (1, 4 * MIB));
+    assert_eq!((s.segment_handles, s.physical_bytes), (5, 14 * MIB));
+    // The other 4 MiB handle is still a free block.
+    assert_eq!(s.block_free_bytes, 4 * MIB);
+    for p in [y1, y2, n] {
+        pool.free_raw(p).unwrap();
+    }
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+    no_faults(&sim);
+}

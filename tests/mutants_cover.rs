@@ -921,3 +921,205 @@ fn a_lend_skips_a_handle_larger_than_what_is_left() {
     assert_driver_empty(&pool);
     no_faults(&sim);
 }
+
+// ---------------------------------------------------------------- segments.rs (races)
+
+/// A driver that runs a hook at a chosen call (as in `tests/mutants_pool.rs`).
+mod hooked {
+    use flare_package::driver::{CaptureMode, Event, MemInfo, PhysicalHandle, Reservation};
+    use flare_package::{CuResult, DevicePtr, Driver, DriverCall, DriverError, SimDriver, Stream};
+    use std::sync::{Arc, Mutex};
+
+    type Hook = Box<dyn FnOnce() + Send>;
+
+    pub struct Hooked {
+        pub sim: Arc<SimDriver>,
+        armed: Mutex<Option<(DriverCall, Hook, Option<CuResult>)>>,
+    }
+
+    impl Hooked {
+        pub fn new(sim: Arc<SimDriver>) -> Arc<Hooked> {
+            Arc::new(Hooked {
+                sim,
+                armed: Mutex::new(None),
+            })
+        }
+
+        /// Runs `hook` at the next call of kind `call`; that call then fails with
+        /// `fail` (unmade), or is made.
+        pub fn arm(
+            &self,
+            call: DriverCall,
+            fail: Option<CuResult>,
+            hook: impl FnOnce() + Send + 'static,
+        ) {
+            *self.armed.lock().unwrap() = Some((call, Box::new(hook), fail));
+        }
+
+        fn at(&self, call: DriverCall) -> Result<(), DriverError> {
+            let armed = {
+                let mut g = self.armed.lock().unwrap();
+                match g.as_ref() {
+                    Some((c, _, _)) if *c == call => g.take(),
+                    _ => None,
+                }
+            };
+            if let Some((_, hook, fail)) = armed {
+                hook();
+                if let Some(code) = fail {
+                    return Err(DriverError::new(call, code));
+                }
+            }
+            Ok(())
+        }
+    }
+
+    impl Driver for Hooked {
+        fn granularity(&self) -> Result<u64, DriverError> {
+            self.sim.granularity()
+        }
+        fn create(&self, size: u64) -> Result<PhysicalHandle, DriverError> {
+            self.at(DriverCall::Create)?;
+            self.sim.create(size)
+        }
+        fn release(&self, h: PhysicalHandle) -> Result<(), DriverError> {
+            self.at(DriverCall::Release)?;
+            self.sim.release(h)
+        }
+        fn reserve(&self, size: u64) -> Result<Reservation, DriverError> {
+            self.at(DriverCall::Reserve)?;
+            self.sim.reserve(size)
+        }
+        fn free_reservation(&self, r: Reservation) -> Result<(), DriverError> {
+            self.at(DriverCall::FreeReservation)?;
+            self.sim.free_reservation(r)
+        }
+        fn map(&self, ptr: DevicePtr, h: PhysicalHandle) -> Result<(), DriverError> {
+            self.at(DriverCall::Map)?;
+            self.sim.map(ptr, h)
+        }
+        fn set_access(&self, ptr: DevicePtr, size: u64, d: &[i32]) -> Result<(), DriverError> {
+            self.at(DriverCall::SetAccess)?;
+            self.sim.set_access(ptr, size, d)
+        }
+        fn unmap(&self, ptr: DevicePtr, size: u64) -> Result<(), DriverError> {
+            self.at(DriverCall::Unmap)?;
+            self.sim.unmap(ptr, size)
+        }
+        fn synchronize(&self, device: i32) -> Result<(), DriverError> {
+            self.at(DriverCall::Synchronize)?;
+            self.sim.synchronize(device)
+        }
+        fn mem_info(&self) -> Result<MemInfo, DriverError> {
+            self.sim.mem_info()
+        }
+        fn event_create(&self) -> Result<Event, DriverError> {
+            Driver::event_create(&*self.sim)
+        }
+        fn event_destroy(&self, e: Event) -> Result<(), DriverError> {
+            Driver::event_destroy(&*self.sim, e)
+        }
+        fn event_record(&self, e: Event, s: Stream) -> Result<(), DriverError> {
+            self.at(DriverCall::EventRecord)?;
+            Driver::event_record(&*self.sim, e, s)
+        }
+        fn event_query(&self, e: Event) -> Result<bool, DriverError> {
+            self.at(DriverCall::EventQuery)?;
+            Driver::event_query(&*self.sim, e)
+        }
+        fn event_synchronize(&self, e: Event) -> Result<(), DriverError> {
+            self.at(DriverCall::EventSynchronize)?;
+            Driver::event_synchronize(&*self.sim, e)
+        }
+        fn stream_wait_event(&self, s: Stream, e: Event) -> Result<(), DriverError> {
+            Driver::stream_wait_event(&*self.sim, s, e)
+        }
+        fn stream_capture(&self, s: Stream) -> Result<Option<u64>, DriverError> {
+            Driver::stream_capture(&*self.sim, s)
+        }
+        fn exchange_capture_mode(&self, mode: CaptureMode) -> Result<CaptureMode, DriverError> {
+            Driver::exchange_capture_mode(&*self.sim, mode)
+        }
+        fn stream_create_blocking(&self) -> Result<Stream, DriverError> {
+            Driver::stream_create_blocking(&*self.sim)
+        }
+        fn stream_destroy(&self, s: Stream) -> Result<(), DriverError> {
+            Driver::stream_destroy(&*self.sim, s)
+        }
+        fn note_handoff(&self, stream: Stream, ptr: DevicePtr, size: u64) {
+            Driver::note_handoff(&*self.sim, stream, ptr, size);
+        }
+    }
+}
+
+/// A segment-mode pool on a [`hooked::Hooked`] default simulated driver, shared.
+fn hooked_segments() -> (
+    std::sync::Arc<Pool>,
+    std::sync::Arc<hooked::Hooked>,
+    std::sync::Arc<flare_package::SimDriver>,
+) {
+    use std::sync::Arc;
+    let sim = Arc::new(flare_package::SimDriver::new(SimConfig::default()));
+    let driver = hooked::Hooked::new(sim.clone());
+    let pool = Pool::with_driver(
+        PoolConfig {
+            reuse_policy: ReusePolicy::Segments,
+            release_threshold_bytes: 1 << 30,
+            ..PoolConfig::default()
+        },
+        driver.clone(),
+    )
+    .expect("a pool on the hooked driver");
+    (Arc::new(pool), driver, sim)
+}
+
+/// Segment growth (`docs/ARCHITECTURE.md`, "Segments": a heap's blocks are carved
+/// from reserved ranges, a new segment reserved only when the heap has no room).
+/// Two threads' first allocations of the synchronous heap race: both see no
+/// segment; the second reserves one and grows first, while the first is inside its
+/// `cuMemAddressReserve`. The first then finds room in the second's segment, uses
+/// it, and gives its own reservation back (`cuMemAddressFree`): one segment, one
+/// reservation with the driver. When that free is refused, the reservation is kept
+/// pending (`pending_count`, its bytes in `reserved_bytes`), and trim frees it.
+#[test]
+fn a_reservation_made_while_another_growth_made_room_is_given_back() {
+    for refuse in [false, true] {
+        let (pool, driver, sim) = hooked_segments();
+        let weak = std::sync::Arc::downgrade(&pool);
+        let other = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let got = other.clone();
+        driver.arm(DriverCall::Reserve, None, move || {
+            let pool = weak.upgrade().expect("the pool");
+            let p = std::thread::spawn(move || pool.allocate_raw(G).unwrap())
+                .join()
+                .unwrap();
+            *got.lock().unwrap() = Some(p);
+        });
+        if refuse {
+            sim.inject_failure(DriverCall::FreeReservation, 1, FAIL);
+        }
+        let a = pool.allocate_raw(G).unwrap();
+        let b = other.lock().unwrap().take().expect("the other thread's");
+        assert_ne!(a, b);
+        assert_eq!(sim.call_count(DriverCall::Reserve), 2, "both reserved");
+        assert_eq!(sim.call_count(DriverCall::FreeReservation), 1);
+        let s = check(&pool);
+        assert_eq!((s.segment_count, s.live_count), (1, 2));
+        let reserve = sim.mem_get_info().unwrap().total;
+        if refuse {
+            assert_eq!((s.pending_count, s.pending_bytes), (1, 0), "{s:#?}");
+            assert_eq!(s.reserved_bytes, 2 * reserve);
+            assert_eq!(sim.state().reservations, 2);
+            pool.trim().unwrap();
+            assert_eq!(sim.call_count(DriverCall::FreeReservation), 2);
+        }
+        let s = check(&pool);
+        assert_eq!((s.pending_count, s.reserved_bytes), (0, reserve));
+        assert_eq!(sim.state().reservations, 1);
+        pool.free_raw(a).unwrap();
+        pool.free_raw(b).unwrap();
+        pool.trim().unwrap();
+        assert_driver_empty(&pool);
+        no_faults(&sim);
+    }
+}

@@ -1123,3 +1123,66 @@ fn a_reservation_made_while_another_growth_made_room_is_given_back() {
         no_faults(&sim);
     }
 }
+
+/// Segment growth, "counting the free block already there" (`docs/ARCHITECTURE.md`,
+/// "Segments": a miss maps one new whole handle at the segment's end, counting the
+/// free block at the end). When another thread carves that end block while the
+/// growth creates its handle, the growth's memory no longer covers the request
+/// (the new handle stays, free); after two such losses the third growth maps the
+/// whole request by itself. Here (blocks above 1 MiB, so all in the synchronous
+/// API's heap) a 3.5 MiB request over a 1.5 MiB end block maps 2 MiB, loses the end
+/// block, maps 2 MiB more over the first growth's block, loses that too, and then
+/// maps 4 MiB (3.5 MiB rounded to the granularity) alone: three handles, 12 MiB
+/// mapped in all.
+#[test]
+fn a_growth_that_loses_its_end_block_twice_grows_alone() {
+    use std::sync::Arc;
+    const K: u64 = 1024;
+    let (pool, driver, sim) = hooked_segments();
+    // Handle [0, 4) MiB: block x = [0, 2.5), free [2.5, 4).
+    let x = pool.allocate_raw(2 * MIB + 512 * K).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.segment_handles, s.block_free_bytes), (1, MIB + 512 * K));
+    let taken = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (weak, got, d2) = (Arc::downgrade(&pool), taken.clone(), driver.clone());
+    driver.arm(DriverCall::Create, None, move || {
+        let pool = weak.upgrade().expect("the pool");
+        let (p1, got1) = (pool.clone(), got.clone());
+        // Carves the 1.5 MiB end block the first growth counted on.
+        let t1 = std::thread::spawn(move || p1.allocate_raw(MIB + 512 * K).unwrap())
+            .join()
+            .unwrap();
+        got1.lock().unwrap().push(t1);
+        let weak = Arc::downgrade(&pool);
+        d2.arm(DriverCall::Create, None, move || {
+            let pool = weak.upgrade().expect("the pool");
+            // Carves the first growth's 2 MiB block the second growth counted on.
+            let t2 = std::thread::spawn(move || pool.allocate_raw(G).unwrap())
+                .join()
+                .unwrap();
+            got.lock().unwrap().push(t2);
+        });
+    });
+    let creates = sim.call_count(DriverCall::Create);
+    let n = pool.allocate_raw(3 * MIB + 512 * K).unwrap();
+    let others = taken.lock().unwrap().clone();
+    assert_eq!(others.len(), 2, "both hooks ran");
+    assert_eq!(others[0], x + 2 * MIB + 512 * K, "the end block");
+    assert_eq!(others[1], x + 4 * MIB, "the first growth's block");
+    assert_eq!(sim.call_count(DriverCall::Create), creates + 3);
+    // The third growth's handle [8, 12) coalesces with the free [6, 8) before it:
+    // the carve takes the start of that 6 MiB free block.
+    assert_eq!(n, x + 6 * MIB);
+    let s = check(&pool);
+    assert_eq!(s.segment_handles, 4);
+    // 4 + 2 + 2 + 4 MiB mapped; live 2.5 + 1.5 + 2 + 3.5 MiB; free: [9.5, 12).
+    assert_eq!(s.physical_bytes, 12 * MIB);
+    assert_eq!(s.live_count, 4);
+    assert_eq!(s.block_free_bytes, 2 * MIB + 512 * K);
+    for p in [x, n].into_iter().chain(others) {
+        pool.free_raw(p).unwrap();
+    }
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+    no_faults(&sim);
+}

@@ -1186,3 +1186,55 @@ fn a_growth_that_loses_its_end_block_twice_grows_alone() {
     assert_driver_empty(&pool);
     no_faults(&sim);
 }
+
+/// `CrossStreamReuse::Wait` takes a mapping freed on another stream "after
+/// `cuStreamWaitEvent` on its fence"; a fence the pool has already seen complete
+/// orders nothing (`Snapshot::events_outstanding` no longer counts it): the mapping
+/// is handed out with no wait (`cross_stream_hits`, not `cross_stream_waits`).
+/// Here s1's fence is recorded for memory freed on s3 that was used on s1
+/// (`record_stream`), and seen complete by an allocation on s2 that waited for
+/// nothing of s1 (it fit nothing there); s1's own freed mapping is then taken by s2
+/// without a `cuStreamWaitEvent`.
+#[test]
+fn a_cross_stream_take_after_a_completed_fence_does_not_wait() {
+    let (pool, sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            cross_stream_reuse: CrossStreamReuse::Wait,
+            release_threshold_bytes: 1 << 30,
+            ..PoolConfig::default()
+        },
+    );
+    let (s1, s2, s3) = (
+        common::stream(&sim),
+        common::stream(&sim),
+        common::stream(&sim),
+    );
+    let p = pool.allocate_async_raw(3 * MIB, s1).unwrap();
+    pool.free_async_raw(p, s1).unwrap();
+    let d = pool.allocate_async_raw(7 * MIB, s3).unwrap();
+    pool.record_stream(d, s1).unwrap();
+    pool.free_async_raw(d, s3).unwrap();
+    let snap = check(&pool);
+    assert_eq!(snap.events_outstanding, 1, "s1's fence, for d");
+    // Fits neither p nor d: polls d's fence (complete: no work was queued).
+    let big = pool.allocate_async_raw(20 * MIB, s2).unwrap();
+    let snap = check(&pool);
+    assert_eq!(snap.events_outstanding, 0, "s1's fence seen complete");
+    let waits = sim.stream_call_count(SimStreamCall::StreamWaitEvent);
+    let r = pool.allocate_async_raw(3 * MIB, s2).unwrap();
+    assert_eq!(r, p);
+    assert_eq!(
+        sim.stream_call_count(SimStreamCall::StreamWaitEvent),
+        waits,
+        "no wait"
+    );
+    let snap = check(&pool);
+    assert_eq!((snap.cross_stream_waits, snap.cross_stream_hits), (0, 1));
+    for (q, s) in [(r, s2), (big, s2)] {
+        pool.free_async_raw(q, s).unwrap();
+    }
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+    no_faults(&sim);
+}

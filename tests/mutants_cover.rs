@@ -1238,3 +1238,49 @@ fn a_cross_stream_take_after_a_completed_fence_does_not_wait() {
     assert_driver_empty(&pool);
     no_faults(&sim);
 }
+
+/// `docs/ARCHITECTURE.md`, "Segments": a segment reserves the device's total (so a
+/// heap's growth never runs out of address range while the device has memory),
+/// and "a heap has more than one segment when ... one ran out of room"
+/// (`collect_heap_of`). On an 8 MiB device: four 2 MiB blocks fill the first
+/// segment; the first block's handle released by trim leaves a hole below the live
+/// top block, so the growing end stays at the top and the next 2 MiB growth
+/// reserves a second segment. Trim then releases the wholly free handles of both
+/// segments, each from its own segment, and keeps both reservations (they stay for
+/// regrowth until destroy).
+#[test]
+fn a_heap_of_two_segments_releases_the_free_handles_of_both() {
+    let (pool, sim) = simulated_pool(
+        8 * MIB,
+        PoolConfig {
+            reuse_policy: ReusePolicy::Segments,
+            release_threshold_bytes: 1 << 30,
+            ..PoolConfig::default()
+        },
+    );
+    let w: Vec<_> = (0..4).map(|_| pool.allocate_raw(G).unwrap()).collect();
+    assert_eq!(check(&pool).segment_count, 1);
+    pool.free_raw(w[0]).unwrap();
+    pool.trim().unwrap();
+    let s = check(&pool);
+    assert_eq!((s.segment_handles, s.physical_bytes), (3, 6 * MIB));
+    let e = pool.allocate_raw(G).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.segment_count, s.segment_handles), (2, 4));
+    assert_eq!(sim.state().reservations, 2);
+    assert!(e < w[0] || e >= w[3] + G, "outside the first segment");
+    // One free handle in each segment.
+    pool.free_raw(w[1]).unwrap();
+    pool.free_raw(e).unwrap();
+    let unmaps = sim.call_count(DriverCall::Unmap);
+    pool.trim().unwrap();
+    assert_eq!(sim.call_count(DriverCall::Unmap), unmaps + 2);
+    let s = check(&pool);
+    assert_eq!((s.segment_handles, s.physical_bytes), (2, 4 * MIB));
+    assert_eq!((s.segment_count, s.block_free_bytes), (2, 0));
+    pool.free_raw(w[2]).unwrap();
+    pool.free_raw(w[3]).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+    no_faults(&sim);
+}

@@ -520,3 +520,56 @@ fn the_legacy_stream_orders_blocking_streams_on_device_one_too() {
     assert_eq!(d.note_handoff(nb, va, G), OK);
     assert_eq!(d.contract_faults(), 1, "non-blocking vs legacy: unordered");
 }
+
+/// The `Driver` implementation of events (what the pool calls): `event_query` is
+/// `Ok(true)` for `CUDA_SUCCESS`, `Ok(false)` for `CUDA_ERROR_NOT_READY`, and every
+/// other code an error naming `cuEventQuery`; `event_destroy` destroys (the handle
+/// is refused afterwards) and passes a refusal on as an error naming
+/// `cuEventDestroy`.
+#[test]
+fn the_driver_trait_passes_event_errors_on() {
+    use flare_package::driver::sim::{CUDA_ERROR_INVALID_HANDLE, CU_STREAM_NON_BLOCKING};
+    let d = sim();
+    let va = d.mem_address_reserve(G, 0).unwrap();
+    let h = d.mem_create(G).unwrap();
+    assert_eq!(d.mem_map(va, G, 0, h), OK);
+    assert_eq!(d.mem_set_access(va, G, &[0]), OK);
+    let s = d.stream_create_with_flags(CU_STREAM_NON_BLOCKING).unwrap();
+    let e = Driver::event_create(&d).unwrap();
+    assert_eq!(Driver::event_query(&d, e), Ok(true), "never recorded");
+    assert_eq!(d.launch(s, va, G), OK);
+    assert_eq!(d.event_record(e, s), OK);
+    assert_eq!(Driver::event_query(&d, e), Ok(false), "work queued");
+    let bogus = e + 1000;
+    let err = Driver::event_query(&d, bogus).unwrap_err();
+    assert_eq!(
+        (err.call, err.code),
+        (DriverCall::EventQuery, CUDA_ERROR_INVALID_HANDLE)
+    );
+    assert_eq!(Driver::event_destroy(&d, e), Ok(()));
+    assert_eq!(d.event_query(e), CUDA_ERROR_INVALID_HANDLE, "destroyed");
+    let err = Driver::event_destroy(&d, e).unwrap_err();
+    assert_eq!(
+        (err.call, err.code),
+        (DriverCall::EventDestroy, CUDA_ERROR_INVALID_HANDLE)
+    );
+}
+
+/// `touch`: "a size of 0 touches nothing" on a device of the machine; a device the
+/// machine lacks (below 0 or past `device_count`) runs nothing, so even a touch of
+/// 0 bytes there is refused (`CUDA_ERROR_INVALID_VALUE`, as a touch of mapped bytes
+/// on it is).
+#[test]
+fn a_touch_on_a_device_the_machine_lacks_is_refused_even_empty() {
+    let d = sim();
+    let va = d.mem_address_reserve(G, 0).unwrap();
+    let h = d.mem_create(G).unwrap();
+    assert_eq!(d.mem_map(va, G, 0, h), OK);
+    assert_eq!(d.mem_set_access(va, G, &[0]), OK);
+    assert_eq!(d.touch(va, G, 0), OK);
+    assert_eq!(d.touch(va, 0, 0), OK);
+    for device in [-1, 1, 2] {
+        assert_eq!(d.touch(va, G, device), INVALID, "device {device}");
+        assert_eq!(d.touch(va, 0, device), INVALID, "device {device}, 0 bytes");
+    }
+}

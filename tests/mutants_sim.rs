@@ -573,3 +573,31 @@ fn a_touch_on_a_device_the_machine_lacks_is_refused_even_empty() {
         assert_eq!(d.touch(va, 0, device), INVALID, "device {device}, 0 bytes");
     }
 }
+
+/// The `Driver` implementation's stream calls: `stream_destroy` destroys (the
+/// handle is refused afterwards) and passes a refusal on as an error naming
+/// `cuStreamDestroy`; `note_handoff` is the simulated driver's own check: a hand-off
+/// of memory another stream's unordered queued work touches is a contract fault.
+#[test]
+fn the_driver_trait_destroys_streams_and_checks_handoffs() {
+    use flare_package::driver::sim::{CUDA_ERROR_INVALID_HANDLE, CU_STREAM_NON_BLOCKING};
+    use flare_package::driver::Stream;
+    let d = sim();
+    let va = d.mem_address_reserve(G, 0).unwrap();
+    let h = d.mem_create(G).unwrap();
+    assert_eq!(d.mem_map(va, G, 0, h), OK);
+    assert_eq!(d.mem_set_access(va, G, &[0]), OK);
+    let busy = d.stream_create_with_flags(CU_STREAM_NON_BLOCKING).unwrap();
+    let other = d.stream_create_with_flags(CU_STREAM_NON_BLOCKING).unwrap();
+    assert_eq!(d.launch(busy, va, G), OK);
+    Driver::note_handoff(&d, Stream(other), va, G);
+    assert_eq!(d.contract_faults(), 1, "unordered hand-off");
+    let s = Driver::stream_create_blocking(&d).unwrap();
+    assert_eq!(Driver::stream_destroy(&d, s), Ok(()));
+    assert_eq!(d.stream_query(s.0), CUDA_ERROR_INVALID_HANDLE, "destroyed");
+    let err = Driver::stream_destroy(&d, s).unwrap_err();
+    assert_eq!(
+        (err.call, err.code),
+        (DriverCall::StreamDestroy, CUDA_ERROR_INVALID_HANDLE)
+    );
+}

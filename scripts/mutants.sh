@@ -17,8 +17,10 @@
 #                                           # not with MUTANTS_SHARD: it shards what is left,
 #                                           # another subset)
 #   MUTANTS_RETRY=1                         # only the mutants the area's earlier runs
-#                                           # (every shard) missed or timed out, into
+#                                           # (every shard) missed, into
 #                                           # mutants.out/<area>-retry: after new tests
+#                                           # (a timeout, a hang, is not run again: it
+#                                           # costs the whole test timeout each time)
 #   MUTANTS_ARGS='-F grow'                  # more cargo-mutants arguments (a subset)
 #   MUTANTS_REPORT=1                        # only the summary of what mutants.out holds
 #
@@ -119,15 +121,15 @@ for area in "${areas[@]}"; do
   if [ "${MUTANTS_REPORT:-0}" = 1 ]; then
     out=mutants.out/$area
   elif [ "${MUTANTS_RETRY:-0}" = 1 ]; then
-    # The names the area's runs (every shard, earlier retries) missed or timed out
-    # and none caught, each as an exact -F regex; a retry's catch counts over an
-    # earlier miss in the summary. Earlier retries' results are kept (--iterate).
+    # The names the area's runs (every shard, earlier retries) missed and none
+    # caught, each as an exact -F regex; a retry's catch counts over an earlier miss
+    # in the summary. Earlier retries' results are kept (--iterate).
     out=mutants.out/$area-retry
     dirs=(mutants.out/"$area" mutants.out/"$area"-shard-* "$out")
     while IFS= read -r name; do
       retry+=(-F "^$(printf '%s' "$name" | sed 's/[][\\.^$*+?(){}|]/\\&/g')\$")
     done < <(comm -23 \
-      <(for d in "${dirs[@]}"; do cat "$d"/{missed,timeout}.txt 2>/dev/null || :; done | sort -u) \
+      <(for d in "${dirs[@]}"; do cat "$d"/missed.txt 2>/dev/null || :; done | sort -u) \
       <(for d in "${dirs[@]}"; do cat "$d"/{caught,previously_caught}.txt 2>/dev/null || :; done | sort -u))
   elif [ -n "${MUTANTS_SHARD:-}" ]; then
     out=mutants.out/$area-shard-${MUTANTS_SHARD/\//-of-}

@@ -149,7 +149,7 @@ for area in "${areas[@]}"; do
   if [ "${MUTANTS_REPORT:-0}" = 1 ]; then
     : # the summary of what mutants.out holds, nothing run
   elif [ "${MUTANTS_RETRY:-0}" = 1 ] && [ ${#retry[@]} -eq 0 ]; then
-    echo "== $area: nothing missed or timed out to retry"
+    echo "== $area: nothing missed to retry"
   elif [ "$area" = ffi ]; then
     # The Rust tests through the C ABI (src/ffi/abi_tests.rs) and the header check
     # (which reads cbindgen_sources) first; then the mutants they miss face the C

@@ -2152,3 +2152,34 @@ fn policy_and_mode_names_round_trip() {
         assert!(err.contains(m.name()), "{err}");
     }
 }
+
+/// `PoolConfig::cuda(device)`: "a default configuration on the real CUDA driver,
+/// device `device`"; `PoolConfig::simulated(sim)` the default on the simulated
+/// driver with `sim`. Built only (no driver opened): the rest is the default.
+#[test]
+fn config_constructors_name_their_backend_and_device() {
+    let c = PoolConfig::cuda(3);
+    assert_eq!(c.backend, flare_package::Backend::Cuda);
+    assert_eq!(c.device, 3);
+    assert_eq!(
+        PoolConfig {
+            backend: PoolConfig::default().backend,
+            device: 0,
+            ..c
+        },
+        PoolConfig::default()
+    );
+    let sim = SimConfig {
+        device_count: 2,
+        ..SimConfig::default()
+    };
+    let s = PoolConfig::simulated(sim);
+    assert_eq!(s.backend, flare_package::Backend::Simulated(sim));
+    assert_eq!(
+        PoolConfig {
+            backend: PoolConfig::default().backend,
+            ..s
+        },
+        PoolConfig::default()
+    );
+}

@@ -4,6 +4,7 @@
 
 pub mod counting;
 pub mod hammer;
+pub mod hooked;
 pub mod kernels;
 
 use flare_package::driver::sim::SimState;

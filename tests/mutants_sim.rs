@@ -4,6 +4,10 @@
 //! there, not from running the simulator.
 #![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
+mod common;
+
+use common::mapped_for;
+
 use flare_package::driver::sim::{SimConfig, SimDriver, SimState, SIM_MAX_DEVICES};
 use flare_package::driver::{CuResult, Driver, DriverCall};
 
@@ -297,10 +301,7 @@ fn synchronize_of_a_device_the_machine_lacks_is_invalid_device() {
 fn copies_move_exactly_their_range() {
     const PAGE: usize = 4096;
     let d = sim();
-    let va = d.mem_address_reserve(G, 0).unwrap();
-    let h = d.mem_create(G).unwrap();
-    assert_eq!(d.mem_map(va, G, 0, h), OK);
-    assert_eq!(d.mem_set_access(va, G, &[0]), OK);
+    let va = mapped_for(&d, G, &[0]);
     let a: Vec<u8> = (0..3 * PAGE).map(|i| (i % 251) as u8 + 1).collect();
     assert_eq!(d.write(va, &a), OK);
     let r2 = va + (1 << 20);
@@ -365,10 +366,7 @@ fn ranges_across_two_mappings_are_contiguous() {
 #[test]
 fn a_host_range_may_end_at_its_buffers_end_and_no_further() {
     let d = sim();
-    let va = d.mem_address_reserve(G, 0).unwrap();
-    let h = d.mem_create(G).unwrap();
-    assert_eq!(d.mem_map(va, G, 0, h), OK);
-    assert_eq!(d.mem_set_access(va, G, &[0]), OK);
+    let va = mapped_for(&d, G, &[0]);
     let host = d.mem_host_alloc(8192).unwrap();
     assert_eq!(d.memcpy_dtoh(host, 8192 - 6000, va, 6000), OK);
     assert_eq!(d.memcpy_htod(va, host, 8192 - 6000, 6000), OK);
@@ -480,10 +478,7 @@ fn stream_calls_name_their_cuda_functions() {
 fn destroyed_and_unknown_stream_handles_are_refused() {
     use flare_package::driver::sim::{CUDA_ERROR_INVALID_HANDLE, CU_STREAM_NON_BLOCKING};
     let d = sim();
-    let va = d.mem_address_reserve(G, 0).unwrap();
-    let h = d.mem_create(G).unwrap();
-    assert_eq!(d.mem_map(va, G, 0, h), OK);
-    assert_eq!(d.mem_set_access(va, G, &[0]), OK);
+    let va = mapped_for(&d, G, &[0]);
     let s = d.stream_create_with_flags(CU_STREAM_NON_BLOCKING).unwrap();
     assert_eq!(d.launch(s, va, G), OK);
     assert_eq!(d.stream_destroy(s), OK);
@@ -530,10 +525,7 @@ fn the_legacy_stream_orders_blocking_streams_on_device_one_too() {
 fn the_driver_trait_passes_event_errors_on() {
     use flare_package::driver::sim::{CUDA_ERROR_INVALID_HANDLE, CU_STREAM_NON_BLOCKING};
     let d = sim();
-    let va = d.mem_address_reserve(G, 0).unwrap();
-    let h = d.mem_create(G).unwrap();
-    assert_eq!(d.mem_map(va, G, 0, h), OK);
-    assert_eq!(d.mem_set_access(va, G, &[0]), OK);
+    let va = mapped_for(&d, G, &[0]);
     let s = d.stream_create_with_flags(CU_STREAM_NON_BLOCKING).unwrap();
     let e = Driver::event_create(&d).unwrap();
     assert_eq!(Driver::event_query(&d, e), Ok(true), "never recorded");
@@ -562,10 +554,7 @@ fn the_driver_trait_passes_event_errors_on() {
 #[test]
 fn a_touch_on_a_device_the_machine_lacks_is_refused_even_empty() {
     let d = sim();
-    let va = d.mem_address_reserve(G, 0).unwrap();
-    let h = d.mem_create(G).unwrap();
-    assert_eq!(d.mem_map(va, G, 0, h), OK);
-    assert_eq!(d.mem_set_access(va, G, &[0]), OK);
+    let va = mapped_for(&d, G, &[0]);
     assert_eq!(d.touch(va, G, 0), OK);
     assert_eq!(d.touch(va, 0, 0), OK);
     for device in [-1, 1, 2] {
@@ -583,10 +572,7 @@ fn the_driver_trait_destroys_streams_and_checks_handoffs() {
     use flare_package::driver::sim::{CUDA_ERROR_INVALID_HANDLE, CU_STREAM_NON_BLOCKING};
     use flare_package::driver::Stream;
     let d = sim();
-    let va = d.mem_address_reserve(G, 0).unwrap();
-    let h = d.mem_create(G).unwrap();
-    assert_eq!(d.mem_map(va, G, 0, h), OK);
-    assert_eq!(d.mem_set_access(va, G, &[0]), OK);
+    let va = mapped_for(&d, G, &[0]);
     let busy = d.stream_create_with_flags(CU_STREAM_NON_BLOCKING).unwrap();
     let other = d.stream_create_with_flags(CU_STREAM_NON_BLOCKING).unwrap();
     assert_eq!(d.launch(busy, va, G), OK);

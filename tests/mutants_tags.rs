@@ -8,7 +8,9 @@ mod common;
 
 use common::{check, no_faults, simulated_pool, GIB, MIB};
 use flare_package::driver::sim::{SimDriver, SimStreamCall};
-use flare_package::{CuResult, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SleepMode};
+use flare_package::{
+    CuResult, DevicePtr, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SleepMode,
+};
 use std::sync::Arc;
 
 /// A segment-mode pool that keeps what is freed (release threshold `u64::MAX`).
@@ -207,6 +209,22 @@ fn a_sleep_releases_no_other_heap() {
     }
 }
 
+/// Tag 3's heap of [`a_sleep_releases_lent_handles`]: four 2 MiB blocks `w` and a
+/// 4 MiB `n1`, then `w[0]` and `w[2]` freed on a stream with no queued work (back
+/// in the heap once their fence completes), and a 4 MiB `n2` whose growth lends
+/// those two lone handles to the heap's end. Returns `(w, n1, n2)`.
+fn lent_tag_heap(pool: &Pool, sim: &SimDriver) -> (Vec<DevicePtr>, DevicePtr, DevicePtr) {
+    let s = common::stream(sim);
+    let w: Vec<_> = (0..4)
+        .map(|_| pool.allocate_tagged_raw(2 * MIB, None, 3).unwrap())
+        .collect();
+    let n1 = pool.allocate_tagged_raw(4 * MIB, None, 3).unwrap();
+    pool.free_async_raw(w[0], s).unwrap();
+    pool.free_async_raw(w[2], s).unwrap();
+    let n2 = pool.allocate_tagged_raw(4 * MIB, None, 3).unwrap();
+    (w, n1, n2)
+}
+
 /// The heap of [`a_sleep_releases_lent_handles`] (handles in address order: w1, w3,
 /// n1, then the two lent ones at the heap's end). The sleep unmaps each handle, a
 /// lent one's retired mapping first; the first lent handle's own unmap is refused
@@ -220,14 +238,7 @@ fn a_sleep_releases_no_other_heap() {
 #[test]
 fn a_sleep_whose_lent_handle_unmap_and_undo_fail() {
     let (pool, sim) = keeping_segments(GIB);
-    let s = common::stream(&sim);
-    let w: Vec<_> = (0..4)
-        .map(|_| pool.allocate_tagged_raw(2 * MIB, None, 3).unwrap())
-        .collect();
-    let n1 = pool.allocate_tagged_raw(4 * MIB, None, 3).unwrap();
-    pool.free_async_raw(w[0], s).unwrap();
-    pool.free_async_raw(w[2], s).unwrap();
-    let n2 = pool.allocate_tagged_raw(4 * MIB, None, 3).unwrap();
+    let (w, n1, n2) = lent_tag_heap(&pool, &sim);
     let snap = check(&pool);
     assert_eq!((snap.segment_handles, snap.segment_handles_lent), (5, 2));
     assert_eq!(sim.write(n2, &[9; 4096]), CuResult::SUCCESS);
@@ -452,14 +463,7 @@ fn a_tags_retry_after_out_of_memory_carves_its_freed_blocks() {
 fn a_sleep_undone_after_unmapping_a_retired_mapping() {
     for (nth, lent) in [(5u32, 1u64), (6, 1), (7, 0)] {
         let (pool, sim) = keeping_segments(GIB);
-        let s = common::stream(&sim);
-        let w: Vec<_> = (0..4)
-            .map(|_| pool.allocate_tagged_raw(2 * MIB, None, 3).unwrap())
-            .collect();
-        let n1 = pool.allocate_tagged_raw(4 * MIB, None, 3).unwrap();
-        pool.free_async_raw(w[0], s).unwrap();
-        pool.free_async_raw(w[2], s).unwrap();
-        let n2 = pool.allocate_tagged_raw(4 * MIB, None, 3).unwrap();
+        let (w, n1, n2) = lent_tag_heap(&pool, &sim);
         assert_eq!(check(&pool).segment_handles_lent, 2);
         assert_eq!(sim.write(n2, &[9; 4096]), CuResult::SUCCESS);
         assert_eq!(sim.write(n2 + 2 * MIB, &[8; 4096]), CuResult::SUCCESS);
@@ -521,14 +525,7 @@ fn a_sleep_undone_after_unmapping_a_retired_mapping() {
 #[test]
 fn a_sleep_whose_second_unmaps_are_refused_leaves_handles_pending() {
     let (pool, sim) = keeping_segments(GIB);
-    let s = common::stream(&sim);
-    let w: Vec<_> = (0..4)
-        .map(|_| pool.allocate_tagged_raw(2 * MIB, None, 3).unwrap())
-        .collect();
-    let n1 = pool.allocate_tagged_raw(4 * MIB, None, 3).unwrap();
-    pool.free_async_raw(w[0], s).unwrap();
-    pool.free_async_raw(w[2], s).unwrap();
-    let n2 = pool.allocate_tagged_raw(4 * MIB, None, 3).unwrap();
+    let (w, n1, n2) = lent_tag_heap(&pool, &sim);
     assert_eq!(check(&pool).segment_handles_lent, 2);
     assert_eq!(sim.write(w[1], &[1; 4096]), CuResult::SUCCESS);
     assert_eq!(sim.write(n1, &[2; 4096]), CuResult::SUCCESS);

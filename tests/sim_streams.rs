@@ -12,6 +12,10 @@
 //! running the simulator.
 #![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
+mod common;
+
+use common::mapped_for;
+
 use std::thread;
 
 use flare_package::driver::sim::{
@@ -38,16 +42,6 @@ fn sim_devices(n: u32) -> SimDriver {
         device_count: n,
         ..SimConfig::default()
     })
-}
-
-/// `size` bytes mapped at the start of a fresh reservation, with access for
-/// `devices`. Returns the start.
-fn mapped_for(d: &SimDriver, size: u64, devices: &[i32]) -> DevicePtr {
-    let va = d.mem_address_reserve(size, 0).unwrap();
-    let h = d.mem_create(size).unwrap();
-    assert_eq!(d.mem_map(va, size, 0, h), OK);
-    assert_eq!(d.mem_set_access(va, size, devices), OK);
-    va
 }
 
 fn mapped(d: &SimDriver, size: u64) -> DevicePtr {

@@ -325,3 +325,18 @@ pub fn simulated_pool(
     let sim = pool.sim_driver().expect("simulated");
     (pool, sim)
 }
+
+/// `size` bytes of the simulated driver `d` mapped at the start of a fresh
+/// reservation, with access for `devices`. Returns the start.
+pub fn mapped_for(
+    d: &flare_package::SimDriver,
+    size: u64,
+    devices: &[i32],
+) -> flare_package::DevicePtr {
+    use flare_package::CuResult;
+    let va = d.mem_address_reserve(size, 0).unwrap();
+    let h = d.mem_create(size).unwrap();
+    assert_eq!(d.mem_map(va, size, 0, h), CuResult::SUCCESS);
+    assert_eq!(d.mem_set_access(va, size, devices), CuResult::SUCCESS);
+    va
+}

@@ -51,6 +51,13 @@ fi
 bar=${MUTANTS_BAR:-95}
 jobs=${MUTANTS_JOBS:-1}
 extra=()
+# nextest, where installed (MUTANTS_TOOL=cargo for cargo test): it runs the binaries'
+# tests side by side and stops at the first failure, where cargo test finishes every
+# test of the failing binary. Measured here (2 cores, the run's profile): the whole
+# CPU suite in 24 s against 30 s, and a caught mutant stops at its first failing test.
+if [ "${MUTANTS_TOOL:-}" != cargo ] && cargo nextest --version >/dev/null 2>&1; then
+  extra+=(--test-tool=nextest)
+fi
 # Round-robin: each shard samples every file alike (mutant i on shard i % N).
 [ -n "${MUTANTS_SHARD:-}" ] && extra+=(--shard "$MUTANTS_SHARD" --sharding round-robin)
 

@@ -14,10 +14,18 @@ use flare_package::{
 };
 
 /// A pattern that differs per allocation and per byte.
+/// Byte `i` is `(31 seed + 7 i) mod 251`: a sequence of period 251 (prime), built
+/// from one period (per-byte arithmetic over the 64 MiB buffers cost seconds).
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8)
-        .collect()
+    let period: Vec<u8> = (0..251u64)
+        .map(|i| ((seed % 251 * 31 + i * 7) % 251) as u8)
+        .collect();
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        let n = (len - out.len()).min(period.len());
+        out.extend_from_slice(&period[..n]);
+    }
+    out
 }
 
 fn fill(sim: &SimDriver, ptr: DevicePtr, seed: u64, len: usize) {

@@ -20,19 +20,23 @@
 #                                           # (every shard) missed, into
 #                                           # mutants.out/<area>-retry: after new tests
 #                                           # (a timeout, a hang, is not run again: it
-#                                           # costs the whole test timeout each time)
+#                                           # costs the whole test timeout each time;
+#                                           # MUTANTS_RETRY=2 runs the timeouts too)
 #   MUTANTS_ARGS='-F grow'                  # more cargo-mutants arguments (a subset)
 #   MUTANTS_REPORT=1                        # only the summary of what mutants.out holds
 #
-# Speed: a mutant costs an incremental build plus the CPU test binaries. The release
-# profile is overridden for the run (opt-level 1, incremental, 256 codegen units):
-# an edit of one pool function rebuilds in about 5 s on 2 cores instead of 51 s, and
-# the tests run in about 15 s instead of 12 s. Overflow checks are on for the pass
-# (issue 16: some mutants are caught only so). The GPU tests (all #[ignore]d) and the
-# loom model are not built, nor, outside the ffi area, the header check (its input is
-# the source's signatures, which no mutant changes, and cbindgen_sources in src/ffi);
-# the test modules themselves are not mutated. The ffi area's mutants that the Rust
-# tests miss are tried again against the C and C++ programs (a second pass).
+# Speed: a mutant costs an incremental build plus the CPU tests. The release profile
+# is overridden for the run (opt-level 1, incremental, 256 codegen units); overflow
+# checks are on (issue 16: some mutants are caught only so). The CPU test files are
+# built as one binary (mutants_suite, below) and run by nextest where it is installed,
+# which stops at the first failing test. Measured on 2 cores with two jobs: a pool
+# mutant's build about 20 to 40 s, its tests about 2 s when caught and 22 s when not
+# (about 4.5 mutants a minute). The GPU tests (all #[ignore]d) and the loom model are
+# not built, nor, outside the ffi area, the header check (its input is the source's
+# signatures, which no mutant changes, and cbindgen_sources in src/ffi); the test
+# modules themselves are not mutated. The ffi area's mutants that the Rust tests miss
+# are tried again against the C and C++ programs (a second pass); the other areas'
+# against the library's unit tests.
 #
 # Not part of .ci/run (too slow); run it before resolving an issue that changes
 # these files. Results: mutants.out/<area>/ (cargo-mutants' own output; its lists,
@@ -55,8 +59,10 @@ extra=()
 # tests side by side and stops at the first failure, where cargo test finishes every
 # test of the failing binary. Measured here (2 cores, the run's profile): the whole
 # CPU suite in 24 s against 30 s, and a caught mutant stops at its first failing test.
+# At the first failure the tests still running are stopped (--max-fail=1:immediate),
+# so a mutant that makes one test hang and another fail is caught, not a timeout.
 if [ "${MUTANTS_TOOL:-}" != cargo ] && cargo nextest --version >/dev/null 2>&1; then
-  extra+=(--test-tool=nextest)
+  extra+=(--test-tool=nextest --cargo-test-arg=--max-fail=1:immediate)
 fi
 # Round-robin: each shard samples every file alike (mutant i on shard i % N).
 # Not for an --iterate pass (a second pass over what the first missed: all of it).
@@ -150,7 +156,7 @@ for area in "${areas[@]}"; do
   retry=()
   if [ "${MUTANTS_REPORT:-0}" = 1 ]; then
     out=mutants.out/$area
-  elif [ "${MUTANTS_RETRY:-0}" = 1 ]; then
+  elif [ "${MUTANTS_RETRY:-0}" != 0 ]; then
     # The names the area's runs (every shard, earlier retries) missed and none
     # caught, each as an exact -F regex; a retry's catch counts over an earlier miss
     # in the summary. Earlier retries' results are kept (--iterate).
@@ -159,7 +165,10 @@ for area in "${areas[@]}"; do
     while IFS= read -r name; do
       retry+=(-F "^$(printf '%s' "$name" | sed 's/[][\\.^$*+?(){}|]/\\&/g')\$")
     done < <(comm -23 \
-      <(for d in "${dirs[@]}"; do cat "$d"/missed.txt 2>/dev/null || :; done | sort -u) \
+      <(for d in "${dirs[@]}"; do
+        cat "$d"/missed.txt 2>/dev/null || :
+        [ "$MUTANTS_RETRY" = 2 ] && { cat "$d"/timeout{,_earlier}.txt 2>/dev/null || :; }
+      done | sort -u) \
       <(for d in "${dirs[@]}"; do cat "$d"/{caught,previously_caught}.txt 2>/dev/null || :; done | sort -u))
   elif [ -n "${MUTANTS_SHARD:-}" ]; then
     out=mutants.out/$area-shard-${MUTANTS_SHARD/\//-of-}
@@ -175,10 +184,10 @@ for area in "${areas[@]}"; do
     git status --porcelain -- src tests ffi-tests | sed 's/^/uncommitted: /'
   })
   iterate=${MUTANTS_ITERATE:-0}
-  [ "${MUTANTS_RETRY:-0}" = 1 ] && iterate=1
+  [ "${MUTANTS_RETRY:-0}" != 0 ] && iterate=1
   if [ "${MUTANTS_REPORT:-0}" = 1 ]; then
     : # the summary of what mutants.out holds, nothing run
-  elif [ "${MUTANTS_RETRY:-0}" = 1 ] && [ ${#retry[@]} -eq 0 ]; then
+  elif [ "${MUTANTS_RETRY:-0}" != 0 ] && [ ${#retry[@]} -eq 0 ]; then
     echo "== $area: nothing missed to retry"
   elif [ "$area" = ffi ]; then
     # The Rust tests through the C ABI (src/ffi/abi_tests.rs) and the header check

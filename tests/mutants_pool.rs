@@ -206,6 +206,43 @@ fn best_fit_with_zero_waste_still_reuses_an_exact_size() {
     }
 }
 
+/// The best-fit bound is the rounded size plus `percent` of it, rounded down: for a
+/// 2 MiB request (2,097,152 bytes) at 99% that is 2,097,152 + 2,076,180 bytes, below
+/// 4 MiB (4,194,304), so an idle 4 MiB mapping is not taken; at 100% the bound is
+/// 4 MiB exactly and it is. (2 MiB is not a multiple of 100: the bound's remainder
+/// term, floor(52 * 99 / 100) = 51 bytes, is what a wrong remainder would inflate.)
+#[test]
+fn best_fit_bound_is_the_rounded_size_plus_its_percent_rounded_down() {
+    for cache_entries in [0, 32] {
+        for (percent, reused) in [(99, false), (100, true)] {
+            let (pool, _sim) = simulated_pool(
+                1 << 30,
+                PoolConfig {
+                    reuse_policy: ReusePolicy::BestFit,
+                    best_fit_max_waste_percent: percent,
+                    release_threshold_bytes: u64::MAX,
+                    thread_cache_entries: cache_entries,
+                    ..PoolConfig::default()
+                },
+            );
+            let a = pool.allocate_raw(3 * MIB).unwrap(); // a 4 MiB mapping
+            pool.free_raw(a).unwrap();
+            let b = pool.allocate_raw(G).unwrap();
+            assert_eq!(
+                b == a,
+                reused,
+                "cache entries {cache_entries}, {percent}%: the idle 4 MiB mapping"
+            );
+            let s = check(&pool);
+            assert_eq!(
+                (s.mappings_created, s.reuse_hits),
+                if reused { (1, 1) } else { (2, 0) },
+                "cache entries {cache_entries}, {percent}%"
+            );
+        }
+    }
+}
+
 /// The exact policy through a thread cache: an entry of the request's rounded size
 /// serves it (the cache's only match without a waste bound), a larger one does not.
 #[test]
@@ -2102,5 +2139,38 @@ fn a_segment_trim_of_free_handles_ends() {
     // Every handle was wholly free: all of them are released.
     let s = check(&pool);
     assert_eq!((s.physical_bytes, s.pending_count), (0, 0));
+    assert_driver_empty(&pool);
+}
+
+/// A synchronous free in segment mode over the threshold (0: nothing kept) returns,
+/// and releases its heap's handle left wholly free: the freed block goes back to its
+/// heap, only a stream heap's block (kept whole) takes the release path of a block.
+/// Watched from another thread for 10 s, so a hang fails here.
+#[test]
+fn a_segment_free_over_the_threshold_returns_and_releases_the_free_handle() {
+    let (pool, sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            reuse_policy: ReusePolicy::Segments,
+            release_threshold_bytes: 0,
+            ..PoolConfig::default()
+        },
+    );
+    let pool = Arc::new(pool);
+    for bytes in [MIB, 3 * MIB, 8 * MIB] {
+        let p = pool.allocate_raw(bytes).unwrap();
+        assert!(check(&pool).physical_bytes >= bytes);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let freer = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            let _ = tx.send(freer.free_raw(p));
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the free did not return within 10 s")
+            .unwrap();
+        let s = check(&pool);
+        assert_eq!((s.physical_bytes, s.pending_count), (0, 0), "{bytes}");
+        assert_eq!(sim.state().physical_bytes, 0, "{bytes}");
+    }
     assert_driver_empty(&pool);
 }

@@ -316,6 +316,59 @@ fn exact_policy_miss_takes_another_threads_cached_exact_size() {
     assert_driver_empty(&pool);
 }
 
+/// An exited thread's cache whose own entries are empty but whose remote list is
+/// not is adopted with its remote list given back to the books first
+/// (`Caches::register`: "an orphan adopted (what its exited thread left goes back
+/// to the books first"; `Snapshot::thread_cache_count` counts remote lists).
+///
+/// This thread registers its cache first (a live 4 MiB allocation), so it is not
+/// the one that adopts. Thread A allocates 2 MiB: a miss, a new mapping, live
+/// through A's cache (the books' hand-out is adopted by the allocating thread); A
+/// exits with nothing in its cache. This thread frees it: memory another thread's
+/// cache handed out goes on that cache's remote list (`remote_frees` 1, counted in
+/// `thread_cache_count` and `idle_count`). Thread C, with no cache, asks for 2 MiB:
+/// it adopts A's cache, whose remote entry goes to the books first, so its own
+/// cache is empty and the request is served by the books' idle mapping: a reuse hit
+/// (the same address, no new mapping), not a thread-cache hit. Were the remote
+/// list left in the adopted cache, C's pop would take it and count a cache hit.
+#[test]
+fn an_adopted_caches_remote_list_goes_back_to_the_books() {
+    let (pool, sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            release_threshold_bytes: u64::MAX,
+            thread_cache_entries: 32,
+            ..PoolConfig::default()
+        },
+    );
+    let keep = pool.allocate_raw(4 * MIB).unwrap();
+    let a = std::thread::scope(|t| t.spawn(|| pool.allocate_raw(2 * MIB).unwrap()).join()).unwrap();
+    pool.free_raw(a).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.remote_frees, s.frees), (1, 1));
+    assert_eq!(
+        (s.thread_cache_count, s.thread_cache_bytes, s.idle_count),
+        (1, 2 * MIB, 1)
+    );
+    let c = std::thread::scope(|t| t.spawn(|| pool.allocate_raw(2 * MIB).unwrap()).join()).unwrap();
+    assert_eq!(c, a, "the idle mapping the adoption gave back to the books");
+    let s = check(&pool);
+    assert_eq!(
+        (s.reuse_hits, s.thread_cache_hits, s.mappings_created),
+        (1, 0, 2),
+        "served by the books, not by the adopted cache"
+    );
+    assert_eq!(sim.call_count(DriverCall::Create), 2);
+    assert_eq!(
+        (s.live_count, s.idle_count, s.thread_cache_count),
+        (2, 0, 0)
+    );
+    pool.free_raw(c).unwrap();
+    pool.free_raw(keep).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+}
+
 // ---------------------------------------------------------------- Snapshot invariants
 
 /// A snapshot that satisfies every invariant of `Snapshot`'s documentation, with

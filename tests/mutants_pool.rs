@@ -8,6 +8,7 @@ mod common;
 
 use common::{assert_driver_empty, check, check_with_devices, simulated_pool, MIB};
 use flare_package::driver::sim::{CaptureMode, SimStreamCall};
+use flare_package::pool::SEGMENT_SMALL_MAX_BYTES;
 use flare_package::{
     CuResult, DriverCall, DriverError, Error, Pool, PoolConfig, ReusePolicy, SimConfig, SimDriver,
     Snapshot,
@@ -2226,4 +2227,42 @@ fn a_segment_free_over_the_threshold_returns_and_releases_the_free_handle() {
         assert_eq!(sim.state().physical_bytes, 0, "{bytes}");
     }
     assert_driver_empty(&pool);
+}
+
+/// The thread caches adopt segment blocks of the synchronous heap up to
+/// SEGMENT_SMALL_MAX_BYTES (1 MiB) inclusive ("a block of at most 1 MiB"): a block of
+/// exactly 1 MiB that the books hand out to a thread is adopted by that thread's
+/// cache (the memory a thread allocates stays its own), so its free by another
+/// thread goes on the allocating thread's remote list (`remote_frees` 1). A block
+/// one 512-byte step larger is of the large class: not adopted, so its free by
+/// another thread is an ordinary one (`remote_frees` 0).
+#[test]
+fn a_segment_block_of_exactly_the_small_limit_is_adopted_by_its_thread() {
+    for (bytes, adopted) in [
+        (SEGMENT_SMALL_MAX_BYTES, true),
+        (SEGMENT_SMALL_MAX_BYTES + 512, false),
+    ] {
+        let (pool, _sim) = simulated_pool(
+            1 << 30,
+            PoolConfig {
+                reuse_policy: ReusePolicy::Segments,
+                release_threshold_bytes: u64::MAX,
+                thread_cache_entries: 32,
+                ..PoolConfig::default()
+            },
+        );
+        // This thread's own cache first, so it is not the allocating one's.
+        let keep = pool.allocate_raw(4 * MIB).unwrap();
+        let p =
+            std::thread::scope(|t| t.spawn(|| pool.allocate_raw(bytes).unwrap()).join()).unwrap();
+        pool.free_raw(p).unwrap();
+        let s = check(&pool);
+        assert_eq!(
+            (s.frees, s.remote_frees),
+            (1, u64::from(adopted)),
+            "{bytes}"
+        );
+        pool.free_raw(keep).unwrap();
+        check(&pool);
+    }
 }

@@ -2266,3 +2266,60 @@ fn a_segment_block_of_exactly_the_small_limit_is_adopted_by_its_thread() {
         check(&pool);
     }
 }
+
+/// Recording (`docs/trace-format.md`): "`oom N`: during the next `a` (or `x`)
+/// line's allocation, the driver answered out-of-memory N times"; the counted
+/// answers belong to one allocation call, and a call that ends without a line
+/// leaves none behind (`Pool::record_call_start`: "out-of-memory answers counted by
+/// an earlier call of this thread that failed are forgotten"). Here the driver
+/// answers the first handle creation with out-of-memory (counted) and panics in the
+/// retry's creation (a driver of the caller's, through `Pool::with_driver`): the
+/// call unwinds with no `a` or `x` line written. The next allocation on the same
+/// thread creates its mapping at the first try (the device is empty: no
+/// out-of-memory), so its `a` line has no `oom` line before it, and the recording
+/// has none at all. Carried over, `oom 1` would make a replay fail that
+/// allocation's first creation.
+#[test]
+fn an_allocation_that_unwinds_leaves_no_oom_for_the_next_one() {
+    let dir = std::env::temp_dir().join(format!("flare-mutants-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("unwound-oom.trace");
+    let (pool, driver, _sim) = hooked_pool(PoolConfig {
+        record_path: Some(path.clone()),
+        ..PoolConfig::default()
+    });
+    let again = Arc::downgrade(&driver);
+    // The first creation answers out-of-memory; the retry's creation panics.
+    driver.arm(
+        DriverCall::Create,
+        Some(CuResult::OUT_OF_MEMORY),
+        move || {
+            again
+                .upgrade()
+                .expect("the driver")
+                .arm(DriverCall::Create, None, || {
+                    panic!("a driver that panics in the retry (deliberate)")
+                });
+        },
+    );
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.allocate_raw(G)));
+    assert!(unwound.is_err(), "the retry's creation panicked");
+    // The first answer was an out-of-memory: the pool released and retried once.
+    assert_eq!(pool.snapshot().oom_retries, 1);
+    let p = pool.allocate_raw(G).expect("an empty device serves 2 MiB");
+    pool.free_raw(p).unwrap();
+    assert_eq!(pool.record_error(), None);
+    drop(pool);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains(&format!("\na {p:#x} {G}\n")),
+        "the allocation is recorded: {text}"
+    );
+    assert!(
+        !text.lines().any(|l| l.starts_with("oom ")),
+        "no out-of-memory answer during the recorded allocation: {text}"
+    );
+    flare_package::trace::parse(&path).expect("the recorded trace parses");
+    let _ = std::fs::remove_file(&path);
+}
+

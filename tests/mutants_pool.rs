@@ -2323,3 +2323,46 @@ fn an_allocation_that_unwinds_leaves_no_oom_for_the_next_one() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// `Caches::free` (`src/pool/cache.rs`): "memory the books handed out goes to the
+/// caller's cache when the caches are open, it fits and it may be held there (a
+/// whole mapping ... with no stream recorded)"; `PoolConfig::thread_cache_entries`
+/// and the module doc: caches hold memory while a retention scope is open. A
+/// stream-ordered allocation never goes through the thread caches, so a pool used
+/// only that way has no thread cache registered when a scope opens. A synchronous
+/// free of that mapping inside the scope is the thread's first use of the caches:
+/// its cache is made then and holds the mapping (one entry of 2 MiB), which stays
+/// idle (`idle_bytes`) and is reused by the thread's next synchronous allocation of
+/// the size, a thread-cache hit.
+#[test]
+fn a_free_in_a_scope_before_any_cache_exists_goes_to_the_new_cache() {
+    let (pool, sim) = simulated_pool(1 << 30, PoolConfig::default());
+    let s = common::stream(&sim);
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    pool.retention_begin().unwrap();
+    pool.free_raw(p).unwrap();
+    let snap = pool.snapshot();
+    assert_eq!(
+        (
+            snap.thread_cache_count,
+            snap.thread_cache_bytes,
+            snap.idle_bytes
+        ),
+        (1, G, G),
+        "held by the calling thread's new cache"
+    );
+    let q = pool.allocate_raw(G).unwrap();
+    assert_eq!(q, p, "the cached mapping is reused");
+    let snap = pool.snapshot();
+    assert_eq!(
+        (
+            snap.thread_cache_hits,
+            snap.thread_cache_count,
+            snap.live_count
+        ),
+        (1, 0, 1)
+    );
+    pool.free_raw(q).unwrap();
+    pool.retention_finish().unwrap();
+    check(&pool);
+    common::no_faults(&sim);
+}

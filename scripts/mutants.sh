@@ -89,13 +89,19 @@ suite=scripts/mutants_suite.rs
     name=$(basename "$t" .rs)
     case "$name" in
       gpu_* | cuda_driver | loom | header | c_programs) ;;
-      *) printf '#[path = "../tests/%s.rs"]\nmod %s;\n' "$name" "$name" ;;
+      *) grep -q '#\[global_allocator\]' "$t" ||
+        printf '#[path = "../tests/%s.rs"]\nmod %s;\n' "$name" "$name" ;;
     esac
   done
 } >"$suite.new"
 if cmp -s "$suite.new" "$suite"; then rm "$suite.new"; else mv "$suite.new" "$suite"; fi
 lib_tests=(-C=--lib)
 cpu_tests=(-C=--test -C=mutants_suite)
+# A file with its own global allocator (a heap measured by a counting allocator: one
+# per binary, and alone in its process) stays its own binary.
+for t in tests/*.rs; do
+  grep -q '#\[global_allocator\]' "$t" && cpu_tests+=(-C=--test -C="$(basename "$t" .rs)")
+done
 export CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_INCREMENTAL=true \
   CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 CARGO_PROFILE_RELEASE_OVERFLOW_CHECKS=true
 areas=("$@")

@@ -16,8 +16,6 @@ mod mutants_cover;
 mod mutants_pool;
 #[path = "../tests/mutants_sim.rs"]
 mod mutants_sim;
-#[path = "../tests/mutants_slots.rs"]
-mod mutants_slots;
 #[path = "../tests/mutants_tags.rs"]
 mod mutants_tags;
 #[path = "../tests/pool_segments.rs"]

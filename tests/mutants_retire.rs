@@ -15,49 +15,13 @@
 //! behind: 200 cycles, 4 MiB at least.
 #![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 
 use flare_package::{Pool, PoolConfig, SimConfig};
 
-/// Bytes allocated and not yet freed, by the whole process.
-static HELD: AtomicI64 = AtomicI64::new(0);
-
-struct Counting;
-
-// SAFETY: every call is passed on to the system allocator unchanged; only a
-// counter is updated beside it.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract for `alloc`, passed on.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            HELD.fetch_add(layout.size() as i64, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: as `alloc`.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            HELD.fetch_add(layout.size() as i64, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract for `dealloc`, passed on.
-        unsafe { System.dealloc(ptr, layout) };
-        HELD.fetch_sub(layout.size() as i64, Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: the caller's contract for `realloc`, passed on.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            HELD.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
-        }
-        p
-    }
-}
+#[path = "common/heap.rs"]
+mod heap;
+use heap::{Counting, HELD};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;

@@ -2366,3 +2366,35 @@ fn a_free_in_a_scope_before_any_cache_exists_goes_to_the_new_cache() {
     check(&pool);
     common::no_faults(&sim);
 }
+
+/// A release point that may synchronize the device first asks each stream the pool
+/// has seen whether it is being captured (a synchronize would invalidate its
+/// capture). Only `CUDA_ERROR_INVALID_HANDLE` (a destroyed stream: nothing of it can
+/// be captured) is passed over; any other failed query leaves the answer unknown,
+/// and the trim reports it (`Error::Driver` with the query's call and code). The next
+/// trim, whose query succeeds, releases the stream's memory.
+#[test]
+fn a_failed_capture_query_at_trim_is_reported() {
+    let (pool, sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            release_threshold_bytes: u64::MAX,
+            ..PoolConfig::default()
+        },
+    );
+    let s = common::stream(&sim);
+    let p = pool.allocate_async_raw(4 * MIB, s).unwrap();
+    pool.free_async_raw(p, s).unwrap();
+    assert_eq!(check(&pool).physical_bytes, 4 * MIB);
+    sim.inject_stream_failure(SimStreamCall::StreamGetCaptureInfo, 1, FAIL);
+    let err = pool.trim().unwrap_err();
+    assert_eq!(
+        err.driver_error(),
+        Some(DriverError::new(DriverCall::StreamGetCaptureInfo, FAIL))
+    );
+    check(&pool);
+    pool.trim().unwrap();
+    let s = check(&pool);
+    assert_eq!((s.physical_bytes, s.pending_count), (0, 0));
+    assert_driver_empty(&pool);
+}

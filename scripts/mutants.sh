@@ -31,7 +31,7 @@
 # built as one binary (mutants_suite, below) and run by nextest where it is installed,
 # which stops at the first failing test. Measured on 2 cores with two jobs: a pool
 # mutant's build about 20 to 40 s, its tests about 2 s when caught and 22 s when not
-# (about 4.5 mutants a minute). The GPU tests (all #[ignore]d) and the loom model are
+# (about 3.5 mutants a minute). The GPU tests (all #[ignore]d) and the loom model are
 # not built, nor, outside the ffi area, the header check (its input is the source's
 # signatures, which no mutant changes, and cbindgen_sources in src/ffi); the test
 # modules themselves are not mutated. The ffi area's mutants that the Rust tests miss

@@ -1914,6 +1914,26 @@ fn a_scope_begun_during_a_trim_opens_when_the_trim_ends() {
     assert_eq!(sim.state().physical_bytes, 0);
 }
 
+/// [`hooked_pool`] recording into `name` in this process's temporary directory:
+/// (the recording's path, the pool, the hooked driver, the simulator).
+fn recording_hooked_pool(
+    name: &str,
+) -> (
+    std::path::PathBuf,
+    Arc<Pool>,
+    Arc<hooked::Hooked>,
+    Arc<SimDriver>,
+) {
+    let dir = std::env::temp_dir().join(format!("flare-mutants-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    let (pool, driver, sim) = hooked_pool(PoolConfig {
+        record_path: Some(path.clone()),
+        ..PoolConfig::default()
+    });
+    (path, pool, driver, sim)
+}
+
 /// Recording (`docs/trace-format.md`): "`done STREAM MARK`: the pool saw STREAM's
 /// work complete through its MARK-th mark ... a stream's `done` marks increase". Two
 /// trims that wait on the same fence (the second runs while the first waits on it,
@@ -1921,13 +1941,7 @@ fn a_scope_begun_during_a_trim_opens_when_the_trim_ends() {
 /// trace parses.
 #[test]
 fn a_completion_two_release_points_learn_is_recorded_once() {
-    let dir = std::env::temp_dir().join(format!("flare-mutants-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("done-once.trace");
-    let (pool, driver, sim) = hooked_pool(PoolConfig {
-        record_path: Some(path.clone()),
-        ..PoolConfig::default()
-    });
+    let (path, pool, driver, sim) = recording_hooked_pool("done-once.trace");
     let s = common::stream(&sim);
     let p = pool.allocate_async_raw(G, s).unwrap();
     // Idle on S, no fence yet (a free's poll fences only memory idle at the previous
@@ -2281,13 +2295,7 @@ fn a_segment_block_of_exactly_the_small_limit_is_adopted_by_its_thread() {
 /// allocation's first creation.
 #[test]
 fn an_allocation_that_unwinds_leaves_no_oom_for_the_next_one() {
-    let dir = std::env::temp_dir().join(format!("flare-mutants-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("unwound-oom.trace");
-    let (pool, driver, _sim) = hooked_pool(PoolConfig {
-        record_path: Some(path.clone()),
-        ..PoolConfig::default()
-    });
+    let (path, pool, driver, _sim) = recording_hooked_pool("unwound-oom.trace");
     let again = Arc::downgrade(&driver);
     // The first creation answers out-of-memory; the retry's creation panics.
     driver.arm(

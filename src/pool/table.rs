@@ -322,4 +322,63 @@ mod tests {
             (IDLE, 3, 7, 8)
         );
     }
+
+    /// The radix levels split the address above its 512-byte unit exactly: the
+    /// root takes what the leaf and the three middle levels leave of 64 bits: a
+    /// root of `2^10` children (a middle node has `2^12`), no address bit left out
+    /// or counted twice.
+    #[test]
+    fn the_levels_cover_the_address_bits_above_the_unit() {
+        assert_eq!(UNIT_SHIFT + LEAF_BITS + 3 * MID_BITS + ROOT_BITS, 64);
+        assert_eq!(ROOT_BITS, 10);
+        let t = Table::default();
+        assert!(t.get_or_make(0x7f00_0000_0000).is_some());
+        let root = t.root.get().map(|r| r.kids.len());
+        assert_eq!(root, Some(1 << 10));
+    }
+
+    /// `leaf_key`: "its address above the leaf's span": a leaf covers `2^9` units of
+    /// 512 bytes, 256 KiB, so addresses in one 256 KiB-aligned span share a key and
+    /// addresses in different spans (neighbours, or differing only in the top bit)
+    /// do not. Through a thread's last leaf ([`Tlb`]): after a lookup of one
+    /// address, one that differs only in its top bit reaches its own entry, not the
+    /// entry at the same offset of the last leaf.
+    #[test]
+    fn a_leaf_key_names_the_256_kib_span_of_its_address() {
+        let base = 0x7f00_0000_0000u64;
+        assert_eq!(leaf_key(base), leaf_key(base + 512));
+        assert_eq!(leaf_key(base), leaf_key(base + (256 << 10) - 512));
+        assert_ne!(leaf_key(base), leaf_key(base + (256 << 10)));
+        assert_ne!(leaf_key(base), leaf_key(base | 1 << 63));
+        assert_eq!(leaf_key(base + (256 << 10)), (base >> 18) + 1);
+
+        let t = Table::default();
+        let (low, high) = (base, base | 1 << 63);
+        for (p, size) in [(low, 1u64), (high, 2)] {
+            let e = t
+                .get_or_make(p)
+                .map(|e| e.size.store(size, Ordering::Relaxed));
+            assert!(e.is_some());
+        }
+        let mut tlb = Tlb::default();
+        let size = |tlb: &mut Tlb, p| tlb.with(&t, p, true, |e| e.size.load(Ordering::Relaxed));
+        assert_eq!(size(&mut tlb, low), Some(1));
+        assert_eq!(size(&mut tlb, high), Some(2));
+        assert_eq!(size(&mut tlb, low), Some(1));
+    }
+
+    /// `Tlb::clear` ("lets go of the leaf"): a thread's last leaf is shared with the
+    /// table; once cleared, the table's own reference is the only one left.
+    #[test]
+    fn a_cleared_tlb_lets_go_of_its_leaf() {
+        let t = Table::default();
+        let p = 0x7f00_0000_0000u64;
+        assert!(t.get_or_make(p).is_some());
+        let mut tlb = Tlb::default();
+        assert_eq!(tlb.with(&t, p, true, |_| ()), Some(()));
+        let count = |t: &Table| t.leaf(p).map(|l| Arc::strong_count(&l) - 1);
+        assert_eq!(count(&t), Some(2), "the table's and the Tlb's");
+        tlb.clear();
+        assert_eq!(count(&t), Some(1), "the table's only");
+    }
 }

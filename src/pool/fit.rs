@@ -365,4 +365,32 @@ mod tests {
         assert_eq!(seen, [6, 7], "blocks of at least 8 KiB, smallest bin first");
         assert!(ix.any_in_from(1, 0, |s| s == 5));
     }
+
+    /// `insert`: "the block freed last is found first", also when the fit lies past
+    /// the own bin's probes and nothing larger is free (the scan of the rest of the
+    /// bin): of two fitting blocks of one size, the one inserted last.
+    #[test]
+    fn past_the_probes_the_block_freed_last_is_found_first() {
+        let mut ix = FreeIndex::default();
+        let base = 1 << 20;
+        ix.insert(100, 0, base + 8 * K);
+        ix.insert(101, 0, base + 8 * K);
+        for s in 0..OWN_BIN_PROBES as u32 {
+            ix.insert(s, 0, base);
+        }
+        assert_eq!(ix.take_fit(0, base + 4 * K), Some((101, base + 8 * K)));
+        assert_eq!(ix.take_fit(0, base + 4 * K), Some((100, base + 8 * K)));
+        assert_eq!(ix.take_fit(0, base + 4 * K), None);
+    }
+
+    /// A link's bin is packed into 16 bits (`pack`) and read back by `remove`
+    /// (`unpack`): every (level, sub-bin) of the index round-trips.
+    #[test]
+    fn a_packed_bin_unpacks_to_its_level_and_sub_bin() {
+        for fl in 0..LEVELS {
+            for sl in 0..SUBBINS {
+                assert_eq!(unpack(pack(fl, sl)), (fl, sl));
+            }
+        }
+    }
 }

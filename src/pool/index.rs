@@ -436,6 +436,29 @@ mod tests {
         assert_eq!(ix.len(), 0);
     }
 
+    /// `any_in` visits each slot of the bucket once (slots of several groups, the
+    /// small-size group 0 among them) and stops when `f` holds: with `f` holding
+    /// only from a fourth call on, three slots give three calls and `false`.
+    #[test]
+    fn any_in_visits_each_slot_once() {
+        let mut ix = ReuseIndex::default();
+        ix.insert(7, 2, 2);
+        ix.insert(9, 2, 6);
+        ix.insert(4, 2, 1 << 20);
+        let mut seen = 0;
+        assert!(!ix.any_in(2, |_| {
+            seen += 1;
+            seen > 3
+        }));
+        assert_eq!(seen, 3);
+        seen = 0;
+        assert!(ix.any_in(2, |_| {
+            seen += 1;
+            seen > 1
+        }));
+        assert_eq!(seen, 2, "stops at the first slot f holds for");
+    }
+
     #[test]
     fn buckets_drain_and_list_apart() {
         let mut ix = ReuseIndex::default();

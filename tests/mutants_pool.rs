@@ -310,9 +310,53 @@ fn exact_policy_miss_takes_another_threads_cached_exact_size() {
     let s = check(&pool);
     assert_eq!(s.mappings_created, 2);
     assert_ne!(c, b);
+    // The 8 MiB mapping is still the other thread's cache's (idle in it).
+    assert_eq!(
+        (s.thread_cache_count, s.thread_cache_bytes, s.idle_bytes),
+        (1, 8 * MIB, 8 * MIB)
+    );
     done_tx.send(()).unwrap();
     other.join().unwrap();
     pool.free_raw(c).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+}
+
+/// `PoolConfig::thread_cache_bytes` bounds the bytes one thread's cache holds, as
+/// entries come and go: with a 5 MiB bound, two 2 MiB mappings go in (4 MiB); a hit
+/// takes one out (2 MiB held), so a 4 MiB free would pass the bound (6 MiB) and goes
+/// to the books (idle, not in the cache), while the 2 MiB one's free goes back in
+/// (4 MiB).
+#[test]
+fn a_thread_cache_holds_no_more_than_its_bytes_after_a_hit() {
+    let (pool, _sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            release_threshold_bytes: u64::MAX,
+            thread_cache_entries: 32,
+            thread_cache_bytes: 5 * MIB,
+            ..PoolConfig::default()
+        },
+    );
+    let [a, b] = [0; 2].map(|_| pool.allocate_raw(2 * MIB).unwrap());
+    let x = pool.allocate_raw(4 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    pool.free_raw(b).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.thread_cache_count, s.thread_cache_bytes), (2, 4 * MIB));
+    let d = pool.allocate_raw(2 * MIB).unwrap();
+    assert!(d == a || d == b, "a cache hit");
+    let s = check(&pool);
+    assert_eq!(s.thread_cache_hits, 1);
+    assert_eq!((s.thread_cache_count, s.thread_cache_bytes), (1, 2 * MIB));
+    pool.free_raw(x).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.thread_cache_count, s.thread_cache_bytes), (1, 2 * MIB));
+    assert_eq!((s.idle_count, s.idle_bytes), (2, 6 * MIB));
+    pool.free_raw(d).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.thread_cache_count, s.thread_cache_bytes), (2, 4 * MIB));
+    assert_eq!((s.idle_count, s.idle_bytes), (3, 8 * MIB));
     pool.trim().unwrap();
     assert_driver_empty(&pool);
 }

@@ -1203,3 +1203,92 @@ fn a_sleep_during_a_release_of_the_tags_block_is_refused() {
     pool.trim().unwrap();
     assert_eq!(sim.state().physical_bytes, 0);
 }
+
+/// `Pool::sleep` puts to sleep the tag's heaps that hold handles; a heap whose
+/// handles were all released holds nothing to unmap, so it is no sleeping segment
+/// and its books are untouched. `docs/ARCHITECTURE.md` ("Segments", "Release"): a
+/// handle's release "needs a device synchronize when its segment merged memory that
+/// needs one (the synchronous `free`, ...) since the last synchronize", otherwise
+/// only the home stream's fence; and ("Tags") a block a tag frees on a stream
+/// merges into its heap once the fence completed (memory any stream may use at
+/// once). Tag 3's heap: a 1 MiB block freed on a stream with no queued work, and a
+/// trim releases its only handle (no handle left, the segment's reservation kept).
+/// The tag sleeps and wakes with nothing; then a new block of it, freed the same
+/// way, is released by a trim with no device synchronize (nothing merged into that
+/// heap ever needed one), leaving nothing mapped. (A segment that slept and woke
+/// synchronizes at its next release, as after the synchronous `free`: only a heap
+/// that held handles at the sleep pays that.)
+#[test]
+fn an_emptied_tag_heap_is_not_put_to_sleep() {
+    let (pool, sim) = keeping_segments(GIB);
+    let s = common::stream(&sim);
+    let p = pool.allocate_tagged_raw(MIB, Some(s), 3).unwrap();
+    pool.free_async_raw(p, s).unwrap();
+    pool.trim().unwrap();
+    let snap = check(&pool);
+    assert_eq!(
+        (
+            snap.segment_count,
+            snap.segment_handles,
+            snap.physical_bytes
+        ),
+        (1, 0, 0),
+        "the heap's segment kept, its handle released"
+    );
+    pool.sleep(3, SleepMode::Discard).unwrap();
+    assert!(pool.tag_census(3).sleeping);
+    pool.wake(3).unwrap();
+    let q = pool.allocate_tagged_raw(MIB, Some(s), 3).unwrap();
+    assert_eq!(check(&pool).segment_handles, 1);
+    pool.free_async_raw(q, s).unwrap();
+    let syncs = sim.call_count(DriverCall::Synchronize);
+    pool.trim().unwrap();
+    assert_eq!(
+        sim.call_count(DriverCall::Synchronize),
+        syncs,
+        "a release of memory known complete needs no device synchronize"
+    );
+    let snap = check(&pool);
+    assert_eq!((snap.segment_handles, snap.physical_bytes), (0, 0));
+    no_faults(&sim);
+}
+
+/// `Pool::allocate_tagged_raw` above `segment_whole_threshold_bytes` takes a whole
+/// mapping: "one freed on a stream whose work is known complete (or, stream-ordered
+/// outside segment mode, what `Pool::allocate_async_raw` may take), else a new one".
+/// So in segment mode a tag's stream-ordered request on stream S does not take a
+/// mapping freed on S whose work is still queued (what `allocate_async_raw` on S
+/// may take, in stream order): with an untagged 4 MiB mapping freed on S behind a
+/// queued kernel, tag 5's 4 MiB request on S creates a new mapping (one
+/// `cuMemCreate`, another address), and the freed one stays idle.
+#[test]
+fn a_tags_stream_request_in_segment_mode_takes_no_mapping_of_the_streams_queue() {
+    let (pool, sim) = simulated_pool(
+        GIB,
+        PoolConfig {
+            release_threshold_bytes: u64::MAX,
+            segment_whole_threshold_bytes: MIB,
+            ..PoolConfig::default().with_policy(ReusePolicy::Segments)
+        },
+    );
+    let s = common::stream(&sim);
+    let a = pool.allocate_async_raw(4 * MIB, s).unwrap();
+    assert_eq!(sim.launch(s.0, a, 4 * MIB), CuResult::SUCCESS);
+    pool.free_async_raw(a, s).unwrap();
+    assert_eq!(check(&pool).idle_bytes, 4 * MIB);
+    let created = sim.call_count(DriverCall::Create);
+    let b = pool.allocate_tagged_raw(4 * MIB, Some(s), 5).unwrap();
+    assert_ne!(b, a, "the tag took the mapping of the stream's queue");
+    assert_eq!(sim.call_count(DriverCall::Create), created + 1);
+    let snap = check(&pool);
+    assert_eq!(
+        (snap.idle_bytes, snap.live_mapped_bytes),
+        (4 * MIB, 4 * MIB)
+    );
+    assert_eq!(pool.tag_census(5).live_bytes, 4 * MIB);
+    assert_eq!(sim.stream_complete(s.0), CuResult::SUCCESS);
+    pool.free_async_raw(b, s).unwrap();
+    pool.trim().unwrap();
+    assert_eq!(check(&pool).physical_bytes, 0);
+    no_faults(&sim);
+}

@@ -1166,6 +1166,43 @@ fn a_sleep_during_a_growth_of_the_tags_heap_is_refused() {
     assert_eq!(sim.state().physical_bytes, 0);
 }
 
+/// As [`a_sleep_during_a_growth_of_the_tags_heap_is_refused`], for the heap's first
+/// growth (a helper's finding: a segment with no handle booked yet was skipped
+/// before its growth was seen, so the sleep succeeded and the tag slept with the
+/// growth's block live and mapped, whose free was then refused). The sleep is
+/// refused; the block completes live, the tag awake; its free and a later sleep work.
+#[test]
+fn a_sleep_during_the_first_growth_of_the_tags_heap_is_refused() {
+    let (pool, driver, sim) = hooked_pool();
+    let during = Arc::new(std::sync::Mutex::new(None));
+    let (weak, seen) = (Arc::downgrade(&pool), during.clone());
+    driver.arm(DriverCall::Create, move || {
+        let pool = weak.upgrade().expect("the pool");
+        let r = pool.sleep(1, SleepMode::Discard);
+        *seen.lock().unwrap() = Some((r, pool.tag_census(1).sleeping));
+    });
+    let a = pool.allocate_tagged_raw(2 * MIB, None, 1).unwrap();
+    let (r, sleeping) = during.lock().unwrap().take().expect("the hook ran");
+    assert!(matches!(r, Err(Error::TagState { tag: 1, .. })), "{r:?}");
+    assert!(!sleeping);
+    let snap = pool.snapshot();
+    snap.check_invariants().unwrap();
+    assert_eq!((snap.live_count, snap.tags_sleeping), (1, 0));
+    assert_eq!(snap.physical_bytes, 2 * MIB);
+    assert_eq!(sim.state().physical_bytes, 2 * MIB);
+    let c = pool.tag_census(1);
+    assert_eq!(
+        (c.live_count, c.live_bytes, c.sleeping),
+        (1, 2 * MIB, false)
+    );
+    pool.free_raw(a).unwrap();
+    pool.sleep(1, SleepMode::Discard).unwrap();
+    assert_eq!(pool.snapshot().physical_bytes, 0);
+    pool.wake(1).unwrap();
+    pool.trim().unwrap();
+    assert_eq!(sim.state().physical_bytes, 0);
+}
+
 /// `Pool::sleep`: `Error::TagState` when the tag's segments' memory "waits on
 /// stream work or a release" (a release running). A block of the tag freed with the
 /// synchronous `free` waits for a release point; a trim takes it (out of every

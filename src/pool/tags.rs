@@ -371,7 +371,7 @@ impl State {
         let mut plan = SegPlan::default();
         let mut mine = vec![false; self.segs.segs.len()];
         for (sid, seg) in self.segs.segs.iter().enumerate() {
-            if seg.tag != tag || seg.asleep || seg.handles.is_empty() {
+            if seg.tag != tag || seg.asleep || (seg.handles.is_empty() && seg.busy == 0) {
                 continue;
             }
             if seg.busy != 0 {

@@ -41,9 +41,10 @@
 # Not part of .ci/run (too slow); run it before resolving an issue that changes
 # these files. Results: mutants.out/<area>/ (cargo-mutants' own output; its lists,
 # *.txt, and commit.txt, the commit it ran on, are committed) and
-# mutants.out/summary.txt. The summary flags a result whose area's source changed
-# since its run as STALE (a change only to a file's trailing test module, which is not
-# mutated and can only catch more, leaves it current).
+# mutants.out/summary.txt. Where an area's source changed since a run, the summary
+# says STALE and does not count that run's results on the changed lines (a change only
+# to a file's trailing test module, which is not mutated and can only catch more,
+# leaves it current); those mutants count as not run until a run sees them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -273,7 +274,13 @@ def current_text(path):
         return open(path).read()
     except FileNotFoundError:
         return None
-# A directory whose run saw other code of the area than the checkout's is stale.
+# A directory whose run saw other code of the area than the checkout's is stale where
+# the code changed: its results on the lines a change touched (and on every later
+# line of a file where a change added or removed lines: mutant names carry line
+# numbers) are not counted, so those mutants count as not run (as cargo-mutants
+# --in-diff would test only them again). The rest of its results stand: a mutant's
+# outcome is taken to depend on the code around it, not on a change elsewhere.
+dropped = {}  # directory -> {file: (first line dropped on, set of lines dropped)}
 for d in outs:
     try:
         commit = open(os.path.join(d, "commit.txt")).readline().strip()
@@ -282,9 +289,40 @@ for d in outs:
         continue
     changed = subprocess.run(["git", "diff", "--name-only", commit, "--", *src.split()],
                              capture_output=True, text=True, check=True).stdout.split()
-    same = all(code(show(commit, f)) == code(current_text(f)) for f in changed)
-    if not same:
-        print(f"{area}: STALE: {d} ran on {commit[:12]}; {src.split()[0]} has changed since")
+    stale = {}
+    for f in changed:
+        new_code = code(current_text(f))
+        if code(show(commit, f)) == new_code:
+            continue
+        cut = len(new_code.split("\n")) if new_code is not None else 0
+        hunks = subprocess.run(["git", "diff", "-U0", commit, "--", f],
+                               capture_output=True, text=True, check=True).stdout
+        start, lines = None, set()
+        for m in re.finditer(r"^@@ -\d+(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", hunks, re.M):
+            old_n = int(m.group(1)) if m.group(1) is not None else 1
+            c = int(m.group(2))
+            new_n = int(m.group(3)) if m.group(3) is not None else 1
+            if c > cut:
+                continue  # in the trailing test module
+            if old_n != new_n:
+                start = c if start is None else min(start, c)
+            lines.update(range(c, c + max(new_n, 1)))
+        stale[f] = (start, lines)
+    if stale:
+        dropped[d] = stale
+        print(f"{area}: STALE in part: {d} ran on {commit[:12]}; changed since: "
+              + ", ".join(sorted(stale)) + " (its results on the changed lines not counted)")
+def counted(d, name):
+    f, _, rest = name.partition(":")
+    hit = dropped.get(d, {}).get(f)
+    if hit is None:
+        return True
+    try:
+        line = int(rest.split(":", 1)[0])
+    except ValueError:
+        return False
+    start, lines = hit
+    return line not in lines and (start is None or line < start)
 eq = set()
 try:
     for line in open(equivalent):
@@ -297,7 +335,8 @@ def names(f):
     found = set()
     for out in outs:
         try:
-            found |= {l.strip() for l in open(os.path.join(out, f)) if l.strip()}
+            found |= {l.strip() for l in open(os.path.join(out, f))
+                      if l.strip() and counted(out, l.strip())}
         except FileNotFoundError:
             pass
     return found

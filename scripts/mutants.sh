@@ -63,8 +63,13 @@ extra=()
 # CPU suite in 24 s against 30 s, and a caught mutant stops at its first failing test.
 # At the first failure the tests still running are stopped (--max-fail=1:immediate),
 # so a mutant that makes one test hang and another fail is caught, not a timeout.
+# Its profile `mutants` (.config/nextest.toml) stops and fails a test that runs past
+# 40 s (8 times the slowest): a mutant that makes a test hang is caught by that test, as
+# by a watchdog test, not left to cargo-mutants' timeout of the whole run (which
+# counts as not caught, and costs a minute or more).
 if [ "${MUTANTS_TOOL:-}" != cargo ] && cargo nextest --version >/dev/null 2>&1; then
   extra+=(--test-tool=nextest --cargo-test-arg=--max-fail=1:immediate)
+  export NEXTEST_PROFILE=mutants
 fi
 # Round-robin: each shard samples every file alike (mutant i on shard i % N).
 # Not for an --iterate pass (a second pass over what the first missed: all of it).

@@ -402,6 +402,72 @@ fn out_of_memory_answers_are_replayed() {
     assert_eq!(p.snapshot().oom_retries, retries);
 }
 
+/// As [`out_of_memory_answers_are_replayed`], through tagged allocations
+/// (`Pool::allocate_tagged_raw`, tag 1): `oom N` counts the driver's out-of-memory
+/// answers during "the next `a` (or `x`) line's allocation" whatever its tag
+/// (`docs/trace-format.md`). Whole mappings: the same two answers and calls (a
+/// forced reuse, then a release and retry). Segment mode: tag 1's heap holds a free 64 MiB
+/// block; 90 MiB cannot be carved from it and its growth is refused (128 + 96 + 90
+/// MiB > 256): one answer, the free handles released, the growth retried (128 + 32
+/// + 90 fits). Each replay injects them and reaches the recorded peak.
+#[test]
+fn out_of_memory_answers_of_tagged_allocations_are_replayed() {
+    for policy in [ReusePolicy::BestFit, ReusePolicy::Segments] {
+        let path = temp_path(&format!("oom-tagged-{policy:?}.trace"));
+        let (pool, sim) = common::simulated_pool(
+            256 * MIB,
+            PoolConfig {
+                record_path: Some(path.clone()),
+                release_threshold_bytes: u64::MAX,
+                ..PoolConfig::default().with_policy(policy)
+            },
+        );
+        let other = Pool::with_driver(
+            PoolConfig::default(),
+            sim.clone() as Arc<dyn flare_package::Driver>,
+        )
+        .unwrap();
+        let hog = other.allocate_raw(128 * MIB).unwrap();
+        let a = pool.allocate_tagged_raw(64 * MIB, None, 1).unwrap();
+        let b = pool.allocate_tagged_raw(32 * MIB, None, 1).unwrap();
+        pool.free_raw(a).unwrap();
+        let expected = if policy == ReusePolicy::Segments {
+            let d = pool.allocate_tagged_raw(90 * MIB, None, 1).unwrap();
+            pool.free_raw(d).unwrap();
+            1
+        } else {
+            let c = pool.allocate_tagged_raw(40 * MIB, None, 1).unwrap();
+            pool.free_raw(c).unwrap();
+            pool.free_raw(b).unwrap();
+            let d = pool.allocate_tagged_raw(100 * MIB, None, 1).unwrap();
+            pool.free_raw(d).unwrap();
+            2
+        };
+        if policy == ReusePolicy::Segments {
+            pool.free_raw(b).unwrap();
+        }
+        let snap = pool.snapshot();
+        assert_eq!(snap.oom_retries, 1, "{policy:?}");
+        drop(pool);
+        other.free_raw(hog).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            text.matches("oom 1\n").count(),
+            expected,
+            "{policy:?}: {text}"
+        );
+        let t = trace::parse_str("oom", &text).unwrap();
+        let p = Pool::new(t.recorded_config().unwrap().pool_config()).unwrap();
+        let report = trace::replay_as_recorded(&p, &t, None).unwrap();
+        assert_eq!(
+            report.peak_physical_bytes, snap.peak_physical_bytes,
+            "{policy:?}"
+        );
+        assert_eq!(p.snapshot().oom_retries, 1, "{policy:?}");
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
 /// Several threads allocating and freeing at once through their thread caches and
 /// the books: the recorded trace is valid (every free after its allocation, every
 /// reuse of an address after its free), and replays.

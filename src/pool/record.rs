@@ -462,6 +462,18 @@ pub(super) fn header(config: &PoolConfig, granularity: u64, device_total: u64) -
     )
 }
 
+impl Pool {
+    /// An out-of-memory answer `e` of the driver during the calling thread's
+    /// allocation: counted for the `oom N` line before that allocation's line, when
+    /// recording. Returns `e`.
+    pub(super) fn noted_oom(&self, e: crate::driver::DriverError) -> crate::driver::DriverError {
+        if self.rec.is_some() {
+            note_oom();
+        }
+        e
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -741,7 +741,7 @@ impl Pool {
         };
         let err = match self.grow_and_carve(key, size, bytes) {
             Ok(p) => return Ok(mine(&mut lock(&self.state), p)),
-            Err(e) if e.is_out_of_memory() => e,
+            Err(e) if e.is_out_of_memory() => self.noted_oom(e),
             Err(e) => return Err(driver_error(e)),
         };
         {
@@ -762,7 +762,7 @@ impl Pool {
             Ok(p) => Ok(mine(&mut lock(&self.state), p)),
             Err(e) if e.is_out_of_memory() => {
                 let st = lock(&self.state);
-                Err(self.oom_error(&st, rounded, Some(e)))
+                Err(self.oom_error(&st, rounded, Some(self.noted_oom(e))))
             }
             Err(e) => Err(driver_error(e)),
         }
@@ -822,7 +822,7 @@ impl Pool {
         };
         let err = match self.create_mapping(rounded, bytes) {
             Ok(p) => return Ok(handoff(p)),
-            Err(e) if e.is_out_of_memory() => e,
+            Err(e) if e.is_out_of_memory() => self.noted_oom(e),
             Err(e) => return Err(driver_error(e)),
         };
         {
@@ -840,7 +840,7 @@ impl Pool {
             Ok(p) => Ok(handoff(p)),
             Err(e) if e.is_out_of_memory() => {
                 let st = lock(&self.state);
-                Err(self.oom_error(&st, rounded, Some(e)))
+                Err(self.oom_error(&st, rounded, Some(self.noted_oom(e))))
             }
             Err(e) => Err(driver_error(e)),
         }

@@ -171,7 +171,7 @@ for area in "${areas[@]}"; do
     out=mutants.out/$area
   elif [ "${MUTANTS_RETRY:-0}" != 0 ]; then
     # The names the area's runs (every shard, earlier retries) missed and none
-    # caught, each as an exact -F regex; a retry's catch counts over an earlier miss
+    # caught, less those listed equivalent, each as an exact -F regex; a retry's catch counts over an earlier miss
     # in the summary. Earlier retries' results are kept (--iterate).
     out=mutants.out/$area-retry
     dirs=(mutants.out/"$area" mutants.out/"$area"-shard-* "$out")
@@ -182,7 +182,11 @@ for area in "${areas[@]}"; do
         cat "$d"/missed.txt 2>/dev/null || :
         [ "$MUTANTS_RETRY" = 2 ] && { cat "$d"/timeout{,_earlier}.txt 2>/dev/null || :; }
       done | sort -u) \
-      <(for d in "${dirs[@]}"; do cat "$d"/{caught,previously_caught}.txt 2>/dev/null || :; done | sort -u))
+      <({
+        for d in "${dirs[@]}"; do cat "$d"/{caught,previously_caught}.txt 2>/dev/null || :; done
+        # The equivalent mutants: no test can catch them.
+        sed -e 's/#.*//' -e 's/ -- .*//' -e 's/[[:space:]]*$//' -e '/^$/d' "$equivalent"
+      } | sort -u))
   elif [ -n "${MUTANTS_SHARD:-}" ]; then
     out=mutants.out/$area-shard-${MUTANTS_SHARD/\//-of-}
     rm -rf "mutants.out/$area"

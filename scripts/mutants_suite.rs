@@ -14,6 +14,8 @@ mod lock_free_driver_calls;
 mod mutants_cover;
 #[path = "../tests/mutants_pool.rs"]
 mod mutants_pool;
+#[path = "../tests/mutants_segments.rs"]
+mod mutants_segments;
 #[path = "../tests/mutants_sim.rs"]
 mod mutants_sim;
 #[path = "../tests/mutants_tags.rs"]

@@ -8,7 +8,7 @@ mod common;
 
 use common::mapped_for;
 
-use flare_package::driver::sim::{SimConfig, SimDriver, SimState, SIM_MAX_DEVICES};
+use flare_package::driver::sim::{SimConfig, SimDriver, SimState, SimStreamCall, SIM_MAX_DEVICES};
 use flare_package::driver::{CuResult, Driver, DriverCall};
 
 /// The simulator's default granularity (2 MiB, as measured on an H200).
@@ -586,4 +586,47 @@ fn the_driver_trait_destroys_streams_and_checks_handoffs() {
         (err.call, err.code),
         (DriverCall::StreamDestroy, CUDA_ERROR_INVALID_HANDLE)
     );
+}
+
+/// `inject_failure` and `call_count` take every [`DriverCall`]: a stream or event
+/// kind is the stream call of the same name (`SimStreamCall::of_driver_call`: ten
+/// of them, `cuEventCreate` through `cuStreamDestroy`), counted and failed there. An
+/// injected `cuEventRecord` failure through `inject_failure` fails the next record
+/// (a test author's trap before: it was queued among the memory calls, which never
+/// count a record, and never fired); the memory kinds have no stream call.
+#[test]
+fn stream_kinds_of_driver_call_are_counted_and_failed_as_stream_calls() {
+    use flare_package::driver::sim::CU_STREAM_NON_BLOCKING;
+    const CUDA_ERROR_INVALID_VALUE: CuResult = CuResult::INVALID_VALUE;
+    let stream_kinds = DriverCall::ALL
+        .iter()
+        .filter(|&&c| SimStreamCall::of_driver_call(c).is_some())
+        .count();
+    assert_eq!(stream_kinds, 10);
+    for c in [
+        DriverCall::Create,
+        DriverCall::Map,
+        DriverCall::Synchronize,
+        DriverCall::HostAlloc,
+        DriverCall::MemcpyHtoD,
+        DriverCall::MemGetInfo,
+    ] {
+        assert_eq!(SimStreamCall::of_driver_call(c), None, "{c:?}");
+    }
+    assert_eq!(
+        SimStreamCall::of_driver_call(DriverCall::EventRecord),
+        Some(SimStreamCall::EventRecord)
+    );
+    let d = sim();
+    let s = d.stream_create_with_flags(CU_STREAM_NON_BLOCKING).unwrap();
+    let e = Driver::event_create(&d).unwrap();
+    assert_eq!(d.event_record(e, s), OK);
+    assert_eq!(d.call_count(DriverCall::EventRecord), 1);
+    assert_eq!(d.call_count(DriverCall::EventCreate), 1);
+    assert_eq!(d.call_count(DriverCall::StreamCreate), 1);
+    d.inject_failure(DriverCall::EventRecord, 1, CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(d.event_record(e, s), CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(d.event_record(e, s), OK, "one call failed");
+    assert_eq!(d.call_count(DriverCall::EventRecord), 3);
+    assert_eq!(d.stream_call_count(SimStreamCall::EventRecord), 3);
 }

@@ -61,8 +61,13 @@ impl SimDriver {
     /// pending for the same or different kinds; each targets one call, counted from
     /// the calls made when it is injected. An injection aimed at a call another one
     /// already targets moves to the next untargeted call of that kind, so two
-    /// injections with `nth` = 1 fail the next two calls, in injection order.
+    /// injections with `nth` = 1 fail the next two calls, in injection order. A
+    /// stream or event kind (see [`of_driver_call`](super::SimStreamCall::of_driver_call))
+    /// is injected as [`SimDriver::inject_stream_failure`] injects it.
     pub fn inject_failure(&self, call: DriverCall, nth: u32, code: CuResult) {
+        if let Some(stream_call) = super::SimStreamCall::of_driver_call(call) {
+            return self.inject_stream_failure(stream_call, nth, code);
+        }
         let mut st = lock(&self.inner);
         let done = st.calls.get(call as usize).copied().unwrap_or(0);
         let mut at = done + u64::from(nth.max(1));
@@ -137,7 +142,12 @@ impl SimDriver {
 
     /// How many calls of kind `call` were made so far, failed ones (injected or not)
     /// included. [`DriverCall::Init`] is never called on the simulator and stays 0.
+    /// A stream or event kind (see [`of_driver_call`](super::SimStreamCall::of_driver_call))
+    /// reads [`SimDriver::stream_call_count`].
     pub fn call_count(&self, call: DriverCall) -> u64 {
+        if let Some(stream_call) = super::SimStreamCall::of_driver_call(call) {
+            return self.stream_call_count(stream_call);
+        }
         lock(&self.inner)
             .calls
             .get(call as usize)

@@ -366,3 +366,26 @@ mod streams;
 mod trait_impl;
 
 use model::Inner;
+
+impl SimStreamCall {
+    /// The stream call kind that a [`DriverCall`] of a stream or an event names (the
+    /// simulator counts and fails those apart from the memory calls:
+    /// [`SimDriver::stream_call_count`], [`SimDriver::inject_stream_failure`]);
+    /// `None` for a memory, host-memory or device call.
+    pub fn of_driver_call(call: crate::driver::DriverCall) -> Option<SimStreamCall> {
+        use crate::driver::DriverCall as D;
+        Some(match call {
+            D::EventCreate => SimStreamCall::EventCreate,
+            D::EventDestroy => SimStreamCall::EventDestroy,
+            D::EventRecord => SimStreamCall::EventRecord,
+            D::EventQuery => SimStreamCall::EventQuery,
+            D::EventSynchronize => SimStreamCall::EventSynchronize,
+            D::StreamWaitEvent => SimStreamCall::StreamWaitEvent,
+            D::StreamGetCaptureInfo => SimStreamCall::StreamGetCaptureInfo,
+            D::ThreadExchangeCaptureMode => SimStreamCall::ThreadExchangeCaptureMode,
+            D::StreamCreate => SimStreamCall::StreamCreate,
+            D::StreamDestroy => SimStreamCall::StreamDestroy,
+            _ => return None,
+        })
+    }
+}

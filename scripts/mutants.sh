@@ -223,14 +223,15 @@ for area in "${areas[@]}"; do
     # The mutants this pass missed or timed out (a hang the suite has no test for
     # may break a unit test at once: nextest then stops the hang), less those listed
     # equivalent.
-    if [ -s "$out/missed.txt" ] || [ -s "$out/timeout.txt" ]; then
+    again=()
+    while IFS= read -r name; do
+      again+=(-F "^$(printf '%s' "$name" | sed 's/[][\\.^$*+?(){}|]/\\&/g')\$")
+    done < <(comm -23 <(cat "$out/missed.txt" "$out/timeout.txt" 2>/dev/null | sort -u) \
+      <(sed -e 's/#.*//' -e 's/ -- .*//' -e 's/[[:space:]]*$//' -e '/^$/d' "$equivalent" |
+        sort -u))
+    # (With no filter, cargo-mutants would run every mutant of the area.)
+    if [ ${#again[@]} -gt 0 ]; then
       echo "== $area: the missed and timed-out mutants against the library's unit tests too"
-      again=()
-      while IFS= read -r name; do
-        again+=(-F "^$(printf '%s' "$name" | sed 's/[][\\.^$*+?(){}|]/\\&/g')\$")
-      done < <(comm -23 <(cat "$out/missed.txt" "$out/timeout.txt" 2>/dev/null | sort -u) \
-        <(sed -e 's/#.*//' -e 's/ -- .*//' -e 's/[[:space:]]*$//' -e '/^$/d' "$equivalent" |
-          sort -u))
       pass "$out" 1 0 "${files[@]}" "${again[@]}" "${lib_tests[@]}" "${cpu_tests[@]}"
     fi
   fi

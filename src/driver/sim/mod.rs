@@ -368,10 +368,10 @@ mod trait_impl;
 use model::Inner;
 
 impl SimStreamCall {
-    /// The stream call kind that a [`DriverCall`] of a stream or an event names (the
-    /// simulator counts and fails those apart from the memory calls:
-    /// [`SimDriver::stream_call_count`], [`SimDriver::inject_stream_failure`]);
-    /// `None` for a memory, host-memory or device call.
+    /// The stream call kind that a [`DriverCall`](crate::driver::DriverCall) of a
+    /// stream or an event names (the simulator counts and fails those apart from the
+    /// memory calls: [`SimDriver::stream_call_count`],
+    /// [`SimDriver::inject_stream_failure`]); `None` for a memory, host or device call.
     pub fn of_driver_call(call: crate::driver::DriverCall) -> Option<SimStreamCall> {
         use crate::driver::DriverCall as D;
         Some(match call {

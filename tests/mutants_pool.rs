@@ -361,6 +361,59 @@ fn a_thread_cache_holds_no_more_than_its_bytes_after_a_hit() {
     assert_driver_empty(&pool);
 }
 
+/// A thread cache's pick ("one of exactly the rounded size, else the smallest within
+/// the policy's bound", `src/pool/cache.rs` `Inner::find`, as best-fit in the
+/// books): 22 and 24 MiB mappings cached (24 freed last, so seen first), a 20 MiB
+/// request (bound 30%: up to 26 MiB) takes the 22 MiB one.
+#[test]
+fn a_thread_cache_hit_takes_the_smallest_fit_within_the_bound() {
+    let (pool, _sim) = simulated_pool(
+        1 << 30,
+        PoolConfig {
+            release_threshold_bytes: u64::MAX,
+            thread_cache_entries: 32,
+            ..PoolConfig::default()
+        },
+    );
+    let a = pool.allocate_raw(22 * MIB).unwrap();
+    let b = pool.allocate_raw(24 * MIB).unwrap();
+    pool.free_raw(a).unwrap();
+    pool.free_raw(b).unwrap();
+    let c = pool.allocate_raw(20 * MIB).unwrap();
+    assert_eq!(c, a, "the 22 MiB mapping");
+    let s = check(&pool);
+    assert_eq!((s.thread_cache_hits, s.mappings_created), (1, 2));
+    pool.free_raw(c).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+}
+
+/// `Allocation` (`Pool::allocate`'s guard) frees its allocation when dropped, also
+/// one a thread cache handed out (a hit: its guard's id is the cache's allocation
+/// key): after the drop nothing is live and the mapping is cached again.
+#[test]
+fn a_guard_of_a_thread_cache_hit_frees_it_when_dropped() {
+    let (pool, _sim) = small_pool(32);
+    let a = pool.allocate(2 * MIB).unwrap();
+    let p = a.ptr();
+    drop(a);
+    let b = pool.allocate(2 * MIB).unwrap();
+    assert_eq!(b.ptr(), p);
+    assert_eq!(check(&pool).thread_cache_hits, 1);
+    drop(b);
+    let s = check(&pool);
+    assert_eq!(
+        (s.live_count, s.idle_count, s.thread_cache_count),
+        (0, 1, 1)
+    );
+    let c = pool.allocate(2 * MIB).unwrap();
+    assert_eq!(c.ptr(), p, "cached again: a second hit");
+    assert_eq!(check(&pool).thread_cache_hits, 2);
+    drop(c);
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+}
+
 /// An exited thread's cache whose own entries are empty but whose remote list is
 /// not is adopted with its remote list given back to the books first
 /// (`Caches::register`: "an orphan adopted (what its exited thread left goes back

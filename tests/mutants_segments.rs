@@ -102,6 +102,23 @@ fn a_growth_failing_not_out_of_memory_does_not_settle_the_thread_caches() {
     assert_driver_empty(&pool);
 }
 
+/// Two 2 MiB growths (each maps the need: an eighth of what is mapped is less than
+/// the granularity): handles A and B, back to back, each one live block. B's handle
+/// is wholly free at its free: released at once (threshold 0), the growing end comes
+/// back to A's end, and the next 2 MiB is a handle regrown at B's address. Returns
+/// (A, the regrown block).
+fn regrown_after_a_retreat(pool: &Pool) -> (u64, u64) {
+    let a = pool.allocate_raw(G).unwrap();
+    let b = pool.allocate_raw(G).unwrap();
+    assert_eq!(b - a, G);
+    pool.free_raw(b).unwrap();
+    let s = check(pool);
+    assert_eq!((s.segment_handles, s.physical_bytes), (1, G));
+    let c = pool.allocate_raw(G).unwrap();
+    assert_eq!(c, b, "regrown at the same address");
+    (a, c)
+}
+
 /// Segment mode, "Release" (`docs/ARCHITECTURE.md`): "the segment's growing end
 /// comes back down to its highest mapping left (so a heap that frees and regrows its
 /// top handles above long-lived blocks maps them at the same addresses again)", and
@@ -113,18 +130,7 @@ fn a_growth_failing_not_out_of_memory_does_not_settle_the_thread_caches() {
 #[test]
 fn a_handle_regrown_after_a_retreat_coalesces_with_the_block_below() {
     let (pool, sim) = seg_pool(0);
-    // Two 2 MiB growths (each maps the need: an eighth of what is mapped is less
-    // than the granularity): handles A and B, back to back, each one live block.
-    let a = pool.allocate_raw(G).unwrap();
-    let b = pool.allocate_raw(G).unwrap();
-    assert_eq!(b - a, G);
-    // B's handle is wholly free: released at once (threshold 0); the growing end
-    // comes back to A's end.
-    pool.free_raw(b).unwrap();
-    let s = check(&pool);
-    assert_eq!((s.segment_handles, s.physical_bytes), (1, G));
-    let c = pool.allocate_raw(G).unwrap();
-    assert_eq!(c, b, "regrown at the same address");
+    let (a, c) = regrown_after_a_retreat(&pool);
     // Inside a scope nothing is released.
     pool.retention_begin().unwrap();
     pool.free_raw(a).unwrap();
@@ -163,12 +169,7 @@ fn a_handle_regrown_after_a_retreat_coalesces_with_the_block_below() {
 #[test]
 fn a_handle_regrown_after_a_retreat_is_the_end_block_a_growth_extends() {
     let (pool, sim) = seg_pool(0);
-    let a = pool.allocate_raw(G).unwrap();
-    let b = pool.allocate_raw(G).unwrap();
-    // Released at once (threshold 0): the end comes back to A's end.
-    pool.free_raw(b).unwrap();
-    let c = pool.allocate_raw(G).unwrap();
-    assert_eq!(c, b, "regrown at the same address");
+    let (a, c) = regrown_after_a_retreat(&pool);
     pool.retention_begin().unwrap();
     pool.free_raw(c).unwrap();
     let (maps, creates) = (

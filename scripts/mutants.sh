@@ -22,6 +22,12 @@
 #                                           # (a timeout, a hang, is not run again: it
 #                                           # costs the whole test timeout each time;
 #                                           # MUTANTS_RETRY=2 runs the timeouts too)
+#   MUTANTS_REST=0/3                        # only the mutants no run has seen yet (the
+#                                           # summary's "not run"), part K of N (by a hash
+#                                           # of the name: a mutant's part does not change
+#                                           # as other parts finish), into
+#                                           # mutants.out/<area>-shard-rest-K-of-N; parts
+#                                           # can run at once on different machines
 #   MUTANTS_ARGS='-F grow'                  # more cargo-mutants arguments (a subset)
 #   MUTANTS_REPORT=1                        # only the summary of what mutants.out holds
 #
@@ -155,87 +161,12 @@ pass() {
   return 0
 }
 
-for area in "${areas[@]}"; do
-  case "$area" in
-    pool) files=(-f 'src/pool/*.rs') ;;
-    sim) files=(-f 'src/driver/sim/*.rs') ;;
-    ffi) files=(-f 'src/ffi/*.rs' -e src/ffi/tests.rs -e src/ffi/abi_tests.rs) ;;
-    *) echo "unknown area $area (pool, sim or ffi)" >&2; exit 2 ;;
-  esac
-  echo "== $area"
-  # A shard's results stay beside the other shards' (mutants.out/AREA-shard-K-of-N),
-  # and the summary counts them together: the shards of an area can run at different
-  # times or on different machines (copy their directories in), on the same code.
-  retry=()
-  if [ "${MUTANTS_REPORT:-0}" = 1 ]; then
-    out=mutants.out/$area
-  elif [ "${MUTANTS_RETRY:-0}" != 0 ]; then
-    # The names the area's runs (every shard, earlier retries) missed and none
-    # caught, less those listed equivalent, each as an exact -F regex; a retry's catch counts over an earlier miss
-    # in the summary. Earlier retries' results are kept (--iterate).
-    out=mutants.out/$area-retry
-    dirs=(mutants.out/"$area" mutants.out/"$area"-shard-* "$out")
-    while IFS= read -r name; do
-      retry+=(-F "^$(printf '%s' "$name" | sed 's/[][\\.^$*+?(){}|]/\\&/g')\$")
-    done < <(comm -23 \
-      <(for d in "${dirs[@]}"; do
-        cat "$d"/missed.txt 2>/dev/null || :
-        [ "$MUTANTS_RETRY" = 2 ] && { cat "$d"/timeout{,_earlier}.txt 2>/dev/null || :; }
-      done | sort -u) \
-      <({
-        for d in "${dirs[@]}"; do cat "$d"/{caught,previously_caught}.txt 2>/dev/null || :; done
-        # The equivalent mutants: no test can catch them.
-        sed -e 's/#.*//' -e 's/ -- .*//' -e 's/[[:space:]]*$//' -e '/^$/d' "$equivalent"
-      } | sort -u))
-  elif [ -n "${MUTANTS_SHARD:-}" ]; then
-    out=mutants.out/$area-shard-${MUTANTS_SHARD/\//-of-}
-    rm -rf "mutants.out/$area"
-  else
-    out=mutants.out/$area
-    rm -rf "mutants.out/$area"-shard-* "mutants.out/$area"-retry
-  fi
-  # The commit the run sees (its lists, *.txt, are committed: the shards of the pool
-  # take more than one session on a small machine).
-  seen=$({
-    git rev-parse HEAD
-    git status --porcelain -- src tests ffi-tests | sed 's/^/uncommitted: /'
-  })
-  iterate=${MUTANTS_ITERATE:-0}
-  [ "${MUTANTS_RETRY:-0}" != 0 ] && iterate=1
-  if [ "${MUTANTS_REPORT:-0}" = 1 ]; then
-    : # the summary of what mutants.out holds, nothing run
-  elif [ "${MUTANTS_RETRY:-0}" != 0 ] && [ ${#retry[@]} -eq 0 ]; then
-    echo "== $area: nothing missed to retry"
-  elif [ "$area" = ffi ]; then
-    # The Rust tests through the C ABI (src/ffi/abi_tests.rs) and the header check
-    # (which reads cbindgen_sources) first; then the mutants they miss face the C
-    # and C++ programs too (a build of the static library per mutant: slow, so
-    # only for those).
-    pass "$out" "$iterate" 0 "${files[@]}" "${retry[@]}" "${lib_tests[@]}" "${cpu_tests[@]}" \
-      -C=--test -C=header
-    if [ -s "$out/missed.txt" ]; then
-      echo "== $area: the missed mutants against the C and C++ programs"
-      pass "$out" 1 1 "${files[@]}" "${retry[@]}" "${lib_tests[@]}" "${cpu_tests[@]}" \
-        -C=--test -C=header -C=--test -C=c_programs
-    fi
-  else
-    pass "$out" "$iterate" 0 "${files[@]}" "${retry[@]}" "${cpu_tests[@]}"
-    # The mutants this pass missed or timed out (a hang the suite has no test for
-    # may break a unit test at once: nextest then stops the hang), less those listed
-    # equivalent.
-    again=()
-    while IFS= read -r name; do
-      again+=(-F "^$(printf '%s' "$name" | sed 's/[][\\.^$*+?(){}|]/\\&/g')\$")
-    done < <(comm -23 <(cat "$out/missed.txt" "$out/timeout.txt" 2>/dev/null | sort -u) \
-      <(sed -e 's/#.*//' -e 's/ -- .*//' -e 's/[[:space:]]*$//' -e '/^$/d' "$equivalent" |
-        sort -u))
-    # (With no filter, cargo-mutants would run every mutant of the area.)
-    if [ ${#again[@]} -gt 0 ]; then
-      echo "== $area: the missed and timed-out mutants against the library's unit tests too"
-      pass "$out" 1 0 "${files[@]}" "${again[@]}" "${lib_tests[@]}" "${cpu_tests[@]}"
-    fi
-  fi
-  [ "${MUTANTS_REPORT:-0}" != 1 ] && printf '%s\n' "$seen" >"$out/commit.txt"
+# summarize AREA FILES...: the area's line of the summary (on stdout; status 1 when below
+# the bar or not all run), and mutants.out/AREA.notrun, the names no run has a result
+# for (MUTANTS_REST runs them).
+summarize() {
+  local area=$1 src listing
+  shift
   case "$area" in
     pool) src=src/pool ;;
     sim) src=src/driver/sim ;;
@@ -244,12 +175,14 @@ for area in "${areas[@]}"; do
   # The area's mutants in the checkout as it is: a result under another name (code
   # moved since its run) is left out, a mutant with no result is "not run".
   listing=mutants.out/$area.list
-  cargo mutants --list "${files[@]}" >"$listing"
-  python3 - "$equivalent" "$area" "$bar" "$src" "$listing" mutants.out/"$area" \
-    mutants.out/"$area"-shard-* mutants.out/"$area"-retry >>"$summary" <<'EOF' || failed=1
+  cargo mutants --list "$@" >"$listing"
+  python3 - "$equivalent" "$area" "$bar" "$src" "$listing" mutants.out/"$area".notrun \
+    mutants.out/"$area" \
+    mutants.out/"$area"-shard-* mutants.out/"$area"-retry <<'EOF'
 import os, re, subprocess, sys
-equivalent, area, bar, src, listing = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], sys.argv[5]
-outs = [d for d in sys.argv[6:] if os.path.isdir(d)]
+equivalent, area, bar, src, listing, notrun = (sys.argv[1], sys.argv[2], float(sys.argv[3]),
+                                               sys.argv[4], sys.argv[5], sys.argv[6])
+outs = [d for d in sys.argv[7:] if os.path.isdir(d)]
 current = {l.strip() for l in open(listing) if l.strip()}
 def code(text):
     """A source file less its trailing test module (`#[cfg(test)]` or
@@ -360,6 +293,8 @@ caught = ((names("caught.txt") | names("previously_caught.txt")) & current) - un
 missed = (names("missed.txt") & current) - caught
 timeout = ((names("timeout.txt") | names("timeout_earlier.txt")) & current) - caught
 not_run = current - unviable - caught - missed - timeout
+with open(notrun, "w") as f:
+    f.writelines(f"{m}\n" for m in sorted(not_run))
 equiv = {m for m in missed if m in eq}
 missed -= equiv
 viable = len(caught) + len(missed) + len(timeout)
@@ -378,6 +313,110 @@ for m in sorted(timeout):
     print(f"  timeout: {m}")
 sys.exit(0 if ok else 1)
 EOF
+}
+
+for area in "${areas[@]}"; do
+  case "$area" in
+    pool) files=(-f 'src/pool/*.rs') ;;
+    sim) files=(-f 'src/driver/sim/*.rs') ;;
+    ffi) files=(-f 'src/ffi/*.rs' -e src/ffi/tests.rs -e src/ffi/abi_tests.rs) ;;
+    *) echo "unknown area $area (pool, sim or ffi)" >&2; exit 2 ;;
+  esac
+  echo "== $area"
+  # A shard's results stay beside the other shards' (mutants.out/AREA-shard-K-of-N),
+  # and the summary counts them together: the shards of an area can run at different
+  # times or on different machines (copy their directories in), on the same code.
+  retry=()
+  if [ "${MUTANTS_REPORT:-0}" = 1 ]; then
+    out=mutants.out/$area
+  elif [ "${MUTANTS_RETRY:-0}" != 0 ]; then
+    # The names the area's runs (every shard, earlier retries) missed and none
+    # caught, less those listed equivalent, each as an exact -F regex; a retry's catch counts over an earlier miss
+    # in the summary. Earlier retries' results are kept (--iterate).
+    out=mutants.out/$area-retry
+    dirs=(mutants.out/"$area" mutants.out/"$area"-shard-* "$out")
+    while IFS= read -r name; do
+      retry+=(-F "^$(printf '%s' "$name" | sed 's/[][\\.^$*+?(){}|]/\\&/g')\$")
+    done < <(comm -23 \
+      <(for d in "${dirs[@]}"; do
+        cat "$d"/missed.txt 2>/dev/null || :
+        [ "$MUTANTS_RETRY" = 2 ] && { cat "$d"/timeout{,_earlier}.txt 2>/dev/null || :; }
+      done | sort -u) \
+      <({
+        for d in "${dirs[@]}"; do cat "$d"/{caught,previously_caught}.txt 2>/dev/null || :; done
+        # The equivalent mutants: no test can catch them.
+        sed -e 's/#.*//' -e 's/ -- .*//' -e 's/[[:space:]]*$//' -e '/^$/d' "$equivalent"
+      } | sort -u))
+  elif [ -n "${MUTANTS_REST:-}" ]; then
+    # The names the summary counts as not run (no result from any run, or a result
+    # on a line changed since), those whose hash falls in part K of N. Computed from
+    # the results as they stand before this run; the part's own earlier results are
+    # kept (--iterate), so a part can be run again after it was stopped.
+    out=mutants.out/$area-shard-rest-${MUTANTS_REST/\//-of-}
+    summarize "$area" "${files[@]}" >/dev/null || :
+    while IFS= read -r name; do
+      retry+=(-F "^$(printf '%s' "$name" | sed 's/[][\\.^$*+?(){}|]/\\&/g')\$")
+    done < <(python3 -c '
+import hashlib, sys
+k, n = (int(x) for x in sys.argv[1].split("/"))
+for line in open(sys.argv[2]):
+    name = line.rstrip("\n")
+    if name and int(hashlib.sha1(name.encode()).hexdigest(), 16) % n == k:
+        print(name)' "$MUTANTS_REST" "mutants.out/$area.notrun")
+    echo "== $area: $((${#retry[@]} / 2)) not-run mutants in part $MUTANTS_REST (of $(wc -l <"mutants.out/$area.notrun"))" >&2
+  elif [ -n "${MUTANTS_SHARD:-}" ]; then
+    out=mutants.out/$area-shard-${MUTANTS_SHARD/\//-of-}
+    rm -rf "mutants.out/$area"
+  else
+    out=mutants.out/$area
+    rm -rf "mutants.out/$area"-shard-* "mutants.out/$area"-retry
+  fi
+  # The commit the run sees (its lists, *.txt, are committed: the shards of the pool
+  # take more than one session on a small machine).
+  seen=$({
+    git rev-parse HEAD
+    git status --porcelain -- src tests ffi-tests | sed 's/^/uncommitted: /'
+  })
+  iterate=${MUTANTS_ITERATE:-0}
+  [ "${MUTANTS_RETRY:-0}" != 0 ] && iterate=1
+  [ -n "${MUTANTS_REST:-}" ] && iterate=1
+  if [ "${MUTANTS_REPORT:-0}" = 1 ]; then
+    : # the summary of what mutants.out holds, nothing run
+  elif [ "${MUTANTS_RETRY:-0}" != 0 ] && [ ${#retry[@]} -eq 0 ]; then
+    echo "== $area: nothing missed to retry"
+  elif [ -n "${MUTANTS_REST:-}" ] && [ ${#retry[@]} -eq 0 ]; then
+    echo "== $area: nothing left to run in part $MUTANTS_REST"
+  elif [ "$area" = ffi ]; then
+    # The Rust tests through the C ABI (src/ffi/abi_tests.rs) and the header check
+    # (which reads cbindgen_sources) first; then the mutants they miss face the C
+    # and C++ programs too (a build of the static library per mutant: slow, so
+    # only for those).
+    pass "$out" "$iterate" 0 "${files[@]}" "${retry[@]}" "${lib_tests[@]}" "${cpu_tests[@]}" \
+      -C=--test -C=header
+    if [ -s "$out/missed.txt" ]; then
+      echo "== $area: the missed mutants against the C and C++ programs"
+      pass "$out" 1 1 "${files[@]}" "${retry[@]}" "${lib_tests[@]}" "${cpu_tests[@]}" \
+        -C=--test -C=header -C=--test -C=c_programs
+    fi
+  else
+    pass "$out" "$iterate" 0 "${files[@]}" "${retry[@]}" "${cpu_tests[@]}"
+    # The mutants this pass missed or timed out (a hang the suite has no test for
+    # may break a unit test at once: nextest then stops the hang), less those listed
+    # equivalent.
+    again=()
+    while IFS= read -r name; do
+      again+=(-F "^$(printf '%s' "$name" | sed 's/[][\\.^$*+?(){}|]/\\&/g')\$")
+    done < <(comm -23 <(cat "$out/missed.txt" "$out/timeout.txt" 2>/dev/null | sort -u) \
+      <(sed -e 's/#.*//' -e 's/ -- .*//' -e 's/[[:space:]]*$//' -e '/^$/d' "$equivalent" |
+        sort -u))
+    # (With no filter, cargo-mutants would run every mutant of the area.)
+    if [ ${#again[@]} -gt 0 ]; then
+      echo "== $area: the missed and timed-out mutants against the library's unit tests too"
+      pass "$out" 1 0 "${files[@]}" "${again[@]}" "${lib_tests[@]}" "${cpu_tests[@]}"
+    fi
+  fi
+  [ "${MUTANTS_REPORT:-0}" != 1 ] && printf '%s\n' "$seen" >"$out/commit.txt"
+  summarize "$area" "${files[@]}" >>"$summary" || failed=1
 done
 
 cat "$summary"

@@ -1329,3 +1329,31 @@ fn a_tags_stream_request_in_segment_mode_takes_no_mapping_of_the_streams_queue()
     assert_eq!(check(&pool).physical_bytes, 0);
     no_faults(&sim);
 }
+
+/// "Pending releases are the pool's, in no tag" (`TagCensus::physical_bytes`). A
+/// trim whose `cuMemRelease` the driver refuses leaves the idle 2 MiB mapping pending
+/// (unmapped, its handle live): the pool still holds the 2 MiB on the device
+/// (`Snapshot::physical_bytes`, `pending_bytes`), but tag 0, which holds every
+/// mapping no other tag holds, has nothing live or idle, so its census holds 0 bytes.
+#[test]
+fn a_pending_release_is_in_no_tags_census() {
+    let (pool, sim) = simulated_pool(
+        16 * GIB,
+        PoolConfig {
+            release_threshold_bytes: u64::MAX,
+            ..PoolConfig::default()
+        },
+    );
+    let p = pool.allocate_raw(2 * MIB).unwrap();
+    pool.free_raw(p).unwrap();
+    assert_eq!(pool.tag_census(0).physical_bytes, 2 * MIB, "idle: tag 0's");
+    sim.inject_failure(DriverCall::Release, 1, CuResult::UNKNOWN);
+    let _ = pool.trim();
+    let snap = check(&pool);
+    assert_eq!(
+        (snap.physical_bytes, snap.pending_bytes),
+        (2 * MIB, 2 * MIB)
+    );
+    let c = pool.tag_census(0);
+    assert_eq!((c.live_bytes, c.idle_bytes, c.physical_bytes), (0, 0, 0));
+}

@@ -1357,3 +1357,21 @@ fn a_pending_release_is_in_no_tags_census() {
     let c = pool.tag_census(0);
     assert_eq!((c.live_bytes, c.idle_bytes, c.physical_bytes), (0, 0, 0));
 }
+
+/// Destroying a pool while a tag sleeps in segment mode forgets each sleeping block
+/// once: it leaves `live_requested_bytes` with its own requested bytes (1000), so the
+/// awake allocation's 5000 come off the 5000 left and the count ends at 0. Taken off
+/// any other way (divided, say: 6000 / 1000 = 6), the awake allocation's 5000 would
+/// overflow the counter (overflow checks are on in the test profiles) and the
+/// destroy would panic instead of releasing everything.
+#[test]
+fn destroy_forgets_a_sleeping_block_once() {
+    let (pool, sim) = keeping_segments(16 * GIB);
+    let _asleep = pool.allocate_tagged_raw(1000, None, 7).unwrap();
+    let _awake = pool.allocate_raw(5000).unwrap();
+    assert_eq!(check(&pool).live_requested_bytes, 6000);
+    pool.sleep(7, SleepMode::Offload).unwrap();
+    assert_eq!(check(&pool).live_requested_bytes, 6000, "a sleeping block stays live");
+    pool.destroy().unwrap();
+    no_faults(&sim);
+}

@@ -715,3 +715,48 @@ fn sleep_and_wake_are_recorded_and_replayed() {
     // 32 + 48 MiB do not fit in 64.
     assert!(replay(&without).out_of_memory_at_line.is_some());
 }
+
+/// A recording to a file that cannot be synced (`/dev/null`: `fdatasync` answers
+/// EINVAL there, as for a pipe or any character device) closes quietly: EINVAL from
+/// the final sync says the file takes no sync, not that a byte was lost, so nothing
+/// is reported. That sync runs when the pool is dropped, after which only stderr
+/// can show a report: the test runs itself in a child process (this one test, by
+/// its exact name) and reads the child's stderr.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_recording_to_a_file_that_takes_no_sync_closes_quietly() {
+    const CHILD: &str = "FLARE_TEST_RECORD_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        let (pool, _sim) = common::simulated_pool(
+            SimConfig::default().capacity_bytes,
+            PoolConfig {
+                record_path: Some("/dev/null".into()),
+                ..PoolConfig::default()
+            },
+        );
+        let p = pool.allocate_raw(MIB).unwrap();
+        pool.free_raw(p).unwrap();
+        pool.record_flush();
+        assert_eq!(pool.record_error(), None, "/dev/null takes every write");
+        drop(pool);
+        return;
+    }
+    // The name as the harness knows it: the module path less the crate's name.
+    let name = "a_recording_to_a_file_that_takes_no_sync_closes_quietly";
+    let name = match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_string(),
+    };
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("1 passed"), "the child ran the test: {stdout}");
+    assert!(!stderr.contains("recording to /dev/null stopped"), "{stderr}");
+}

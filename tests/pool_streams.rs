@@ -891,3 +891,60 @@ fn an_out_of_memory_release_keeps_a_used_stream_in_view() {
     assert_eq!(check(&pool).physical_bytes, 0);
     no_faults(&sim);
 }
+
+/// `Pool::destroy` gives the pool's stream resources back: every event it created
+/// (a fence of a free still waiting, and the spare ones) is destroyed, and so is
+/// its own blocking stream (made for a legacy-stream free's fence); the caller's
+/// stream is the caller's and is left alone. Counted on the simulated driver: one
+/// `cuEventDestroy` per `cuEventCreate`, one `cuStreamDestroy` for the two
+/// `cuStreamCreate` (the test's stream and the pool's).
+#[test]
+fn destroy_gives_back_every_event_and_the_pools_stream() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, 0);
+    let s = stream(&sim);
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    assert_eq!(sim.launch(s.0, p, G), CuResult::SUCCESS);
+    pool.free_async_raw(p, s).unwrap();
+    let q = pool.allocate_async_raw(G, Stream::LEGACY).unwrap();
+    assert_eq!(sim.launch(0, q, G), CuResult::SUCCESS);
+    pool.free_async_raw(q, Stream::LEGACY).unwrap();
+    // The legacy work completes; a trim (the pool's own stream is made by now).
+    sim.stream_complete(0);
+    pool.trim().unwrap();
+    let created = sim.stream_call_count(SimStreamCall::EventCreate);
+    assert!(created >= 1, "the fence of the free on s, whose kernel is queued");
+    assert_eq!(sim.stream_call_count(SimStreamCall::StreamCreate), 2);
+    assert_eq!(sim.stream_call_count(SimStreamCall::EventDestroy), 0);
+    pool.destroy().unwrap();
+    assert_eq!(sim.stream_call_count(SimStreamCall::EventDestroy), created);
+    assert_eq!(sim.stream_call_count(SimStreamCall::StreamDestroy), 1);
+    assert_eq!(sim.stream_call_count(SimStreamCall::EventCreate), created);
+    no_faults(&sim);
+}
+
+/// The pool queries and waits on its fences in relaxed capture mode and gives the
+/// calling thread its mode back after (`cuThreadExchangeStreamCaptureMode` twice,
+/// ARCHITECTURE.md "Stream order"): after a trim that waited on a fence, the
+/// thread's mode is the default, global, again.
+#[test]
+fn fence_waits_give_the_thread_its_capture_mode_back() {
+    let (pool, sim) = pool_with(CrossStreamReuse::WhenComplete, u64::MAX);
+    let s = stream(&sim);
+    let p = pool.allocate_async_raw(G, s).unwrap();
+    assert_eq!(sim.launch(s.0, p, G), CuResult::SUCCESS);
+    pool.free_async_raw(p, s).unwrap();
+    assert_eq!(sim.stream_call_count(SimStreamCall::ThreadExchangeCaptureMode), 0);
+    pool.trim().unwrap();
+    let exchanges = sim.stream_call_count(SimStreamCall::ThreadExchangeCaptureMode);
+    assert!(
+        exchanges >= 2 && exchanges % 2 == 0,
+        "relaxed, then restored: {exchanges}"
+    );
+    assert_eq!(
+        sim.thread_exchange_capture_mode(CaptureMode::Global),
+        CaptureMode::Global,
+        "the thread's mode is back"
+    );
+    assert_eq!(check(&pool).physical_bytes, 0, "the trim released the freed memory");
+    no_faults(&sim);
+}

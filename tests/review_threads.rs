@@ -1069,3 +1069,34 @@ fn segment_peaks_do_not_grow_with_threads() {
         }
     }
 }
+
+/// A guard's key carries the generation of its hand-out, and "a stale guard never
+/// frees a later allocation at the same address" holds however many hand-outs came
+/// between (table.rs: the generation has 46 bits, bumped at every hand-out, so it
+/// comes back only after 2^46 of them): a guard whose memory was freed behind it and
+/// handed out 8 more times by the cache frees nothing on drop. (A generation kept
+/// in fewer bits, or bumped so that it cycles, would meet an old key again within
+/// a few hand-outs: 8 covers every period up to 8.)
+#[test]
+fn a_guard_stale_by_eight_hand_outs_frees_nothing() {
+    let (pool, _sim) = pool(GIB, ReusePolicy::BestFit);
+    pool.retention_begin().unwrap();
+    let p = cache_handed(&pool, 2 * MIB);
+    pool.free_raw(p).unwrap();
+    let g = pool.allocate(2 * MIB).unwrap();
+    assert_eq!(g.ptr(), p);
+    let hits = pool.snapshot().thread_cache_hits;
+    for _ in 0..8 {
+        pool.free_raw(p).unwrap();
+        assert_eq!(pool.allocate_raw(2 * MIB).unwrap(), p);
+    }
+    assert_eq!(pool.snapshot().thread_cache_hits, hits + 8, "every one from the cache");
+    let s = check(&pool);
+    assert_eq!(s.live_count, 1);
+    drop(g);
+    assert_eq!(check(&pool), s, "the stale guard freed nothing");
+    pool.free_raw(p).unwrap();
+    pool.retention_finish().unwrap();
+    let s = check(&pool);
+    assert_eq!((s.live_count, s.allocations, s.frees), (0, 11, 11));
+}

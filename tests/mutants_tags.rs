@@ -1371,7 +1371,11 @@ fn destroy_forgets_a_sleeping_block_once() {
     let _awake = pool.allocate_raw(5000).unwrap();
     assert_eq!(check(&pool).live_requested_bytes, 6000);
     pool.sleep(7, SleepMode::Offload).unwrap();
-    assert_eq!(check(&pool).live_requested_bytes, 6000, "a sleeping block stays live");
+    assert_eq!(
+        check(&pool).live_requested_bytes,
+        6000,
+        "a sleeping block stays live"
+    );
     pool.destroy().unwrap();
     no_faults(&sim);
 }

@@ -912,7 +912,10 @@ fn destroy_gives_back_every_event_and_the_pools_stream() {
     sim.stream_complete(0);
     pool.trim().unwrap();
     let created = sim.stream_call_count(SimStreamCall::EventCreate);
-    assert!(created >= 1, "the fence of the free on s, whose kernel is queued");
+    assert!(
+        created >= 1,
+        "the fence of the free on s, whose kernel is queued"
+    );
     assert_eq!(sim.stream_call_count(SimStreamCall::StreamCreate), 2);
     assert_eq!(sim.stream_call_count(SimStreamCall::EventDestroy), 0);
     pool.destroy().unwrap();
@@ -933,7 +936,10 @@ fn fence_waits_give_the_thread_its_capture_mode_back() {
     let p = pool.allocate_async_raw(G, s).unwrap();
     assert_eq!(sim.launch(s.0, p, G), CuResult::SUCCESS);
     pool.free_async_raw(p, s).unwrap();
-    assert_eq!(sim.stream_call_count(SimStreamCall::ThreadExchangeCaptureMode), 0);
+    assert_eq!(
+        sim.stream_call_count(SimStreamCall::ThreadExchangeCaptureMode),
+        0
+    );
     pool.trim().unwrap();
     let exchanges = sim.stream_call_count(SimStreamCall::ThreadExchangeCaptureMode);
     assert!(
@@ -945,6 +951,10 @@ fn fence_waits_give_the_thread_its_capture_mode_back() {
         CaptureMode::Global,
         "the thread's mode is back"
     );
-    assert_eq!(check(&pool).physical_bytes, 0, "the trim released the freed memory");
+    assert_eq!(
+        check(&pool).physical_bytes,
+        0,
+        "the trim released the freed memory"
+    );
     no_faults(&sim);
 }

@@ -1090,7 +1090,11 @@ fn a_guard_stale_by_eight_hand_outs_frees_nothing() {
         pool.free_raw(p).unwrap();
         assert_eq!(pool.allocate_raw(2 * MIB).unwrap(), p);
     }
-    assert_eq!(pool.snapshot().thread_cache_hits, hits + 8, "every one from the cache");
+    assert_eq!(
+        pool.snapshot().thread_cache_hits,
+        hits + 8,
+        "every one from the cache"
+    );
     let s = check(&pool);
     assert_eq!(s.live_count, 1);
     drop(g);

@@ -757,6 +757,12 @@ fn a_recording_to_a_file_that_takes_no_sync_closes_quietly() {
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("1 passed"), "the child ran the test: {stdout}");
-    assert!(!stderr.contains("recording to /dev/null stopped"), "{stderr}");
+    assert!(
+        stdout.contains("1 passed"),
+        "the child ran the test: {stdout}"
+    );
+    assert!(
+        !stderr.contains("recording to /dev/null stopped"),
+        "{stderr}"
+    );
 }

@@ -613,6 +613,21 @@ fn check_invariants_catches_each_broken_invariant() {
             },
         ),
         (
+            // Sleeping bytes not held (offloaded or discarded blocks) alone: their
+            // sum with the held and offloaded bytes is not 0, though neither of those
+            // is.
+            "unheld sleeping bytes with no tag asleep",
+            "asleep",
+            Snapshot {
+                sleeping_count: 1,
+                sleeping_bytes: 1024,
+                sleeping_block_count: 1,
+                sleeping_block_bytes: 1024,
+                live_requested_bytes: v.live_requested_bytes + 1024,
+                ..v
+            },
+        ),
+        (
             "offloaded bytes with no tag asleep",
             "asleep",
             Snapshot {
@@ -780,6 +795,20 @@ fn check_invariants_catches_each_broken_invariant() {
                 live_requested_bytes: v.live_requested_bytes + 256,
                 thread_cache_bytes: v.thread_cache_bytes - 256,
                 capture_held_bytes: v.capture_held_bytes - 256,
+                ..v
+            },
+        ),
+        (
+            // Free block bytes alone off the 512-byte step (the live ones on it): the
+            // segment's mapped bytes, their sum, then off the granularity too, which
+            // is checked later and must not be what reports it.
+            "free block bytes not a multiple of 512",
+            "512",
+            Snapshot {
+                block_free_bytes: v.block_free_bytes + 256,
+                segment_mapped_bytes: v.segment_mapped_bytes + 256,
+                physical_bytes: v.physical_bytes + 256,
+                peak_physical_bytes: v.peak_physical_bytes + 256,
                 ..v
             },
         ),

@@ -1379,3 +1379,49 @@ fn destroy_forgets_a_sleeping_block_once() {
     pool.destroy().unwrap();
     no_faults(&sim);
 }
+
+/// A tag's request the driver refuses for another reason than memory (`cuMemCreate`
+/// answering CUDA_ERROR_UNKNOWN) is `Error::Driver` with that answer and the
+/// request rounded to the granularity, at once: only out-of-memory earns a release
+/// point and a retry (`oom_retries` stays 0), and the same request then succeeds.
+/// Segment mode (the growth of the tag's heap) and best-fit (a whole mapping). In
+/// best-fit, a retry's creation refused so is `Error::Driver` too, not
+/// `OutOfMemory`: the first creation out of memory, the retry's refused.
+#[test]
+fn a_tags_request_refused_for_another_reason_is_a_driver_error() {
+    for policy in [ReusePolicy::Segments, ReusePolicy::BestFit] {
+        let (pool, sim) = simulated_pool(GIB, PoolConfig::default().with_policy(policy));
+        sim.inject_failure(DriverCall::Create, 1, CuResult::UNKNOWN);
+        match pool.allocate_tagged_raw(1000, None, 7) {
+            Err(Error::Driver { source, bytes }) => {
+                assert_eq!(
+                    (source.call, source.code),
+                    (DriverCall::Create, CuResult::UNKNOWN),
+                    "{policy:?}"
+                );
+                assert_eq!(bytes, 2 * MIB, "{policy:?}");
+            }
+            other => panic!("{policy:?}: {other:?}"),
+        }
+        assert_eq!(check(&pool).oom_retries, 0, "{policy:?}");
+        if policy == ReusePolicy::BestFit {
+            sim.inject_failure(DriverCall::Create, 1, CuResult::OUT_OF_MEMORY);
+            sim.inject_failure(DriverCall::Create, 2, CuResult::UNKNOWN);
+            match pool.allocate_tagged_raw(1000, None, 7) {
+                Err(Error::Driver { source, .. }) => {
+                    assert_eq!(
+                        (source.call, source.code),
+                        (DriverCall::Create, CuResult::UNKNOWN)
+                    );
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(check(&pool).oom_retries, 1);
+        }
+        let p = pool.allocate_tagged_raw(1000, None, 7).unwrap();
+        pool.free_raw(p).unwrap();
+        pool.trim().unwrap();
+        assert_eq!(check(&pool).physical_bytes, 0, "{policy:?}");
+        no_faults(&sim);
+    }
+}

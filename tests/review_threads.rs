@@ -1104,3 +1104,58 @@ fn a_guard_stale_by_eight_hand_outs_frees_nothing() {
     let s = check(&pool);
     assert_eq!((s.live_count, s.allocations, s.frees), (0, 11, 11));
 }
+
+/// A block request that finds no fit and whose heap cannot grow (the device full)
+/// is served from blocks idle in another thread's cache: the caches go back into
+/// their heaps, where the freed blocks coalesce, and the request is carved there as
+/// an ordinary fit (inside a scope there is no release to retry after, so without
+/// that it would fail out of memory with the memory free). Here another thread's
+/// cache holds two adjacent 512 KiB blocks (its own frees, so this thread's refill
+/// from its own cache finds nothing), the rest of the one 2 MiB handle the device
+/// holds is live, and a 1 MiB request is carved from the two, at the first one's
+/// address.
+#[test]
+fn a_block_miss_on_a_full_device_takes_back_other_threads_cached_blocks() {
+    let (pool, _sim) = pool(2 * MIB, ReusePolicy::Segments);
+    pool.retention_begin().unwrap();
+    let live = pool.allocate_raw(MIB).unwrap();
+    let (freed, asked) = (Barrier::new(2), Barrier::new(2));
+    let got = thread::scope(|t| {
+        let other = t.spawn(|| {
+            let a = pool.allocate_raw(512 << 10).unwrap();
+            let b = pool.allocate_raw(512 << 10).unwrap();
+            assert_eq!(b, a + (512 << 10), "adjacent, after the live block");
+            pool.free_raw(a).unwrap();
+            pool.free_raw(b).unwrap();
+            freed.wait();
+            // This thread (and its cache) stays until the request is served.
+            asked.wait();
+            a
+        });
+        freed.wait();
+        assert_eq!(
+            pool.snapshot().thread_cache_bytes,
+            MIB,
+            "both in that thread's cache"
+        );
+        let got = pool.allocate_raw(MIB);
+        asked.wait();
+        (got, other.join().unwrap())
+    });
+    let (got, a) = got;
+    assert_eq!(
+        got.unwrap(),
+        a,
+        "carved from the two freed blocks, coalesced"
+    );
+    let s = check(&pool);
+    assert_eq!((s.thread_cache_bytes, s.physical_bytes), (0, 2 * MIB));
+    assert_eq!(
+        s.reuse_forced_hits, 0,
+        "an ordinary fit in the heap, not a forced reuse"
+    );
+    pool.free_raw(a).unwrap();
+    pool.free_raw(live).unwrap();
+    pool.retention_finish().unwrap();
+    assert_eq!(check(&pool).live_count, 0);
+}

@@ -398,3 +398,49 @@ fn releasing_a_segment_handle_returns() {
         .expect("the releases return");
     assert_eq!(got, (0, 0), "both handles released");
 }
+
+/// A device synchronize covers every free made before it: a segment's handle freed
+/// before a synchronize (made to release a whole mapping) is released later with
+/// no synchronize of its own (the books keep the ticket of the last synchronize
+/// made and each segment's last free's: release.rs, segments.rs). Threshold 2 MiB: the freed handle (2 MiB of free blocks) is kept; the
+/// whole mapping freed after it goes over the threshold and is released, after one
+/// synchronize; the trim then releases the handle with none.
+#[test]
+fn a_synchronize_covers_a_segment_freed_before_it() {
+    let (pool, sim) = simulated_pool(
+        SimConfig::default().capacity_bytes,
+        PoolConfig {
+            reuse_policy: ReusePolicy::Segments,
+            release_threshold_bytes: G,
+            segment_whole_threshold_bytes: G,
+            ..PoolConfig::default()
+        },
+    );
+    let b = pool.allocate_raw(4096).unwrap();
+    let w = pool.allocate_raw(4 * MIB).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.segment_mapped_bytes, s.live_mapped_bytes), (G, 4 * MIB));
+    pool.free_raw(b).unwrap();
+    assert_eq!(
+        check(&pool).block_free_bytes,
+        G,
+        "kept: 2 MiB, at the threshold"
+    );
+    assert_eq!(sim.call_count(DriverCall::Synchronize), 0);
+    pool.free_raw(w).unwrap();
+    let s = check(&pool);
+    assert_eq!(
+        (s.idle_bytes, s.physical_bytes),
+        (0, G),
+        "the whole mapping released"
+    );
+    assert_eq!(sim.call_count(DriverCall::Synchronize), 1);
+    pool.trim().unwrap();
+    assert_eq!(check(&pool).physical_bytes, 0);
+    assert_eq!(
+        sim.call_count(DriverCall::Synchronize),
+        1,
+        "the handle's free came before that synchronize"
+    );
+    assert_driver_empty(&pool);
+}

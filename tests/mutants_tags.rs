@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{check, no_faults, simulated_pool, GIB, MIB};
+use common::{assert_driver_empty, check, no_faults, simulated_pool, GIB, MIB};
 use flare_package::driver::sim::{SimDriver, SimStreamCall};
 use flare_package::{
     CuResult, DevicePtr, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SleepMode,
@@ -1424,4 +1424,44 @@ fn a_tags_request_refused_for_another_reason_is_a_driver_error() {
         assert_eq!(check(&pool).physical_bytes, 0, "{policy:?}");
         no_faults(&sim);
     }
+}
+
+/// A wake whose mapping step fails undoes the piece: the handle it created is
+/// released, and where the driver refuses that too it keeps the handle, which the
+/// books take as the sleeping allocation's held handle. It is the tag's physical
+/// memory from then on (`TagCensus::physical_bytes`, 2 MiB, as in the pool's
+/// `physical_bytes` and `sleeping_held_bytes`), and the next wake maps it (no new
+/// handle) and succeeds.
+#[test]
+fn a_handle_kept_by_a_failed_wake_is_the_tags_physical_memory() {
+    let (pool, sim) = simulated_pool(GIB, PoolConfig::default());
+    let p = pool.allocate_tagged_raw(2 * MIB, None, 7).unwrap();
+    pool.sleep(7, SleepMode::Discard).unwrap();
+    assert_eq!(pool.tag_census(7).physical_bytes, 0);
+    sim.inject_failure(DriverCall::Map, 1, CuResult::UNKNOWN);
+    sim.inject_failure(DriverCall::Release, 1, CuResult::UNKNOWN);
+    match pool.wake(7) {
+        Err(Error::Driver { source, .. }) => assert_eq!(source.call, DriverCall::Map),
+        other => panic!("{other:?}"),
+    }
+    let s = check(&pool);
+    assert_eq!(
+        (s.physical_bytes, s.sleeping_held_bytes),
+        (2 * MIB, 2 * MIB)
+    );
+    let c = pool.tag_census(7);
+    assert!(c.sleeping);
+    assert_eq!(c.physical_bytes, 2 * MIB, "the kept handle is the tag's");
+    let creates = sim.call_count(DriverCall::Create);
+    pool.wake(7).unwrap();
+    assert_eq!(
+        sim.call_count(DriverCall::Create),
+        creates,
+        "the kept handle is mapped"
+    );
+    assert_eq!(pool.tag_census(7).physical_bytes, 2 * MIB);
+    pool.free_raw(p).unwrap();
+    pool.trim().unwrap();
+    assert_eq!(check(&pool).physical_bytes, 0);
+    assert_driver_empty(&pool);
 }

@@ -1465,3 +1465,34 @@ fn a_handle_kept_by_a_failed_wake_is_the_tags_physical_memory() {
     assert_eq!(check(&pool).physical_bytes, 0);
     assert_driver_empty(&pool);
 }
+
+/// `Pool::wake`: "Errors: `Error::TagState` when the tag does not sleep", and the
+/// pending retry it makes first is part of a wake: a wake refused so releases
+/// nothing. With a release refused part-way (the handle's `cuMemRelease`: the
+/// mapping pending, 2 MiB), a wake of a tag that is awake (one live allocation) or
+/// unknown is refused and the pending mapping stays pending, with no driver call;
+/// the next release point (a trim) releases it.
+#[test]
+fn a_refused_wake_leaves_what_is_pending() {
+    let (pool, sim) = simulated_pool(GIB, PoolConfig::default());
+    let kept = pool.allocate_tagged_raw(2 * MIB, None, 7).unwrap();
+    let p = pool.allocate_raw(2 * MIB).unwrap();
+    sim.inject_failure(DriverCall::Release, 1, CuResult::UNKNOWN);
+    let _ = pool.free_raw(p);
+    let s = check(&pool);
+    assert_eq!((s.pending_count, s.pending_bytes), (1, 2 * MIB));
+    let releases = sim.call_count(DriverCall::Release);
+    for tag in [7, 8] {
+        assert!(
+            matches!(pool.wake(tag), Err(Error::TagState { .. })),
+            "tag {tag}"
+        );
+        assert_eq!(check(&pool).pending_count, 1, "tag {tag}");
+    }
+    assert_eq!(sim.call_count(DriverCall::Release), releases);
+    pool.trim().unwrap();
+    assert_eq!(check(&pool).pending_count, 0);
+    pool.free_raw(kept).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+}

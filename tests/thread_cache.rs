@@ -1286,3 +1286,29 @@ fn a_mapping_moved_out_of_another_threads_cache_leaves_its_bytes_bound() {
     pool.retention_finish().unwrap();
     released_once(&pool, &sim);
 }
+
+/// A remote list's bound counts what is on it now: an owner that takes its list
+/// gives its bytes back to the bound. With a 4 MiB cache bound, one 2 MiB
+/// allocation freed on another thread three times over (the owner taking it back in
+/// between) goes to the owner's remote list all three times (`remote_frees` 3), never
+/// to the books: at most 2 MiB is ever on the list.
+#[test]
+fn a_remote_list_taken_back_frees_its_bound() {
+    let (pool, sim) = pool_with(PoolConfig {
+        thread_cache_bytes: 4 * MIB,
+        ..PoolConfig::default()
+    });
+    let (a, mut p) = cache_handed(&pool);
+    for round in 1..=3u64 {
+        thread::scope(|t| {
+            t.spawn(|| pool.free_raw(p).unwrap()).join().unwrap();
+        });
+        assert_eq!(check(&pool).remote_frees, round, "round {round}");
+        p = pool.allocate_raw(2 * MIB).unwrap();
+        assert_eq!(p, a, "round {round}: the owner takes it back");
+        assert_eq!(check(&pool).thread_cache_hits, 1 + round);
+    }
+    pool.free_raw(p).unwrap();
+    pool.retention_finish().unwrap();
+    released_once(&pool, &sim);
+}

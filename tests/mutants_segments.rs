@@ -444,3 +444,26 @@ fn a_synchronize_covers_a_segment_freed_before_it() {
     );
     assert_driver_empty(&pool);
 }
+
+/// ARCHITECTURE.md, "Segments": "The reservation is the device's total memory
+/// rounded to the granularity (capped at 1 TiB), so a heap class never needs a
+/// second segment for lack of address space while the device has memory". On a
+/// 1 GiB device the first block reserves 1 GiB (one reservation call), and a second
+/// growth (a 4 MiB block after a 2 MiB one filled the first handle) maps in the same
+/// segment: one segment, no second reservation.
+#[test]
+fn a_segment_reserves_the_devices_total_memory() {
+    let (pool, sim) = seg_pool(u64::MAX);
+    let a = pool.allocate_raw(2 * MIB).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.segment_count, s.reserved_bytes), (1, 1 << 30));
+    let b = pool.allocate_raw(4 * MIB).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.segment_count, s.reserved_bytes), (1, 1 << 30));
+    assert_eq!(s.segment_mapped_bytes, 6 * MIB);
+    assert_eq!(sim.call_count(DriverCall::Reserve), 1);
+    pool.free_raw(a).unwrap();
+    pool.free_raw(b).unwrap();
+    pool.trim().unwrap();
+    assert_driver_empty(&pool);
+}

@@ -1496,3 +1496,40 @@ fn a_refused_wake_leaves_what_is_pending() {
     pool.trim().unwrap();
     assert_driver_empty(&pool);
 }
+
+/// A tag's block freed with the synchronous `free` waits for that tag's synchronous
+/// allocations (its own `TagBlocks` bucket), never another tag's: after tag 7 frees
+/// a block, tag 8's request of the same size grows tag 8's own heap (a 2 MiB handle
+/// of its own) and gets another address.
+#[test]
+fn a_tags_freed_block_waits_for_that_tag_only() {
+    let (pool, _sim) = keeping_segments(16 * GIB);
+    let x = pool.allocate_tagged_raw(1000, None, 7).unwrap();
+    let _kept = pool.allocate_tagged_raw(1000, None, 7).unwrap();
+    pool.free_raw(x).unwrap();
+    let y = pool.allocate_tagged_raw(1000, None, 8).unwrap();
+    assert_ne!(y, x, "a tag's freed block is no other tag's");
+    assert_eq!(pool.tag_census(8).physical_bytes, 2 * MIB);
+    // Tag 7's next request is carved from its heap's free end first (after x and
+    // the kept block, 1024 bytes each); the freed block waits whole.
+    assert_eq!(pool.allocate_tagged_raw(1000, None, 7).unwrap(), x + 2048);
+    check(&pool);
+}
+
+/// A tag's census reads the same after a sleep and a wake in segment mode: its 2 MiB
+/// handle holds one live 1024-byte block (1000 bytes asked, 512-byte steps), the
+/// rest idle (`idle_bytes` 2 MiB - 1024), and the wake books the block live again.
+#[test]
+fn a_tags_census_reads_the_same_after_a_sleep_and_a_wake() {
+    let (pool, _sim) = keeping_segments(16 * GIB);
+    let _p = pool.allocate_tagged_raw(1000, None, 7).unwrap();
+    let c = pool.tag_census(7);
+    assert_eq!((c.idle_bytes, c.physical_bytes), (2 * MIB - 1024, 2 * MIB));
+    pool.sleep(7, SleepMode::Offload).unwrap();
+    assert_eq!(pool.tag_census(7).physical_bytes, 0);
+    pool.wake(7).unwrap();
+    let c = pool.tag_census(7);
+    assert_eq!((c.idle_bytes, c.physical_bytes), (2 * MIB - 1024, 2 * MIB));
+    assert!(!c.sleeping);
+    check(&pool);
+}

@@ -1312,3 +1312,72 @@ fn a_remote_list_taken_back_frees_its_bound() {
     pool.retention_finish().unwrap();
     released_once(&pool, &sim);
 }
+
+/// A block the books handed out (allocated outside a scope, the caches closed) and
+/// freed with the synchronous `free` inside one is cached when it may be held there
+/// ("a block of at most 1 MiB of the synchronous API's heap"): the next allocation
+/// of its size hits it.
+#[test]
+fn a_books_handed_small_block_freed_in_a_scope_is_cached() {
+    let (pool, sim) = seg_pool();
+    let b = pool.allocate_raw(4096).unwrap();
+    pool.retention_begin().unwrap();
+    pool.free_raw(b).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.thread_cache_count, s.thread_cache_bytes), (1, 4096));
+    assert_eq!(pool.allocate_raw(4096).unwrap(), b);
+    assert_eq!(check(&pool).thread_cache_hits, 1);
+    pool.free_raw(b).unwrap();
+    pool.retention_finish().unwrap();
+    pool.trim().unwrap();
+    assert_eq!(check(&pool).physical_bytes, 0);
+    no_faults(&sim);
+}
+
+/// A small block's miss takes back into the heaps only what can serve it: the blocks
+/// the caches hold (they coalesce there), not another thread's whole mapping, which
+/// stays in that thread's cache ("the other entries stay where they are").
+#[test]
+fn a_small_blocks_miss_leaves_other_threads_whole_mappings_cached() {
+    let (pool, _sim) = pool_with(PoolConfig {
+        reuse_policy: ReusePolicy::Segments,
+        segment_whole_threshold_bytes: 2 * MIB,
+        ..PoolConfig::default()
+    });
+    pool.retention_begin().unwrap();
+    let (freed, done) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+    // Snapshots taken while the other thread holds its cache, checked after it is
+    // let go (a failed check must not leave it waiting).
+    let (before, after) = thread::scope(|t| {
+        t.spawn(|| {
+            let w = pool.allocate_raw(4 * MIB).unwrap();
+            pool.free_raw(w).unwrap();
+            freed.wait();
+            done.wait();
+        });
+        freed.wait();
+        let before = pool.snapshot();
+        let b = pool.allocate_raw(4096);
+        let after = pool.snapshot();
+        if let Ok(b) = b {
+            let _ = pool.free_raw(b);
+        }
+        done.wait();
+        (before, after)
+    });
+    assert_eq!(
+        (before.thread_cache_bytes, before.live_mapped_bytes),
+        (4 * MIB, 0)
+    );
+    assert_eq!(
+        after.thread_cache_bytes,
+        4 * MIB,
+        "the whole mapping stays cached"
+    );
+    assert_eq!(
+        (after.block_live_bytes, after.segment_mapped_bytes),
+        (4096, 2 * MIB)
+    );
+    pool.retention_finish().unwrap();
+    assert_eq!(check(&pool).live_count, 0);
+}

@@ -1533,3 +1533,23 @@ fn a_tags_census_reads_the_same_after_a_sleep_and_a_wake() {
     assert!(!c.sleeping);
     check(&pool);
 }
+
+/// Tag 0's census counts what the pool holds less the other tags': with one
+/// untagged live 2 MiB mapping, and tag 7's 2 MiB mapping asleep (discarded: its
+/// bytes are the pool's `sleeping_bytes`, none held), tag 0's live bytes are its
+/// own 2 MiB (4 MiB live in the pool, less tag 7's 2 MiB), as are its physical
+/// bytes (tag 7 holds none).
+#[test]
+fn tag_zeros_census_counts_its_live_mapping() {
+    let (pool, _sim) = simulated_pool(GIB, PoolConfig::default());
+    let _p = pool.allocate_raw(2 * MIB).unwrap();
+    let _q = pool.allocate_tagged_raw(2 * MIB, None, 7).unwrap();
+    pool.sleep(7, SleepMode::Discard).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.sleeping_bytes, s.sleeping_held_bytes), (2 * MIB, 0));
+    let c = pool.tag_census(0);
+    assert_eq!(
+        (c.live_count, c.live_bytes, c.physical_bytes),
+        (1, 2 * MIB, 2 * MIB)
+    );
+}

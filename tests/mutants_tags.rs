@@ -1384,9 +1384,9 @@ fn destroy_forgets_a_sleeping_block_once() {
 /// answering CUDA_ERROR_UNKNOWN) is `Error::Driver` with that answer and the
 /// request rounded to the granularity, at once: only out-of-memory earns a release
 /// point and a retry (`oom_retries` stays 0), and the same request then succeeds.
-/// Segment mode (the growth of the tag's heap) and best-fit (a whole mapping). In
-/// best-fit, a retry's creation refused so is `Error::Driver` too, not
-/// `OutOfMemory`: the first creation out of memory, the retry's refused.
+/// Segment mode (the growth of the tag's heap) and best-fit (a whole mapping). A
+/// retry's creation refused so is `Error::Driver` too, not `OutOfMemory`: the first
+/// creation out of memory (one release point, `oom_retries` 1), the retry's refused.
 #[test]
 fn a_tags_request_refused_for_another_reason_is_a_driver_error() {
     for policy in [ReusePolicy::Segments, ReusePolicy::BestFit] {
@@ -1404,7 +1404,7 @@ fn a_tags_request_refused_for_another_reason_is_a_driver_error() {
             other => panic!("{policy:?}: {other:?}"),
         }
         assert_eq!(check(&pool).oom_retries, 0, "{policy:?}");
-        if policy == ReusePolicy::BestFit {
+        {
             sim.inject_failure(DriverCall::Create, 1, CuResult::OUT_OF_MEMORY);
             sim.inject_failure(DriverCall::Create, 2, CuResult::UNKNOWN);
             match pool.allocate_tagged_raw(1000, None, 7) {

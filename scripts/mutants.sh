@@ -61,6 +61,15 @@ if ! cargo mutants --version 2>/dev/null | grep -q "cargo-mutants ${want_version
 fi
 
 bar=${MUTANTS_BAR:-95}
+# K/N with 0 <= K < N (a part or shard), checked before anything runs.
+for v in MUTANTS_REST MUTANTS_SHARD; do
+  val=${!v:-}
+  [ -z "$val" ] && continue
+  if ! [[ "$val" =~ ^([0-9]+)/([1-9][0-9]*)$ ]] || [ "${BASH_REMATCH[1]}" -ge "${BASH_REMATCH[2]}" ]; then
+    echo "$v=$val: expected K/N with 0 <= K < N (0-based part K of N)" >&2
+    exit 2
+  fi
+done
 jobs=${MUTANTS_JOBS:-1}
 extra=()
 # nextest, where installed (MUTANTS_TOOL=cargo for cargo test): it runs the binaries'
@@ -119,6 +128,12 @@ export CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_INCREMENTAL=true 
   CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 CARGO_PROFILE_RELEASE_OVERFLOW_CHECKS=true
 areas=("$@")
 [ ${#areas[@]} -eq 0 ] && areas=(pool sim ffi)
+for area in "${areas[@]}"; do
+  case "$area" in
+    pool | sim | ffi) ;;
+    *) echo "unknown area $area (pool, sim or ffi)" >&2; exit 2 ;;
+  esac
+done
 
 equivalent=scripts/mutants-equivalent.txt
 mkdir -p mutants.out
@@ -439,7 +454,10 @@ for line in open(sys.argv[2]):
       pass "$out" 1 0 "${run_files[@]}" "${again[@]}" "${lib_tests[@]}" "${cpu_tests[@]}"
     fi
   fi
-  [ "${MUTANTS_REPORT:-0}" != 1 ] && printf '%s\n' "$seen" >"$out/commit.txt"
+  # (No directory when nothing was left to run.)
+  if [ "${MUTANTS_REPORT:-0}" != 1 ] && [ -d "$out" ]; then
+    printf '%s\n' "$seen" >"$out/commit.txt"
+  fi
   summarize "$area" "${files[@]}" >>"$summary" || failed=1
 done
 

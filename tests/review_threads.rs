@@ -1076,7 +1076,7 @@ fn segment_peaks_do_not_grow_with_threads() {
 /// comes back only after 2^46 of them): a guard whose memory was freed behind it and
 /// handed out 8 more times by the cache frees nothing on drop. (A generation kept
 /// in fewer bits, or bumped so that it cycles, would meet an old key again within
-/// a few hand-outs: 8 covers every period up to 8.)
+/// a few hand-outs: 8 hand-outs meet it for every period that divides 8.)
 #[test]
 fn a_guard_stale_by_eight_hand_outs_frees_nothing() {
     let (pool, _sim) = pool(GIB, ReusePolicy::BestFit);
@@ -1105,44 +1105,44 @@ fn a_guard_stale_by_eight_hand_outs_frees_nothing() {
     assert_eq!((s.live_count, s.allocations, s.frees), (0, 11, 11));
 }
 
-/// A block request that finds no fit and whose heap cannot grow (the device full)
-/// is served from blocks idle in another thread's cache: the caches go back into
-/// their heaps, where the freed blocks coalesce, and the request is carved there as
-/// an ordinary fit (inside a scope there is no release to retry after, so without
-/// that it would fail out of memory with the memory free). Here another thread's
-/// cache holds two adjacent 512 KiB blocks (its own frees, so this thread's refill
-/// from its own cache finds nothing), the rest of the one 2 MiB handle the device
-/// holds is live, and a 1 MiB request is carved from the two, at the first one's
-/// address.
+/// "A miss of the pool drains every cache before it creates memory" (`PoolConfig`'s
+/// thread caches): a block request that no heap fits is served from blocks idle in
+/// another thread's cache, which go back to their heap, coalesce there and are
+/// carved as an ordinary fit (no forced reuse, no new handle: the device, one 2 MiB
+/// handle, has no room for one anyway). Here another thread's cache holds two
+/// adjacent 512 KiB blocks (its own frees, so this thread's own cache is empty),
+/// the rest of the handle is live, and a 1 MiB request is carved from the two, at
+/// the first one's address.
 #[test]
 fn a_block_miss_on_a_full_device_takes_back_other_threads_cached_blocks() {
     let (pool, _sim) = pool(2 * MIB, ReusePolicy::Segments);
     pool.retention_begin().unwrap();
     let live = pool.allocate_raw(MIB).unwrap();
     let (freed, asked) = (Barrier::new(2), Barrier::new(2));
-    let got = thread::scope(|t| {
+    // Values are checked after both threads are done: a failed check must not
+    // leave the other waiting at a barrier.
+    let (a, b, cached, got) = thread::scope(|t| {
         let other = t.spawn(|| {
-            let a = pool.allocate_raw(512 << 10).unwrap();
-            let b = pool.allocate_raw(512 << 10).unwrap();
-            assert_eq!(b, a + (512 << 10), "adjacent, after the live block");
-            pool.free_raw(a).unwrap();
-            pool.free_raw(b).unwrap();
+            let a = pool.allocate_raw(512 << 10);
+            let b = pool.allocate_raw(512 << 10);
+            for p in [&a, &b].into_iter().flatten() {
+                let _ = pool.free_raw(*p);
+            }
             freed.wait();
             // This thread (and its cache) stays until the request is served.
             asked.wait();
-            a
+            (a, b)
         });
         freed.wait();
-        assert_eq!(
-            pool.snapshot().thread_cache_bytes,
-            MIB,
-            "both in that thread's cache"
-        );
+        let cached = pool.snapshot().thread_cache_bytes;
         let got = pool.allocate_raw(MIB);
         asked.wait();
-        (got, other.join().unwrap())
+        let (a, b) = other.join().unwrap();
+        (a, b, cached, got)
     });
-    let (got, a) = got;
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(b, a + (512 << 10), "adjacent, after the live block");
+    assert_eq!(cached, MIB, "both in that thread's cache");
     assert_eq!(
         got.unwrap(),
         a,

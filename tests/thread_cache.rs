@@ -1349,11 +1349,11 @@ fn a_small_blocks_miss_leaves_other_threads_whole_mappings_cached() {
     // Snapshots taken while the other thread holds its cache, checked after it is
     // let go (a failed check must not leave it waiting).
     let (before, after) = thread::scope(|t| {
-        t.spawn(|| {
-            let w = pool.allocate_raw(4 * MIB).unwrap();
-            pool.free_raw(w).unwrap();
+        let other = t.spawn(|| {
+            let r = pool.allocate_raw(4 * MIB).and_then(|w| pool.free_raw(w));
             freed.wait();
             done.wait();
+            r
         });
         freed.wait();
         let before = pool.snapshot();
@@ -1363,6 +1363,7 @@ fn a_small_blocks_miss_leaves_other_threads_whole_mappings_cached() {
             let _ = pool.free_raw(b);
         }
         done.wait();
+        other.join().unwrap().unwrap();
         (before, after)
     });
     assert_eq!(

@@ -1471,7 +1471,7 @@ impl Pool {
     /// next wake skips it (when that mapping is the one whose copy was refused, its
     /// contents are unspecified: two refusals in a row on one mapping).
     ///
-    /// Errors: [`Error::TagState`] when the tag does not sleep;
+    /// Errors: [`Error::TagState`] when the tag does not sleep (nothing done, pending kept);
     /// [`Error::OutOfMemory`] when the device is full (nothing released to make
     /// room: free memory or trim, then wake again); [`Error::Driver`] for another
     /// refused call.

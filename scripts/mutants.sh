@@ -162,12 +162,21 @@ pass() {
   else
     rm -rf "$out" "$out.tmp"
   fi
+  local rc=0
   # shellcheck disable=SC2086
   FLARE_MUTANTS_C=$c_programs \
     cargo mutants "$@" --output "$out.tmp" --jobs "$jobs" \
       --test-workspace=false --features mutants-suite --profile release \
       "${extra[@]}" "${sh[@]}" "${it[@]}" --minimum-test-timeout 60 \
-      ${MUTANTS_ARGS:-} >/dev/null || true
+      ${MUTANTS_ARGS:-} >/dev/null || rc=$?
+  # 4: the unmutated tree's tests failed (a tree edited while the run copied it,
+  # say), so nothing was tested: the earlier results stay as they were (an
+  # --iterate pass would otherwise replace them with empty lists).
+  if [ "$rc" = 4 ]; then
+    echo "== $out: the tests fail on the unmutated tree; nothing tested, earlier results kept" >&2
+    rm -rf "$out.tmp"
+    exit 4
+  fi
   rm -rf "$out"
   mv "$out.tmp/mutants.out" "$out" 2>/dev/null || mv "$out.tmp" "$out"
   rm -rf "$out.tmp"

@@ -47,11 +47,14 @@ static void test_record(void) {
 }
 
 /* A path in a missing directory: the pool is created and serves calls; the error
- * goes to standard error once (not checked here), no call fails. */
+ * goes to standard error once (not checked here) and is kept
+ * (flare_pool_record_error), no call fails. An empty path is a mistake the header
+ * says flare_pool_create refuses: INVALID_ARGUMENT, no pool written. */
 static void test_record_unwritable(void) {
     FlarePoolConfig cfg;
     FlarePool *pool = NULL;
     void *a = NULL;
+    char err[256];
     int i;
     flare_pool_config_init(&cfg, sizeof cfg);
     cfg.backend = FLARE_BACKEND_SIMULATED;
@@ -61,10 +64,16 @@ static void test_record_unwritable(void) {
         OK(flare_package_allocate(pool, MiB, &a));
         OK(flare_package_free(pool, a));
     }
+    CHECK(flare_pool_record_error(pool, err, sizeof err) > 0);
+    CHECK(strstr(err, "/nonexistent-flare-dir/x.trace") != NULL);
     OK(flare_pool_destroy(pool));
-    /* An empty path is refused; an older caller's struct_size leaves it NULL. */
+    /* An empty path is refused and nothing is written to the output; an older
+     * caller's struct_size leaves it NULL. */
     cfg.record_path = "";
+    pool = NULL;
     CHECK_STATUS(flare_pool_create(&cfg, &pool), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK(pool == NULL);
+    CHECK(last_error_contains("record_path is empty"));
     cfg.struct_size = 96;
     OK(flare_pool_create(&cfg, &pool));
     OK(flare_pool_destroy(pool));

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the release static library, then compiles and runs the C11 and C++17 ABI
-# tests, the C++17 tag program (tags.cpp) and the C program of README.md (extracted from it, so that the README cannot
+# tests, the C++17 tag program (tags.cpp), the out-of-memory path of flare_torch_alloc
+# (torch_oom.cpp with a stand-in for PyTorch's torchCheckFail, fake_c10.cpp) and the C program of README.md (extracted from it, so that the README cannot
 # drift) against it: plainly, under AddressSanitizer + UndefinedBehaviorSanitizer
 # (leak detection on), under valgrind (memcheck, definite leaks are errors), and the
 # CMake consumer project when cmake is present. Exits non-zero on any failure.
@@ -73,6 +74,25 @@ compile() { # compile OUT LANG(c|cpp|tags) EXTRA_FLAGS...
   fi
 }
 
+# torch_oom.cpp (issue 34) in four processes (its handler lookup is once per process):
+# the stand-in torchCheckFail in the program (exported, as a program linked with
+# libc10 has it), with and without FLARE_TORCH_OOM=null; in a library whose SONAME is
+# libc10.so that the program dlopens RTLD_LOCAL (as Python imports PyTorch's); nowhere.
+build_torch_oom() { # build_torch_oom SUFFIX EXTRA_FLAGS...
+  local sfx=$1; shift
+  mkdir -p "$build/c10$sfx"
+  g++ -std=c++17 "${warn[@]}" -g "$@" -shared -fPIC -Wl,-soname,libc10.so "$here/fake_c10.cpp" -o "$build/c10$sfx/libc10.so"
+  g++ -std=c++17 "${warn[@]}" -g "$@" -rdynamic -I"$root/include" "$here/torch_oom.cpp" "$here/fake_c10.cpp" "$lib" "${syslibs[@]}" -o "$build/torch_oom_exe$sfx"
+  g++ -std=c++17 "${warn[@]}" -g "$@" -I"$root/include" "$here/torch_oom.cpp" "$lib" "${syslibs[@]}" -o "$build/torch_oom$sfx"
+}
+run_torch_oom() { # run_torch_oom LABEL SUFFIX [WRAPPER...]
+  local label=$1 sfx=$2; shift 2
+  run "torch OOM, torchCheckFail in the program$label" "$@" "$build/torch_oom_exe$sfx" throws
+  run "torch OOM, FLARE_TORCH_OOM=null$label" env FLARE_TORCH_OOM=null "$@" "$build/torch_oom_exe$sfx" null
+  run "torch OOM, libc10.so loaded RTLD_LOCAL$label" "$@" "$build/torch_oom$sfx" throws "$build/c10$sfx/libc10.so"
+  run "torch OOM, no torchCheckFail$label" "$@" "$build/torch_oom$sfx" null
+}
+
 echo "== header alone compiles as C11 and C++17"
 printf '#include "flare_package.h"\n#include "flare_package.h"\nint main(void) { return 0; }\n' > "$build/header_only.c"
 gcc -std=c11 "${warn[@]}" -I"$root/include" -fsyntax-only "$build/header_only.c"
@@ -96,10 +116,12 @@ compile "$build/lifecycle_c" c -O2
 compile "$build/lifecycle_cpp" cpp -O2
 compile "$build/tags_cpp" tags -O2
 compile_readme "$build/readme_example" -O2
+build_torch_oom "" -O2
 run "C11" "$build/lifecycle_c"
 run "C++17" "$build/lifecycle_cpp"
 run "C++17 tags" "$build/tags_cpp"
 run_exit0 "README example" "$build/readme_example"
+run_torch_oom "" ""
 
 if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer (detect_leaks=1)"
@@ -108,12 +130,14 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   compile "$build/lifecycle_cpp_asan" cpp "${san[@]}"
   compile "$build/tags_cpp_asan" tags "${san[@]}"
   compile_readme "$build/readme_example_asan" -g "${san[@]}"
+  build_torch_oom _asan "${san[@]}"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   run "C11 asan+ubsan" "$build/lifecycle_c_asan"
   run "C++17 asan+ubsan" "$build/lifecycle_cpp_asan"
   run "C++17 tags asan+ubsan" "$build/tags_cpp_asan"
   run_exit0 "README example asan+ubsan" "$build/readme_example_asan"
+  run_torch_oom " asan+ubsan" _asan
   unset ASAN_OPTIONS UBSAN_OPTIONS
 fi
 
@@ -125,6 +149,9 @@ if [ "${SKIP_VALGRIND:-0}" != 1 ]; then
   run "C++17 valgrind" "${vg[@]}" "$build/lifecycle_cpp"
   run "C++17 tags valgrind" "${vg[@]}" "$build/tags_cpp"
   run_exit0 "README example valgrind" "${vg[@]}" "$build/readme_example"
+  # The process-wide PyTorch allocator is never destroyed: its tables show as
+  # "possibly lost" (interior pointers); definite leaks are still errors.
+  run_torch_oom " valgrind" "" "${vg[@]}" --show-possibly-lost=no
 fi
 
 if command -v cmake >/dev/null; then

@@ -371,8 +371,12 @@ typedef struct FlarePoolConfig {
      * during `flare_pool_create` only (the caller keeps ownership). The file is
      * created or truncated then; lines are buffered and written by a thread of
      * the pool's; `flare_pool_destroy` writes the rest. A file that cannot be
-     * created or written (a missing directory, a full disk) stops the recording
-     * and never fails a call: the error is printed once on standard error. At
+     * created or written (a missing directory, no permission, a full disk) stops
+     * the recording and never fails a call, `flare_pool_create` included: the
+     * error is printed once on standard error and kept
+     * (`flare_pool_record_error`). An empty string names no file: a mistake,
+     * refused by `flare_pool_create` with `FLARE_STATUS_INVALID_ARGUMENT`
+     * (nothing is made; issue 34). At
      * offset 96. Added in 0.1.0 after `thread_cache_bytes` (`sizeof` grew from 96
      * to 104): an older caller's `struct_size` of 96 leaves it NULL.
      */
@@ -1462,13 +1466,19 @@ enum FlareStatus flare_sim_faults(const struct FlarePool *pool, uint64_t *out_fa
 
 /**
  * Sets the function `flare_torch_alloc` calls when an allocation fails, instead of
- * returning NULL (which PyTorch's per-tensor path wraps in a tensor without
- * checking, pytorch #133280). NULL: none (failures return NULL). The Python package
- * passes PyTorch's own `c10::detail::torchCheckFail` (looked up in `libc10.so`),
- * which throws `c10::Error`: Python sees a `RuntimeError` with our message (the
- * request, the device, the pool's live and idle bytes), and PyTorch's allocator
- * state is untouched (it records an allocation only after our function returns).
- * Process-wide; thread-safe.
+ * returning NULL (which PyTorch's per-tensor path wraps in a tensor at address 0
+ * without checking, pytorch #133280). The Python package's `install()` passes
+ * PyTorch's own `c10::detail::torchCheckFail` (looked up in `libc10.so`), which
+ * throws `c10::Error`: Python sees a `RuntimeError` with our message (the request,
+ * the device, the pool's live and idle bytes), and PyTorch's allocator state is
+ * untouched (it records an allocation only after our function returns).
+ *
+ * The order on failure (issue 34): this handler; else, unless the environment has
+ * `FLARE_TORCH_OOM=null`, that same `torchCheckFail` found in the process by the
+ * library itself (looked up once, at the first failure with no handler set: the
+ * global scope, then `libc10.so` if loaded), so that the pair loaded without the
+ * Python package raises too; else NULL is returned. NULL here sets no handler
+ * (back to that order's second step). Process-wide; thread-safe.
  *
  * # Safety
  * `handler` is NULL or a function of that type that never returns normally, or
@@ -1493,15 +1503,19 @@ void flare_torch_set_oom_handler(FlareTorchOomHandler handler);
  *
  * Returns the device address, or on failure (out of memory after releasing what
  * may be released, request larger than the device, no driver, a bad environment
- * variable): with an out-of-memory handler set, calls it (it throws; see
- * `flare_torch_set_oom_handler`), else returns NULL. Either way the thread's last
+ * variable): calls the out-of-memory handler if there is one (it throws): the one
+ * set with `flare_torch_set_oom_handler`, else PyTorch's `torchCheckFail` found in
+ * the process unless `FLARE_TORCH_OOM=null` (issue 34; see
+ * `flare_torch_set_oom_handler`); else returns NULL. Either way the thread's last
  * error holds the message: the request in bytes, the device, the error (with the
  * driver call and code), and the tensor pool's live and idle bytes. Thread-safe.
  *
  * # Safety
  * `stream` is NULL or a live stream of `device` (only passed to the driver). Any
  * out-of-memory handler set must be safe to call here (see
- * `flare_torch_set_oom_handler`).
+ * `flare_torch_set_oom_handler`); with none set, a caller in a process holding
+ * PyTorch's `torchCheckFail` must be prepared for the C++ exception it throws
+ * (PyTorch is), or set `FLARE_TORCH_OOM=null`.
  */
 void *flare_torch_alloc(size_t size, int device, FlareStream stream);
 

@@ -198,7 +198,8 @@ fn pytorch_entry_points_allocate_free_and_report_failures() {
         let r = flare_torch_alloc(1, 0, stream);
         assert!(!r.is_null() && r != q);
         assert_eq!(OOM_CALLS.lock().unwrap().len(), 1);
-        // Unset: failures return NULL without a call again.
+        // Unset: back to the process's torchCheckFail, which this test process lacks
+        // (no PyTorch): failures return NULL without a call again.
         flare_torch_set_oom_handler(None);
         assert!(flare_torch_alloc(big, 0, stream).is_null());
         assert_eq!(OOM_CALLS.lock().unwrap().len(), 1);

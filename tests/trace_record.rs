@@ -537,6 +537,29 @@ fn unwritable_path_never_fails_an_allocation() {
     assert!(!path.exists());
 }
 
+/// An empty path names no file (issue 34): a mistake refused at creation with
+/// `InvalidArgument` by both constructors, as `flare_pool_create` refuses an empty
+/// C string; unlike a file that cannot be created, which only stops the recording.
+/// (Before the fix `Pool::new` made a pool whose recording had stopped at once.)
+#[test]
+fn an_empty_record_path_is_refused_at_creation() {
+    let config = PoolConfig {
+        record_path: Some(PathBuf::new()),
+        ..PoolConfig::default()
+    };
+    match Pool::new(config.clone()) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("record_path is empty"), "{m}"),
+        other => panic!("Pool::new: {other:?}"),
+    }
+    let sim = Arc::new(SimDriver::new(SimConfig::default()));
+    match Pool::with_driver(config, sim.clone()) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("record_path is empty"), "{m}"),
+        other => panic!("Pool::with_driver: {other:?}"),
+    }
+    // Nothing was made on the driver.
+    let m = flare_package::Driver::mem_info(&*sim).unwrap();
+    assert_eq!(m.free, m.total);
+}
 /// A full disk (`/dev/full`: every write fails with ENOSPC): allocations go on, the
 /// first error is kept and recording stops.
 #[cfg(target_os = "linux")]

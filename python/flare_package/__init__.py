@@ -26,6 +26,30 @@ calls as flare-trace v1, one file per pool (``PATH.dev0.tensor.trace``,
 registers an exit handler that writes what is buffered (``record_flush()``), and
 ``flare-replay --as-recorded FILE`` replays one with the recorded pool's
 configuration.
+
+Use ``install()``, not the bare pair. PyTorch's documentation shows
+``CUDAPluggableAllocator(path, "flare_torch_alloc", "flare_torch_free")`` with
+``change_current_allocator``; PyTorch then calls only those two functions, because
+it calls a hook only if it was registered, and ``install()`` is what registers
+them. The bare pair loses:
+
+- ``Tensor.record_stream`` (no record_stream hook: it does nothing): a tensor freed
+  on its own stream is handed out again at once on that stream while another
+  stream still reads it, and the new tensor's writes corrupt what is read (seen on
+  an H100 with PyTorch 2.11);
+- ``torch.cuda.empty_cache()`` (no reset hook: it does nothing): freed memory stays
+  cached until an out-of-memory (``trim()`` still releases it);
+- CUDA graph pools (no graph-pool hooks): captures allocate from the per-tensor
+  pool, and a graph's memory freed after its capture can go to eager tensors while
+  replays still write into it;
+- raising on a failed allocation, unless the library finds PyTorch's
+  ``c10::detail::torchCheckFail`` in the process itself (it looks at the first
+  failure: the global scope, then ``libc10.so`` if loaded); without it the
+  allocation returns NULL, which PyTorch wraps in a tensor at address 0 (pytorch
+  #133280).
+
+The library cannot see which hooks PyTorch registered, so it cannot warn about
+the bare pair, nor make up for ``record_stream``.
 """
 
 import atexit
@@ -232,7 +256,11 @@ def _addr(lib, name):
 def _set_oom_handler(lib, torch):
     """Points flare_torch_alloc's failure path at PyTorch's torchCheckFail (found in
     libc10.so), so that an allocation that fails raises instead of handing PyTorch a
-    NULL pointer (pytorch #133280). FLARE_TORCH_OOM=null leaves it unset."""
+    NULL pointer (pytorch #133280). FLARE_TORCH_OOM=null leaves it unset (and the
+    library then does not look for it either). The library would find the same
+    function itself at the first failure (the bare pair relies on that); setting it
+    here finds it where this package knows PyTorch is, and warns now when it is
+    missing."""
     if os.environ.get("FLARE_TORCH_OOM", "").strip() == "null":
         return False
     c10 = pathlib.Path(torch.__file__).resolve().parent / "lib" / "libc10.so"
@@ -270,7 +298,14 @@ def install():
     CUDA graph's memory to itself (no scope call needed around captures). An
     allocation that fails raises a RuntimeError naming the request and the pool's
     live and idle bytes. Returns the ``CUDAPluggableAllocator``; a second call
-    returns the same one."""
+    returns the same one.
+
+    This, not the bare ``CUDAPluggableAllocator(path, "flare_torch_alloc",
+    "flare_torch_free")`` of PyTorch's documentation: PyTorch calls only the hooks
+    registered, and without them ``record_stream`` is lost (memory reused while
+    another stream reads it), ``empty_cache()`` does nothing, CUDA graphs share the
+    per-tensor pool, and a failed allocation raises only if the library finds
+    PyTorch's torchCheckFail itself (the module's docstring says more)."""
     if _state["installed"] is not None:
         return _state["installed"]
     import torch  # noqa: PLC0415

@@ -25,7 +25,9 @@
 //! create, destroy), `memory` (allocate, free, the retention scope, trim, snapshot, recording),
 //! `stream` (stream-ordered allocate and free, record a stream), `sim` (the simulated
 //! backend's fault and panic injection, its streams, captures and contract faults),
-//! `torch` (PyTorch's allocator entry points and hooks, over `crate::torch`).
+//! `torch` (PyTorch's allocator entry points and hooks, over `crate::torch`),
+//! `torch_oom` (which function a failed `flare_torch_alloc` calls: the handler set,
+//! else PyTorch's `torchCheckFail` found in the process).
 //! The crate's `unsafe` code is in this module and in the CUDA backend
 //! (`driver::cuda`).
 
@@ -47,6 +49,8 @@ mod boundary;
 mod sim;
 
 mod torch;
+
+mod torch_oom;
 
 // The loom build runs the loom models alone (these tests make pools outside a model).
 #[cfg(all(test, not(flare_loom)))]

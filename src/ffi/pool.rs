@@ -182,7 +182,7 @@ impl CallerConfig<'_> {
         }
     }
 
-    /// The recording path: NULL is none; an empty path is refused.
+    /// The recording path: NULL is none (an empty one is refused by `Pool::new`).
     fn record_path(&self) -> Result<Option<std::path::PathBuf>, Error> {
         let p = self.c.record_path;
         if p.is_null() {
@@ -238,12 +238,9 @@ pub(crate) fn read_config(config: &ConfigArg<'_>) -> Result<PoolConfig, Error> {
     })
 }
 
-/// The recording path of a C configuration, its bytes up to the NUL: an empty path
-/// is refused.
+/// The recording path of a C configuration, its bytes up to the NUL (an empty one
+/// is kept as such: `Pool::new` refuses it, for Rust and C alike).
 fn record_path(bytes: &[u8]) -> Result<Option<std::path::PathBuf>, Error> {
-    if bytes.is_empty() {
-        return Err(Error::InvalidArgument("record_path is empty".into()));
-    }
     #[cfg(unix)]
     {
         use std::os::unix::ffi::OsStrExt;

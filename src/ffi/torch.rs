@@ -20,19 +20,21 @@
 //! (`flare_last_error_message`) and a process-wide count
 //! (`flare_torch_hook_failures`). No panic crosses into PyTorch: each body runs
 //! under `catch_unwind`. The one exception on purpose is the out-of-memory handler
-//! (`flare_torch_set_oom_handler`), which throws a C++ exception through
+//! (`flare_torch_set_oom_handler`, else PyTorch's `torchCheckFail` found in the
+//! process: `torch_oom.rs`), which throws a C++ exception through
 //! `flare_torch_alloc` (declared `extern "C-unwind"` for that reason).
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::mem::MaybeUninit;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::boundary::{boundary, c_buffer, copy_c_string, out_arg, set_last_error};
 use super::sim::{create_stream_on, end_capture_on, handle, refused};
 use super::stream::stream_of;
+use super::torch_oom::{self, OomFn};
 use super::types::{FlareStatus, FlareStream};
 use crate::driver::sim::SimConfig;
 use crate::driver::{CaptureMode, DevicePtr};
@@ -47,9 +49,6 @@ static ALLOCATOR: OnceLock<Result<TorchAllocator, Error>> = OnceLock::new();
 
 /// Failures of the hooks that return nothing (`flare_torch_free` and the others).
 static HOOK_FAILURES: AtomicU64 = AtomicU64::new(0);
-
-/// The out-of-memory handler's address (0: none).
-static OOM_HANDLER: AtomicUsize = AtomicUsize::new(0);
 
 fn allocator() -> Result<&'static TorchAllocator, Error> {
     ALLOCATOR
@@ -93,13 +92,19 @@ pub type FlareTorchOomHandler = Option<
 >;
 
 /// Sets the function `flare_torch_alloc` calls when an allocation fails, instead of
-/// returning NULL (which PyTorch's per-tensor path wraps in a tensor without
-/// checking, pytorch #133280). NULL: none (failures return NULL). The Python package
-/// passes PyTorch's own `c10::detail::torchCheckFail` (looked up in `libc10.so`),
-/// which throws `c10::Error`: Python sees a `RuntimeError` with our message (the
-/// request, the device, the pool's live and idle bytes), and PyTorch's allocator
-/// state is untouched (it records an allocation only after our function returns).
-/// Process-wide; thread-safe.
+/// returning NULL (which PyTorch's per-tensor path wraps in a tensor at address 0
+/// without checking, pytorch #133280). The Python package's `install()` passes
+/// PyTorch's own `c10::detail::torchCheckFail` (looked up in `libc10.so`), which
+/// throws `c10::Error`: Python sees a `RuntimeError` with our message (the request,
+/// the device, the pool's live and idle bytes), and PyTorch's allocator state is
+/// untouched (it records an allocation only after our function returns).
+///
+/// The order on failure (issue 34): this handler; else, unless the environment has
+/// `FLARE_TORCH_OOM=null`, that same `torchCheckFail` found in the process by the
+/// library itself (looked up once, at the first failure with no handler set: the
+/// global scope, then `libc10.so` if loaded), so that the pair loaded without the
+/// Python package raises too; else NULL is returned. NULL here sets no handler
+/// (back to that order's second step). Process-wide; thread-safe.
 ///
 /// # Safety
 /// `handler` is NULL or a function of that type that never returns normally, or
@@ -112,9 +117,9 @@ pub unsafe extern "C" fn flare_torch_set_oom_handler(handler: FlareTorchOomHandl
     flare_torch_set_oom_handler_inner(handler);
 }
 
-/// `flare_torch_set_oom_handler`: stores the handler's address (0: none).
+/// `flare_torch_set_oom_handler`: stores the handler (`None`: none).
 fn flare_torch_set_oom_handler_inner(handler: FlareTorchOomHandler) {
-    OOM_HANDLER.store(handler.map_or(0, |f| f as usize), Ordering::Release);
+    torch_oom::set_explicit(handler);
 }
 
 /// Runs an allocation entry point's body (`call` names it): the address, or the
@@ -154,15 +159,19 @@ fn try_alloc(
 ///
 /// Returns the device address, or on failure (out of memory after releasing what
 /// may be released, request larger than the device, no driver, a bad environment
-/// variable): with an out-of-memory handler set, calls it (it throws; see
-/// `flare_torch_set_oom_handler`), else returns NULL. Either way the thread's last
+/// variable): calls the out-of-memory handler if there is one (it throws): the one
+/// set with `flare_torch_set_oom_handler`, else PyTorch's `torchCheckFail` found in
+/// the process unless `FLARE_TORCH_OOM=null` (issue 34; see
+/// `flare_torch_set_oom_handler`); else returns NULL. Either way the thread's last
 /// error holds the message: the request in bytes, the device, the error (with the
 /// driver call and code), and the tensor pool's live and idle bytes. Thread-safe.
 ///
 /// # Safety
 /// `stream` is NULL or a live stream of `device` (only passed to the driver). Any
 /// out-of-memory handler set must be safe to call here (see
-/// `flare_torch_set_oom_handler`).
+/// `flare_torch_set_oom_handler`); with none set, a caller in a process holding
+/// PyTorch's `torchCheckFail` must be prepared for the C++ exception it throws
+/// (PyTorch is), or set `FLARE_TORCH_OOM=null`.
 #[no_mangle]
 pub unsafe extern "C-unwind" fn flare_torch_alloc(
     size: usize,
@@ -174,15 +183,15 @@ pub unsafe extern "C-unwind" fn flare_torch_alloc(
         Err(None) => return ptr::null_mut(),
         Err(Some(oom)) => oom,
     };
-    // SAFETY: `handler` was stored by `flare_torch_set_oom_handler` from a function of
-    // type `FlareTorchOomHandler` (non-NULL), whose caller vouched that it may be
-    // called here and may unwind through this `C-unwind` frame. No lock is held and
-    // nothing but `msg` (dropped by the unwind, after the handler copied it) is live
-    // in this frame.
+    // SAFETY: `handler` is the function given to `flare_torch_set_oom_handler`, whose
+    // caller vouched that it may be called here and may unwind through this
+    // `C-unwind` frame, or PyTorch's `torchCheckFail` found in the process
+    // (`torch_oom.rs` says why its type is right), whose exception our caller, PyTorch,
+    // catches (this function's contract). The strings are NUL-terminated and live
+    // for the call. No lock is held and nothing but `msg` (dropped by the unwind,
+    // after the handler copied it) is live in this frame.
     unsafe {
-        let f: unsafe extern "C-unwind" fn(*const c_char, *const c_char, u32, *const c_char) =
-            std::mem::transmute(handler);
-        f(
+        handler(
             c"flare_torch_alloc".as_ptr(),
             c"src/ffi/torch.rs".as_ptr(),
             line!(),
@@ -194,13 +203,13 @@ pub unsafe extern "C-unwind" fn flare_torch_alloc(
 
 /// `flare_torch_alloc` up to the out-of-memory handler: the address (NULL for 0
 /// bytes); on failure, with the message recorded as the thread's last error, the
-/// handler's address (non-zero) and the message to call it with, or `None` when no
-/// handler is set.
+/// handler (`torch_oom::handler`) and the message to call it with, or `None` when
+/// there is none.
 fn flare_torch_alloc_inner(
     size: usize,
     device: c_int,
     stream: FlareStream,
-) -> Result<*mut c_void, Option<(usize, CString)>> {
+) -> Result<*mut c_void, Option<(OomFn, CString)>> {
     if size == 0 {
         return Ok(ptr::null_mut());
     }
@@ -215,10 +224,9 @@ fn flare_torch_alloc_inner(
     let message =
         format!("{failure} (flare-package tensor pool: {live} bytes live, {idle} bytes idle)");
     set_last_error(message.clone());
-    let handler = OOM_HANDLER.load(Ordering::Acquire);
-    if handler == 0 {
+    let Some(handler) = torch_oom::handler() else {
         return Err(None);
-    }
+    };
     let msg = CString::new(message.replace('\0', " ")).unwrap_or_default();
     Err(Some((handler, msg)))
 }

@@ -233,8 +233,12 @@ versioned_struct! {
         /// during `flare_pool_create` only (the caller keeps ownership). The file is
         /// created or truncated then; lines are buffered and written by a thread of
         /// the pool's; `flare_pool_destroy` writes the rest. A file that cannot be
-        /// created or written (a missing directory, a full disk) stops the recording
-        /// and never fails a call: the error is printed once on standard error. At
+        /// created or written (a missing directory, no permission, a full disk) stops
+        /// the recording and never fails a call, `flare_pool_create` included: the
+        /// error is printed once on standard error and kept
+        /// (`flare_pool_record_error`). An empty string names no file: a mistake,
+        /// refused by `flare_pool_create` with `FLARE_STATUS_INVALID_ARGUMENT`
+        /// (nothing is made; issue 34). At
         /// offset 96. Added in 0.1.0 after `thread_cache_bytes` (`sizeof` grew from 96
         /// to 104): an older caller's `struct_size` of 96 leaves it NULL.
         pub record_path: *const std::ffi::c_char,

@@ -275,9 +275,16 @@ pub struct PoolConfig {
     /// created (or truncated) when the pool is created, with a header naming this
     /// configuration; lines are buffered and written by a thread of the pool's, and
     /// the pool's drop (or [`Pool::destroy`](crate::Pool::destroy)) writes the rest.
-    /// A file that cannot be created or written stops the recording and never fails
-    /// a pool call: the error is reported once on standard error and kept
-    /// ([`Pool::record_error`](crate::Pool::record_error)).
+    /// A file that cannot be created or written (a missing directory, no
+    /// permission, a full disk) stops the recording and never fails a pool call,
+    /// creation included: the error is reported once on standard error and kept
+    /// ([`Pool::record_error`](crate::Pool::record_error)); a pool is not lost to a
+    /// condition of the file system, which may come and go. An empty path names no
+    /// file at all, a mistake seen before anything is made:
+    /// [`Pool::new`](crate::Pool::new) refuses it with [`Error::InvalidArgument`]
+    /// (issue 34).
+    ///
+    /// [`Error::InvalidArgument`]: crate::Error::InvalidArgument
     pub record_path: Option<std::path::PathBuf>,
 }
 

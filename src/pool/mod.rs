@@ -100,23 +100,25 @@ impl std::fmt::Debug for Pool {
 impl Pool {
     /// Creates a pool on the backend named in `config`.
     ///
-    /// Errors: [`Error::InvalidArgument`] for a negative device or peer ordinal;
-    /// [`Error::NoDriver`] when the CUDA backend is asked for and libcuda cannot be
-    /// loaded or initialised; [`Error::Driver`] when the granularity query fails.
+    /// Errors: [`Error::InvalidArgument`] for a negative device or peer ordinal, or
+    /// an empty [`PoolConfig::record_path`]; [`Error::NoDriver`] when the CUDA
+    /// backend is asked for and libcuda cannot be loaded or initialised;
+    /// [`Error::Driver`] when the granularity query fails.
     pub fn new(config: PoolConfig) -> Result<Pool> {
         // The configuration is checked before any driver is touched (a negative
         // device is an invalid argument on every backend, not a missing driver).
-        validate_devices(&config)?;
+        validate_config(&config)?;
         let driver = crate::backend::open(&config)?;
         Pool::with_driver(config, driver)
     }
 
     /// Creates a pool on `driver` (any [`Driver`]; `config.backend` is ignored).
     ///
-    /// Errors: [`Error::InvalidArgument`] for a negative device or peer ordinal or a
-    /// granularity that is not a power of two; [`Error::Driver`] when the granularity query fails.
+    /// Errors: [`Error::InvalidArgument`] for a negative device or peer ordinal, an
+    /// empty [`PoolConfig::record_path`] or a granularity that is not a power of two;
+    /// [`Error::Driver`] when the granularity query fails.
     pub fn with_driver(config: PoolConfig, driver: Arc<dyn Driver>) -> Result<Pool> {
-        validate_devices(&config)?;
+        validate_config(&config)?;
         let granularity = driver
             .granularity()
             .map_err(|source| Error::Driver { source, bytes: 0 })?;
@@ -852,7 +854,20 @@ fn max_fit(rounded: u64, percent: u64) -> u64 {
     rounded.saturating_add(waste)
 }
 
-fn validate_devices(config: &PoolConfig) -> Result<()> {
+/// What [`Pool::new`] and [`Pool::with_driver`] refuse before touching anything: a
+/// negative device or peer ordinal, and an empty recording path (issue 34: a
+/// mistake seen at creation, unlike a file that cannot be created, which only stops
+/// the recording; see [`PoolConfig::record_path`]).
+fn validate_config(config: &PoolConfig) -> Result<()> {
+    if config
+        .record_path
+        .as_ref()
+        .is_some_and(|p| p.as_os_str().is_empty())
+    {
+        return Err(Error::InvalidArgument(
+            "record_path is empty: give a file to record to, or none to record nothing".into(),
+        ));
+    }
     if config.device < 0 {
         return Err(Error::InvalidArgument(format!(
             "device ordinal {} is negative",

@@ -56,6 +56,10 @@ mod tests;
 #[cfg(all(test, not(flare_loom)))]
 mod abi_tests;
 
+// A stream's end (issue 34): `flare_pool_forget_stream` and `flare_sim_stream_destroy`.
+#[cfg(all(test, not(flare_loom)))]
+mod stream_lifetime_tests;
+
 pub use boundary::{flare_last_error_message, flare_status_name};
 pub use memory::{
     flare_package_allocate, flare_package_free, flare_pool_record_error, flare_pool_record_flush,
@@ -69,9 +73,11 @@ pub use pool::{
 pub use sim::{
     flare_sim_begin_capture, flare_sim_end_capture, flare_sim_faults, flare_sim_inject_failure,
     flare_sim_inject_panic, flare_sim_launch, flare_sim_stream_complete, flare_sim_stream_create,
+    flare_sim_stream_destroy,
 };
 pub use stream::{
     flare_package_allocate_async, flare_package_free_async, flare_package_record_stream,
+    flare_pool_forget_stream,
 };
 pub use tags::{
     flare_package_allocate_tagged, flare_pool_sleep, flare_pool_tag_census, flare_pool_wake,

@@ -23,6 +23,7 @@ mod record;
 mod release;
 mod segments;
 mod snapshot;
+mod stream_forget;
 mod streams;
 mod table;
 mod tags;

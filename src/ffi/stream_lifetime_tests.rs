@@ -76,7 +76,10 @@ fn forget_then_destroy_gives_the_reused_handle_a_clean_start() {
         ok(flare_sim_stream_destroy(pool, s));
     }
     let t = new_stream(pool);
-    assert_eq!(t, s, "the simulated driver hands out the destroyed handle again");
+    assert_eq!(
+        t, s,
+        "the simulated driver hands out the destroyed handle again"
+    );
     let q = alloc_on(pool, t);
     assert_ne!(q, p, "the old stream's kernel still uses p");
     let sn = snap(pool);

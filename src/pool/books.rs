@@ -181,8 +181,11 @@ pub(super) struct Mapping {
     /// synchronous `free`, during a capture, or live at destroy); false when its
     /// stream work is known complete.
     pub(super) needs_sync: bool,
-    /// The stream of its last free (`None`: the synchronous `free`).
-    pub(super) freed_on: Option<Stream>,
+    /// The bucket of the stream of its last free (`None`: the synchronous `free`):
+    /// by bucket, so that a stream with a forgotten stream's handle is another one
+    /// (only counted in `cross_stream_hits`: a drained forgotten bucket given to a
+    /// new stream makes a reuse of such memory by it uncounted).
+    pub(super) freed_on: Option<u32>,
     /// What the slot holds.
     pub(super) piece: Piece,
     /// Blocks and handles: the segment (`NO_SEGMENT` for a whole mapping).

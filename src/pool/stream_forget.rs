@@ -88,7 +88,7 @@ impl Pool {
         };
         let fenced = match self.driver.stream_capture(stream) {
             Ok(Some(_)) => return Err(capturing(stream)),
-            Ok(None) => match self.cover(&mut st, b) {
+            Ok(None) => match self.cover_all_work(&mut st, b) {
                 Cover::Covered => true,
                 // Began a capture since the query: another thread uses the stream.
                 Cover::Capturing => return Err(capturing(stream)),
@@ -113,6 +113,19 @@ impl Pool {
             rec.line(&format!("forget {:#x}", stream.0));
         }
         Ok(())
+    }
+}
+
+impl Pool {
+    /// Records the forgotten stream's last fence on bucket `b`: covering its frees
+    /// ([`Pool::cover`]), and, when a live allocation has it from `record_stream`, all
+    /// its work so far (a mark of its own: that allocation's free, on another stream,
+    /// will wait on this fence, the last one the stream can get).
+    fn cover_all_work(&self, st: &mut State, b: u32) -> Cover {
+        if st.recorded.values().any(|list| list.contains(&b)) {
+            st.buckets[b as usize].marks += 1;
+        }
+        self.cover(st, b)
     }
 }
 
@@ -144,9 +157,11 @@ impl State {
                 && !self.heap_busy_or_holding(b)
         });
         candidates.find(|&b| {
-            !self.deferred.iter().any(|d| {
-                self.mapping(d.slot).bucket == b || d.needs.iter().any(|&(n, _)| n == b)
-            }) && !self.recorded.values().any(|list| list.contains(&b))
+            !self
+                .deferred
+                .iter()
+                .any(|d| self.mapping(d.slot).bucket == b || d.needs.iter().any(|&(n, _)| n == b))
+                && !self.recorded.values().any(|list| list.contains(&b))
         })
     }
 

@@ -331,7 +331,8 @@ impl Pool {
         {
             let mut st = lock(&self.state);
             let (slot, recorded) = st.free_live(ptr, id)?;
-            st.mapping_mut(slot).freed_on = Some(stream);
+            let freed_on = st.stream_bucket_unmarked(stream);
+            st.mapping_mut(slot).freed_on = Some(freed_on);
             let capture = match capture {
                 Ok(c) => c,
                 Err(e) => {
@@ -1044,7 +1045,7 @@ fn take_reachable(
         return Some(p);
     }
     let p = take(st, ANY)?;
-    note_cross_stream(st, p, Some(stream));
+    note_cross_stream(st, p, own);
     Some(p)
 }
 
@@ -1155,11 +1156,12 @@ fn hold(st: &mut State, slot: u32) {
     st.index_insert(slot, HELD);
 }
 
-/// Counts a reuse from [`ANY`] of memory last freed on another stream.
-fn note_cross_stream(st: &mut State, ptr: DevicePtr, target: Option<Stream>) {
+/// Counts a reuse from [`ANY`] by `target` (its bucket) of memory last freed on
+/// another stream.
+fn note_cross_stream(st: &mut State, ptr: DevicePtr, target: u32) {
     if let Some(&slot) = st.live.get(&ptr) {
         let from = st.mapping(slot).freed_on;
-        if from.is_some() && target.is_some() && from != target {
+        if from.is_some_and(|b| b != target) {
             st.counters.cross_stream_hits += 1;
         }
     }

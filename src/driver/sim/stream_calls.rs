@@ -761,7 +761,8 @@ impl SimDriver {
         lock(&self.inner).faults.len() as u64
     }
 
-    /// Every launch still queued (not completed), in stream-handle then launch order.
+    /// Every launch still queued (not completed), in stream creation (legacy streams
+    /// last) then launch order; a destroyed stream's work under its old handle.
     pub fn queued_work(&self) -> Vec<SimWork> {
         lock(&self.inner).streams.work()
     }

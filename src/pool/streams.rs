@@ -455,6 +455,8 @@ impl Pool {
             }
             let bucket = &mut st.buckets[b as usize];
             if !bucket.forgotten {
+                // Used now: a release point asks it about captures.
+                bucket.active = true;
                 bucket.marks += 1;
             }
             let mark = bucket.marks;

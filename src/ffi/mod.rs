@@ -84,13 +84,13 @@ pub use tags::{
 };
 pub use torch::{
     flare_torch_alloc, flare_torch_begin_allocate_to_pool, flare_torch_end_allocate_to_pool,
-    flare_torch_free, flare_torch_hook_failures, flare_torch_pool_alloc, flare_torch_pool_free,
-    flare_torch_record_flush, flare_torch_record_stream, flare_torch_release_pool,
-    flare_torch_reset, flare_torch_retention_begin, flare_torch_retention_finish,
-    flare_torch_set_oom_handler, flare_torch_sim_begin_capture, flare_torch_sim_end_capture,
-    flare_torch_sim_faults, flare_torch_sim_launch, flare_torch_sim_stream_complete,
-    flare_torch_sim_stream_create, flare_torch_stats, flare_torch_trim, flare_torch_use_simulated,
-    FlareTorchOomHandler,
+    flare_torch_forget_stream, flare_torch_free, flare_torch_hook_failures, flare_torch_pool_alloc,
+    flare_torch_pool_free, flare_torch_record_flush, flare_torch_record_stream,
+    flare_torch_release_pool, flare_torch_reset, flare_torch_retention_begin,
+    flare_torch_retention_finish, flare_torch_set_oom_handler, flare_torch_sim_begin_capture,
+    flare_torch_sim_end_capture, flare_torch_sim_faults, flare_torch_sim_launch,
+    flare_torch_sim_stream_complete, flare_torch_sim_stream_create, flare_torch_sim_stream_destroy,
+    flare_torch_stats, flare_torch_trim, flare_torch_use_simulated, FlareTorchOomHandler,
 };
 pub use types::{
     FlareBackend, FlareCrossStreamReuse, FlareDestroyReport, FlareDriverCall, FlarePoolConfig,

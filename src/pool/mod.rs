@@ -38,6 +38,7 @@ pub use config::{
 pub use guards::{Allocation, RetentionScope};
 pub(crate) use snapshot::snapshot_counters;
 pub use snapshot::Snapshot;
+pub(crate) use stream_forget::check_forgettable;
 pub use tags::{SleepMode, TagCensus};
 
 use crate::driver::sim::SimDriver;

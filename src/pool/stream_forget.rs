@@ -75,12 +75,7 @@ impl Pool {
     /// end before it is destroyed; destroying a capturing stream is refused by the
     /// driver too).
     pub fn forget_stream(&self, stream: Stream) -> Result<()> {
-        if stream.is_legacy() || stream.0 == PER_THREAD_STREAM {
-            return Err(Error::InvalidArgument(format!(
-                "stream {:#x} is a default stream, never destroyed: nothing to forget",
-                stream.0
-            )));
-        }
+        check_forgettable(stream)?;
         let mut st = lock(&self.state);
         let key = stream_key(stream);
         let Some(&b) = st.by_stream.get(&key) else {
@@ -127,6 +122,21 @@ impl Pool {
         }
         self.cover(st, b)
     }
+}
+
+/// [`Pool::forget_stream`]'s argument check: the default streams (the legacy
+/// stream, 0 and `CU_STREAM_LEGACY`, and `CU_STREAM_PER_THREAD`, 2) are never
+/// destroyed.
+///
+/// Errors: [`Error::InvalidArgument`] for those.
+pub(crate) fn check_forgettable(stream: Stream) -> Result<()> {
+    if stream.is_legacy() || stream.0 == PER_THREAD_STREAM {
+        return Err(Error::InvalidArgument(format!(
+            "stream {:#x} is a default stream, never destroyed: nothing to forget",
+            stream.0
+        )));
+    }
+    Ok(())
 }
 
 /// The refusal of forgetting `stream` while it is being captured.

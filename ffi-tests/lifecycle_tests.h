@@ -1197,6 +1197,7 @@ static int run_all_tests(const char *language) {
     test_stream_cross_stream();
     test_stream_capture();
     test_stream_record();
+    test_stream_forget();
     test_segments_small_blocks();
     test_segments_whole_threshold();
     test_segments_streams();

@@ -412,3 +412,67 @@ fn a_new_stream_inherits_no_completion_from_a_drained_forgotten_one() {
     let snap = check(&pool);
     assert_eq!((snap.idle_bytes, snap.event_wait_bytes), (G, G));
 }
+
+// ---------------------------------------------------------------- recording
+
+/// A recording pool writes `forget STREAM`; the parser gives the name a new index
+/// from there on (the new stream with the old handle is another stream), and the
+/// replay as recorded calls `forget_stream` too: here (the old stream's kernel still
+/// running when the new stream allocates, so no completion of the forgotten stream's
+/// fence mattered) it reaches the recorded peak, 16 MiB, with no fault. A default
+/// stream cannot be forgotten: such a line is refused.
+#[test]
+fn a_forget_is_recorded_and_replayed() {
+    use flare_package::trace::{self, Event, Problem, TraceError};
+    let dir = std::env::temp_dir().join(format!("flare-forget-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("forget.trace");
+    let (pool, sim) = common::simulated_pool(
+        64 * G,
+        PoolConfig {
+            record_path: Some(path.clone()),
+            release_threshold_bytes: u64::MAX,
+            ..PoolConfig::default()
+        },
+    );
+    let s = stream(&sim);
+    let p = alloc(&pool, 8 * MIB, s);
+    assert_eq!(sim.launch(s.0, p, 8 * MIB), OK);
+    free(&pool, p, s);
+    pool.forget_stream(s).unwrap();
+    let t = destroy_and_recreate(&sim, s);
+    let q = alloc(&pool, 8 * MIB, t);
+    assert_ne!(q, p);
+    free(&pool, q, t);
+    assert_eq!(alloc(&pool, 8 * MIB, t), q);
+    let recorded_peak = pool.snapshot().peak_physical_bytes;
+    assert_eq!(recorded_peak, 16 * MIB);
+    drop(pool);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let name = format!("{:#x}", s.0);
+    assert!(text.contains(&format!("\nforget {name}\n")), "{text}");
+    let parsed = trace::parse(&path).unwrap();
+    assert_eq!(parsed.stream_names(), [name.clone(), name.clone()]);
+    assert!(parsed.events().contains(&Event::Forget { stream: 0 }));
+    let replay_pool = Pool::new(parsed.recorded_config().unwrap().pool_config()).unwrap();
+    let report = trace::replay_as_recorded(&replay_pool, &parsed, None).unwrap();
+    assert_eq!(report.peak_physical_bytes, recorded_peak);
+    no_faults(&replay_pool.sim_driver().unwrap());
+    for default in ["0x0", "0x1", "0x2", "2"] {
+        match trace::parse_str("t", &format!("forget {default}\n")) {
+            Err(TraceError::Parse {
+                line: 1,
+                problem: Problem::ForgetDefaultStream(_),
+                ..
+            }) => {}
+            other => panic!("forget {default}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        trace::parse_str("t", "forget\n"),
+        Err(TraceError::Parse {
+            problem: Problem::Malformed { .. },
+            ..
+        })
+    ));
+}

@@ -105,7 +105,7 @@ impl Pool {
         bucket.forgotten = true;
         bucket.active = false;
         if let Some(rec) = &self.rec {
-            rec.line(&format!("forget {:#x}", stream.0));
+            rec.forget(stream);
         }
         Ok(())
     }

@@ -29,9 +29,8 @@ const SIZE: u64 = 64 * MIB;
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_a_forgotten_and_destroyed_stream_leaves_the_next_stream_a_clean_pool() {
-    let d = Arc::new(
-        CudaDriver::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}")),
-    );
+    let d =
+        Arc::new(CudaDriver::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}")));
     let counted = Arc::new(Counting::new(d.clone()));
     let pool = Pool::with_driver(
         PoolConfig {
@@ -83,7 +82,10 @@ fn gpu_a_forgotten_and_destroyed_stream_leaves_the_next_stream_a_clean_pool() {
         "launch to allocation took {took:?} of the kernel's ~{kernel_time:?}: the check \
          below shows nothing (calibration too short?)"
     );
-    assert_ne!(fresh, data, "the old stream's kernel is still reading `data`");
+    assert_ne!(
+        fresh, data,
+        "the old stream's kernel is still reading `data`"
+    );
     let snap = check(&pool);
     assert_eq!(
         (snap.idle_bytes, snap.event_wait_bytes),
@@ -116,7 +118,10 @@ fn gpu_a_forgotten_and_destroyed_stream_leaves_the_next_stream_a_clean_pool() {
     pool.trim().unwrap();
     let snap = check(&pool);
     assert_eq!(snap.idle_bytes, 0, "{snap:#?}");
-    assert_eq!(snap.live_count, 3, "fresh, out_a (made on the old stream), out_b");
+    assert_eq!(
+        snap.live_count, 3,
+        "fresh, out_a (made on the old stream), out_b"
+    );
     // Freed on the new stream with the old one's handle or not, `out_a` is just
     // memory of a new stream's.
     for p in [fresh, out_a, out_b] {

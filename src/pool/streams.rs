@@ -298,12 +298,14 @@ impl Pool {
     /// most one fence record and query per stream every `poll_interval` frees (1 to
     /// 64), and the release of what completed.
     ///
-    /// `stream` must stay alive while memory freed on it is idle in the pool (the
-    /// pool passes it to `cuStreamGetCaptureInfo` and `cuEventRecord` later, lazily):
-    /// before destroying a stream, call [`Pool::trim`] (or finish the scope), which
-    /// waits for and releases that memory; after that the pool never passes the
-    /// stream to the driver again. (On the simulated driver, memory freed on a
-    /// stream destroyed first is held, reported as idle by an out-of-memory, until
+    /// `stream` must stay alive while the pool knows it (the pool passes it to
+    /// `cuStreamGetCaptureInfo` and `cuEventRecord` later, lazily): before destroying
+    /// a stream, call [`Pool::forget_stream`], which fences its work once more and
+    /// never passes it to the driver again, so that a stream created later with the
+    /// same handle value (the driver may hand it out again) is not taken for it.
+    /// [`Pool::trim`] (or a scope's finish) releases its memory too, but keeps the
+    /// handle's history. (On the simulated driver, memory freed on a stream destroyed
+    /// first, with no forget, is held, reported as idle by an out-of-memory, until
     /// trim.)
     ///
     /// Errors: [`Error::UnknownPointer`] as [`Pool::free_raw`]; nothing changes then.

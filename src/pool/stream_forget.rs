@@ -69,11 +69,11 @@ impl Pool {
     /// not covered yet, one `cuEventRecord` (and a `cuEventCreate` when no spare
     /// event is left); never a synchronize.
     ///
-    /// Errors (nothing changes): [`Error::InvalidArgument`] for the legacy stream (0,
-    /// 1) or the per-thread default stream (2), which are never destroyed;
-    /// [`Error::StreamState`] while `stream` is being captured (a capture on it must
-    /// end before it is destroyed; destroying a capturing stream is refused by the
-    /// driver too).
+    /// Errors (nothing changes): [`Error::InvalidArgument`] for a default stream,
+    /// never destroyed (the legacy stream, handles 0 and 1, or the per-thread stream,
+    /// handle 2); [`Error::StreamState`] while `stream` is being captured (a capture
+    /// on it must end before it is destroyed; the driver refuses to destroy a
+    /// capturing stream too).
     pub fn forget_stream(&self, stream: Stream) -> Result<()> {
         check_forgettable(stream)?;
         let mut st = lock(&self.state);

@@ -136,16 +136,16 @@ static void test_status_names(void) {
         "FLARE_STATUS_UNKNOWN_POINTER", "FLARE_STATUS_SCOPE_STATE",
         "FLARE_STATUS_DRIVER_ERROR",    "FLARE_STATUS_NO_DRIVER",
         "FLARE_STATUS_INTERNAL",        "FLARE_STATUS_REQUEST_TOO_LARGE",
-        "FLARE_STATUS_TAG_STATE",
+        "FLARE_STATUS_TAG_STATE",       "FLARE_STATUS_STREAM_STATE",
     };
     int i;
-    for (i = 0; i <= 10; i++) {
+    for (i = 0; i <= 11; i++) {
         const char *n = flare_status_name((FlareStatus)i);
         CHECK(n != NULL && strcmp(n, names[i]) == 0);
     }
     /* 15 is inside the enum's value range in C++ too, but no enumerator. */
     CHECK(strcmp(flare_status_name((FlareStatus)15), "FLARE_STATUS_UNRECOGNIZED") == 0);
-    CHECK(strcmp(flare_status_name((FlareStatus)11), "FLARE_STATUS_UNRECOGNIZED") == 0);
+    CHECK(strcmp(flare_status_name((FlareStatus)12), "FLARE_STATUS_UNRECOGNIZED") == 0);
     CHECK(FLARE_STATUS_REQUEST_TOO_LARGE == 9 && FLARE_STATUS_INTERNAL == 8 &&
           FLARE_CALL_SYNCHRONIZE == 7 && FLARE_REUSE_SEGMENTS == 3 &&
           FLARE_REUSE_NONE == 2 && FLARE_BACKEND_SIMULATED == 1);
@@ -1197,6 +1197,7 @@ static int run_all_tests(const char *language) {
     test_stream_cross_stream();
     test_stream_capture();
     test_stream_record();
+    test_stream_forget();
     test_segments_small_blocks();
     test_segments_whole_threshold();
     test_segments_streams();

@@ -363,4 +363,49 @@ static void test_stream_record(void) {
     trim_check_destroy(pool, "record_stream");
 }
 
+/* Issue 34: the simulated driver hands a destroyed stream's handle to the next
+ * stream created. Forgotten first (flare_pool_forget_stream), the old stream's memory,
+ * which its kernel still uses, is not handed to the new stream with the same handle.
+ * The default streams are refused, a second forget and an unknown stream do nothing,
+ * a capturing stream is refused with nothing changed. */
+static void test_stream_forget(void) {
+    FlarePool *pool = stream_pool(0, FLARE_CROSS_STREAM_WHEN_COMPLETE);
+    FlareStream s = new_stream(pool), t;
+    void *p = allocate_on(pool, 2 * MiB, s), *q;
+    FlareSnapshot before, after;
+    int valid = 0;
+
+    CHECK_STATUS(flare_pool_forget_stream(NULL, s), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(flare_pool_forget_stream(pool, NULL), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK(last_error_contains("never destroyed"));
+    CHECK_STATUS(flare_pool_forget_stream(pool, (FlareStream)(uintptr_t)1),
+                 FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(flare_pool_forget_stream(pool, (FlareStream)(uintptr_t)2),
+                 FLARE_STATUS_INVALID_ARGUMENT);
+    OK(flare_pool_forget_stream(pool, (FlareStream)(uintptr_t)0x1234));
+    OK(flare_sim_launch(pool, s, p, 2 * MiB));
+    OK(flare_package_free_async(pool, p, s));
+    /* Capturing: refused, nothing changed, the capture stays valid. */
+    OK(flare_sim_begin_capture(pool, s));
+    before = snap(pool);
+    CHECK_STATUS(flare_pool_forget_stream(pool, s), FLARE_STATUS_STREAM_STATE);
+    CHECK(last_error_contains("being captured"));
+    CHECK_STATUS(flare_sim_stream_destroy(pool, s), FLARE_STATUS_INVALID_ARGUMENT);
+    after = snap(pool);
+    CHECK(snap_equal(&before, &after));
+    OK(flare_sim_end_capture(pool, s, &valid));
+    CHECK(valid == 1);
+    OK(flare_pool_forget_stream(pool, s));
+    OK(flare_pool_forget_stream(pool, s)); /* twice: nothing to forget */
+    OK(flare_sim_stream_destroy(pool, s));
+    CHECK_STATUS(flare_sim_stream_destroy(pool, s), FLARE_STATUS_INVALID_ARGUMENT);
+    t = new_stream(pool);
+    CHECK(t == s); /* the handle is handed out again */
+    q = allocate_on(pool, 2 * MiB, t);
+    CHECK(q != p);
+    CHECK(sim_faults(pool) == 0);
+    OK(flare_package_free_async(pool, q, t));
+    trim_check_destroy(pool, "forget_stream");
+}
+
 #endif /* FLARE_STREAM_TESTS_H */

@@ -92,6 +92,11 @@ typedef enum FlareStatus {
      * sleeps, sleeping a tag that sleeps, waking one that does not. Nothing changed.
      */
     FLARE_STATUS_TAG_STATE = 10,
+    /**
+     * A stream in the wrong state for the call (issue 34): forgetting a stream
+     * (`flare_pool_forget_stream`) while it is being captured. Nothing changed.
+     */
+    FLARE_STATUS_STREAM_STATE = 11,
 } FlareStatus;
 
 /**
@@ -1189,6 +1194,47 @@ enum FlareStatus flare_package_free_async(struct FlarePool *pool, void *ptr, Fla
 enum FlareStatus flare_package_record_stream(struct FlarePool *pool, void *ptr, FlareStream stream);
 
 /**
+ * Forgets everything the pool keeps under `stream`'s handle. Call it before
+ * destroying a stream (`cuStreamDestroy` / `cudaStreamDestroy`) that the pool has
+ * seen: the driver may hand the same handle value to the next stream created, and
+ * without this call the pool would take that new stream for the old one (RAPIDS
+ * RMM issue 2251): hand it memory freed on the old stream at once while the old
+ * stream's queued work may still use it, and make it wait on the old stream's
+ * fences.
+ *
+ * What the pool held for `stream` stays safe: one fence event is recorded on
+ * `stream` now (`cuEventRecord`, after all its queued work; an event recorded before
+ * `cuStreamDestroy` completes when that work has); memory freed on it, its segment
+ * heap's free blocks, and memory freed elsewhere with `stream` given to
+ * `flare_package_record_stream`, are reused by other streams or released once that
+ * fence completes. No host synchronization. Live allocations made on `stream` stay
+ * valid; a later free of one on a stream with the same handle acts as a free on a
+ * new stream. Memory freed during a capture on `stream` stays with that capture.
+ *
+ * Called after `cuStreamDestroy` instead (a misuse): no fence can be recorded, so
+ * memory freed on the stream that no earlier fence covers is kept from every stream
+ * and released only after a device synchronize (`flare_pool_trim`,
+ * `flare_retention_finish`, `flare_pool_destroy`); and if a new stream got the handle
+ * in between, the pool cannot tell it from the old one. Call it before.
+ *
+ * A stream the pool never saw, or already forgot: `FLARE_STATUS_SUCCESS`, nothing
+ * happens (no driver call). Otherwise one `cuStreamGetCaptureInfo` and at most one
+ * `cuEventRecord`.
+ *
+ * Errors (nothing changes): `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool, or
+ * `stream` NULL, `CU_STREAM_LEGACY` (1) or `CU_STREAM_PER_THREAD` (2): the default
+ * streams are never destroyed; `FLARE_STATUS_STREAM_STATE` while `stream` is being
+ * captured (end the capture first); `FLARE_STATUS_INTERNAL` on a poisoned pool.
+ * Thread-safe, but no other call may use `stream` meanwhile (it is being destroyed).
+ *
+ * # Safety
+ * `pool` is NULL or a live pool. `stream` is only passed to the driver, never
+ * dereferenced; on a CUDA pool it must still be a live stream of the pool's
+ * device's context.
+ */
+enum FlareStatus flare_pool_forget_stream(struct FlarePool *pool, FlareStream stream);
+
+/**
  * Allocates `size` bytes for tag `tag`, stream-ordered on `stream` (as
  * `flare_package_allocate_async`; NULL is the legacy stream), and writes its device
  * address to `*out_ptr`. Tag 0 is exactly `flare_package_allocate_async`. A tag
@@ -1341,9 +1387,11 @@ enum FlareStatus flare_sim_inject_panic(struct FlarePool *pool);
  * Simulated backend only: creates a stream on the pool's device (`cuStreamCreate`
  * with `CU_STREAM_NON_BLOCKING`, the kind PyTorch uses and the kind the measured rows
  * of `docs/vmm-semantics.md` were taken with: it does not synchronize with the legacy
- * stream) and writes its handle to `*out_stream` (never NULL, never reused within the
- * pool's simulated driver). Each pool has its own simulated driver, so a handle is a
- * stream of the pool that made it only. Streams live as long as the pool.
+ * stream) and writes its handle to `*out_stream` (never NULL; the handle of the
+ * stream `flare_sim_stream_destroy` destroyed last, when one is free, as the CUDA
+ * driver may hand a destroyed stream's handle to the next stream). Each pool has its
+ * own simulated driver, so a handle is a stream of the pool that made it only.
+ * Streams live as long as the pool unless destroyed.
  *
  * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool or `out_stream`;
  * `FLARE_STATUS_NOT_SUPPORTED` on a CUDA pool; `FLARE_STATUS_INTERNAL` on a poisoned
@@ -1353,6 +1401,27 @@ enum FlareStatus flare_sim_inject_panic(struct FlarePool *pool);
  * `pool` is NULL or a live pool; `out_stream` is NULL or writable.
  */
 enum FlareStatus flare_sim_stream_create(struct FlarePool *pool, FlareStream *out_stream);
+
+/**
+ * Simulated backend only: destroys `stream` (`cuStreamDestroy`): its handle is
+ * refused from then on (a launch or a completion naming it, a pool's event record on
+ * it: `CUDA_ERROR_INVALID_HANDLE`) until `flare_sim_stream_create` hands the same
+ * value to a new stream, which is ordered after none of the old stream's work. Work
+ * already queued on it still runs until a device synchronize, an event recorded on
+ * it before, or `flare_sim_stream_complete` of the handle while no live stream has
+ * it. Call `flare_pool_forget_stream` first for a stream the pool has seen.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool, and when the simulated
+ * driver refuses (nothing changes; the message gives the `CUresult`): `stream` NULL
+ * or a handle that is not a live stream of this pool (`CUDA_ERROR_INVALID_HANDLE`),
+ * a stream in an open capture (`CUDA_ERROR_ILLEGAL_STATE`);
+ * `FLARE_STATUS_NOT_SUPPORTED` on a CUDA pool; `FLARE_STATUS_INTERNAL` on a poisoned
+ * pool. Thread-safe.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool.
+ */
+enum FlareStatus flare_sim_stream_destroy(struct FlarePool *pool, FlareStream stream);
 
 /**
  * Simulated backend only: queues work on `stream` (a kernel launch,
@@ -1688,6 +1757,20 @@ enum FlareStatus flare_torch_retention_begin(int device);
 enum FlareStatus flare_torch_retention_finish(int device, int abort);
 
 /**
+ * Forgets everything the pools of every device keep under `stream`'s handle
+ * (`forget_stream()` in Python): call it before destroying a stream that PyTorch
+ * did not create (one wrapped by `torch.cuda.ExternalStream`), so that a stream
+ * created later with the same handle value starts with no history (see
+ * `flare_pool_forget_stream`). PyTorch's own streams come from per-device pools that
+ * are never destroyed, and PyTorch has no allocator hook for a stream's end.
+ *
+ * Errors (nothing changes): `FLARE_STATUS_INVALID_ARGUMENT` for NULL, 1 or 2 (the
+ * default streams, never destroyed) or a bad `FLARE_TORCH_*` variable;
+ * `FLARE_STATUS_STREAM_STATE` while `stream` is being captured. Thread-safe.
+ */
+enum FlareStatus flare_torch_forget_stream(FlareStream stream);
+
+/**
  * Simulated backend only: creates a non-blocking stream on `device` and writes its
  * handle to `*out_stream` (as `flare_sim_stream_create` does for a pool).
  *
@@ -1698,6 +1781,16 @@ enum FlareStatus flare_torch_retention_finish(int device, int abort);
  * `out_stream` is NULL or writable.
  */
 enum FlareStatus flare_torch_sim_stream_create(int device, FlareStream *out_stream);
+
+/**
+ * Simulated backend only: destroys `stream` of `device` (see
+ * `flare_sim_stream_destroy`): the next `flare_torch_sim_stream_create` on the
+ * device gets its handle again.
+ *
+ * Errors: as `flare_torch_sim_launch` (a handle that is not a live stream, a stream
+ * in an open capture). Thread-safe.
+ */
+enum FlareStatus flare_torch_sim_stream_destroy(int device, FlareStream stream);
 
 /**
  * Simulated backend only: queues work on `stream` of `device` that touches

@@ -38,6 +38,8 @@ mod review_threads;
 mod sim_semantics;
 #[path = "../tests/sim_streams.rs"]
 mod sim_streams;
+#[path = "../tests/stream_lifetime.rs"]
+mod stream_lifetime;
 #[path = "../tests/stress.rs"]
 mod stress;
 #[path = "../tests/tags.rs"]

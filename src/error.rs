@@ -80,6 +80,17 @@ pub enum Error {
         /// What is wrong.
         reason: &'static str,
     },
+    /// A stream in the wrong state for the call (issue 34):
+    /// [`Pool::forget_stream`](crate::Pool::forget_stream) of a stream being
+    /// captured. Nothing changed.
+    #[error("stream {stream:#x}: {reason}")]
+    StreamState {
+        /// The stream's handle.
+        stream: u64,
+        /// What is wrong.
+        reason: &'static str,
+    },
+
     /// A driver call failed. `bytes` is the size the call was about (0 for
     /// synchronize). The pool's books are unchanged by the failed step and any steps
     /// before it were undone.

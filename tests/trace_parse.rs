@@ -409,7 +409,7 @@ fn excerpt_cuts_after_40_characters_on_a_character_boundary() {
     // a short token is quoted as the parser always quoted it ({:?})
     assert_eq!(
         Problem::UnknownKeyword("malloc".into()).to_string(),
-        "unknown keyword \"malloc\" (expected a, f, r, done, oom, begin, finish, abort, trim or a # comment)"
+        "unknown keyword \"malloc\" (expected a, f, r, done, oom, forget, begin, finish, abort, trim or a # comment)"
     );
     assert_eq!(
         Problem::FreeNotLive { id: "a\tb".into() }.to_string(),

@@ -12,7 +12,8 @@ As a private pool (PyTorch's caching allocator sub-allocates our mappings)::
         x = torch.empty(1 << 20, device="cuda")
 
 Also: ``retention()`` (a retention scope around warmup or capture), ``stats()``
-(the pools' snapshot counters as a dict), ``trim()`` (release what is idle).
+(the pools' snapshot counters as a dict), ``trim()`` (release what is idle),
+``forget_stream()`` (before destroying a stream PyTorch did not create).
 
 The package is pure Python over the shared library the Rust crate builds
 (``libflare_package.so``); ``library_path()`` says where it looks (the
@@ -64,6 +65,7 @@ __all__ = [
     "FlareError",
     "LibraryNotFound",
     "candidate_paths",
+    "forget_stream",
     "hook_failures",
     "install",
     "last_error",
@@ -172,6 +174,7 @@ def load():
     _sig(lib, "flare_torch_pool_alloc", vp, sz, i, vp)
     _sig(lib, "flare_torch_pool_free", None, vp, sz, i, vp)
     _sig(lib, "flare_torch_record_stream", None, vp, vp)
+    _sig(lib, "flare_torch_forget_stream", st, vp)
     _sig(lib, "flare_torch_reset", None)
     _sig(lib, "flare_torch_record_flush", None)
     _sig(lib, "flare_torch_begin_allocate_to_pool", None, i, u64, u64, vp)
@@ -185,6 +188,7 @@ def load():
     _sig(lib, "flare_torch_retention_begin", st, i)
     _sig(lib, "flare_torch_retention_finish", st, i, i)
     _sig(lib, "flare_torch_sim_stream_create", st, i, ctypes.POINTER(vp))
+    _sig(lib, "flare_torch_sim_stream_destroy", st, i, vp)
     _sig(lib, "flare_torch_sim_launch", st, i, vp, vp, sz)
     _sig(lib, "flare_torch_sim_stream_complete", st, i, vp)
     _sig(lib, "flare_torch_sim_begin_capture", st, i, vp)
@@ -389,3 +393,24 @@ def trim(device=None):
     keep their memory until PyTorch releases them). ``torch.cuda.empty_cache()``
     does it for every device once ``install()`` ran."""
     _check("flare_torch_trim", load().flare_torch_trim(_device(device)))
+
+
+def forget_stream(stream):
+    """Tells every pool that ``stream`` is about to be destroyed: call it before
+    destroying a CUDA stream that PyTorch did not create (one you wrap with
+    ``torch.cuda.ExternalStream``, or made in an extension), once nothing more is
+    queued on it by you. The driver may give the destroyed stream's handle value to
+    the next stream created; without this call the pools would take that new stream
+    for the old one and hand it memory the old stream's work may still use. What the
+    pools held for the stream is kept safe (a fence event recorded on it now), live
+    tensors stay valid. PyTorch's own streams (``torch.cuda.Stream()``, the current
+    and default streams) need no call: they come from per-device pools that PyTorch
+    never destroys, and PyTorch has no allocator hook for a stream's end.
+
+    ``stream``: a ``torch.cuda.Stream`` or ``ExternalStream`` (its ``cuda_stream``),
+    or the raw ``cudaStream_t`` value as an int. A stream the pools never saw: nothing
+    happens. Raises ``FlareError`` (nothing changed) for a default stream (0, 1, 2:
+    ``FLARE_STATUS_INVALID_ARGUMENT``) or a stream being captured
+    (``FLARE_STATUS_STREAM_STATE``: end the capture first)."""
+    handle = _int_in("stream", getattr(stream, "cuda_stream", stream), 0, 2**64 - 1)
+    _check("flare_torch_forget_stream", load().flare_torch_forget_stream(handle))

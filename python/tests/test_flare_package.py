@@ -206,6 +206,63 @@ class Simulated(unittest.TestCase):
         fp._check("complete", lib.flare_torch_sim_stream_complete(0, t))
         lib.flare_torch_free(q, MIB, 0, s)
 
+    def test_a_forgotten_streams_handle_reused_by_a_new_stream_starts_clean(self):
+        # The simulated driver gives a destroyed stream's handle to the next stream.
+        # Forgotten first, the old stream's block (its kernel still running) is not
+        # handed to the new stream: a block of a heap of its own, no fault.
+        lib = self.lib
+        s = stream(lib, 0)
+        p = lib.flare_torch_alloc(MIB, 0, s)
+        fp._check("launch", lib.flare_torch_sim_launch(0, s, p, MIB))
+        lib.flare_torch_free(p, MIB, 0, s)
+        fp.forget_stream(s)
+        fp._check("destroy", lib.flare_torch_sim_stream_destroy(0, s))
+        t = stream(lib, 0)
+        self.assertEqual(t, s, "the handle is handed out again")
+        q = lib.flare_torch_alloc(MIB, 0, t)
+        self.assertNotEqual(q, p, "the old stream's kernel still uses p")
+        self.assertEqual(faults(lib, 0), 0)
+        # Two 2 MiB handles: the forgotten stream's heap and the new stream's.
+        self.assertEqual(fp.stats(0)["tensor"]["physical_bytes"], 4 * MIB)
+        lib.flare_torch_free(q, MIB, 0, t)
+        fp.trim(0)
+        self.assertEqual(fp.stats(0)["physical_bytes"], 0)
+        self.assertEqual(faults(lib, 0), 0)
+        fp._check("destroy", lib.flare_torch_sim_stream_destroy(0, t))
+
+    def test_forget_stream_refuses_default_and_capturing_streams(self):
+        lib = self.lib
+        for default in (0, 1, 2):
+            with self.assertRaises(fp.FlareError) as cm:
+                fp.forget_stream(default)
+            self.assertEqual(cm.exception.status, "FLARE_STATUS_INVALID_ARGUMENT")
+        for bad in (-1, 2**64):
+            with self.assertRaises(ValueError):
+                fp.forget_stream(bad)
+        with self.assertRaises(TypeError):
+            fp.forget_stream("0x10")
+        s = stream(lib, 0)
+        p = lib.flare_torch_alloc(MIB, 0, s)
+        lib.flare_torch_free(p, MIB, 0, s)
+        fp._check("begin", lib.flare_torch_sim_begin_capture(0, s))
+        with self.assertRaises(fp.FlareError) as cm:
+            fp.forget_stream(s)
+        self.assertEqual(cm.exception.status, "FLARE_STATUS_STREAM_STATE")
+        valid = ctypes.c_int()
+        fp._check("end", lib.flare_torch_sim_end_capture(0, s, ctypes.byref(valid)))
+        self.assertEqual(valid.value, 1, "the refused forget broke nothing")
+        # Nothing changed: s takes its block back at once.
+        self.assertEqual(lib.flare_torch_alloc(MIB, 0, s), p)
+        lib.flare_torch_free(p, MIB, 0, s)
+
+        class Wrapped:  # what torch.cuda.ExternalStream gives: .cuda_stream
+            cuda_stream = s
+
+        fp.forget_stream(Wrapped())
+        fp.forget_stream(Wrapped())  # a second time: nothing to forget
+        fp._check("destroy", lib.flare_torch_sim_stream_destroy(0, s))
+        self.assertEqual(faults(lib, 0), 0)
+
     def test_graph_pool_hooks_keep_capture_memory_to_the_graph(self):
         lib = self.lib
         s = stream(lib, 0)

@@ -60,6 +60,10 @@ mod tests;
 #[cfg(all(test, not(flare_loom)))]
 mod abi_tests;
 
+// A stream's end (issue 34): `flare_pool_forget_stream` and `flare_sim_stream_destroy`.
+#[cfg(all(test, not(flare_loom)))]
+mod stream_lifetime_tests;
+
 pub use boundary::{flare_last_error_message, flare_status_name};
 pub use memory::{
     flare_package_allocate, flare_package_free, flare_pool_record_error, flare_pool_record_flush,
@@ -73,22 +77,24 @@ pub use pool::{
 pub use sim::{
     flare_sim_begin_capture, flare_sim_end_capture, flare_sim_faults, flare_sim_inject_failure,
     flare_sim_inject_panic, flare_sim_launch, flare_sim_stream_complete, flare_sim_stream_create,
+    flare_sim_stream_destroy,
 };
 pub use stream::{
     flare_package_allocate_async, flare_package_free_async, flare_package_record_stream,
+    flare_pool_forget_stream,
 };
 pub use tags::{
     flare_package_allocate_tagged, flare_pool_sleep, flare_pool_tag_census, flare_pool_wake,
 };
 pub use torch::{
     flare_torch_alloc, flare_torch_begin_allocate_to_pool, flare_torch_end_allocate_to_pool,
-    flare_torch_free, flare_torch_hook_failures, flare_torch_pool_alloc, flare_torch_pool_free,
-    flare_torch_record_flush, flare_torch_record_stream, flare_torch_release_pool,
-    flare_torch_reset, flare_torch_retention_begin, flare_torch_retention_finish,
-    flare_torch_set_oom_handler, flare_torch_sim_begin_capture, flare_torch_sim_end_capture,
-    flare_torch_sim_faults, flare_torch_sim_launch, flare_torch_sim_stream_complete,
-    flare_torch_sim_stream_create, flare_torch_stats, flare_torch_trim, flare_torch_use_simulated,
-    FlareTorchOomHandler,
+    flare_torch_forget_stream, flare_torch_free, flare_torch_hook_failures, flare_torch_pool_alloc,
+    flare_torch_pool_free, flare_torch_record_flush, flare_torch_record_stream,
+    flare_torch_release_pool, flare_torch_reset, flare_torch_retention_begin,
+    flare_torch_retention_finish, flare_torch_set_oom_handler, flare_torch_sim_begin_capture,
+    flare_torch_sim_end_capture, flare_torch_sim_faults, flare_torch_sim_launch,
+    flare_torch_sim_stream_complete, flare_torch_sim_stream_create, flare_torch_sim_stream_destroy,
+    flare_torch_stats, flare_torch_trim, flare_torch_use_simulated, FlareTorchOomHandler,
 };
 pub use types::{
     FlareBackend, FlareCrossStreamReuse, FlareDestroyReport, FlareDriverCall, FlarePoolConfig,

@@ -195,9 +195,11 @@ pub(super) fn refused(call: &str, stream: FlareStream, code: CuResult) -> Result
 /// Simulated backend only: creates a stream on the pool's device (`cuStreamCreate`
 /// with `CU_STREAM_NON_BLOCKING`, the kind PyTorch uses and the kind the measured rows
 /// of `docs/vmm-semantics.md` were taken with: it does not synchronize with the legacy
-/// stream) and writes its handle to `*out_stream` (never NULL, never reused within the
-/// pool's simulated driver). Each pool has its own simulated driver, so a handle is a
-/// stream of the pool that made it only. Streams live as long as the pool.
+/// stream) and writes its handle to `*out_stream` (never NULL; the handle of the
+/// stream `flare_sim_stream_destroy` destroyed last, when one is free, as the CUDA
+/// driver may hand a destroyed stream's handle to the next stream). Each pool has its
+/// own simulated driver, so a handle is a stream of the pool that made it only.
+/// Streams live as long as the pool unless destroyed.
 ///
 /// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool or `out_stream`;
 /// `FLARE_STATUS_NOT_SUPPORTED` on a CUDA pool; `FLARE_STATUS_INTERNAL` on a poisoned
@@ -229,6 +231,42 @@ fn flare_sim_stream_create_inner(
         let stream = create_stream_on(&sim, pool.device, || pool.injected_panic_point())?;
         out_stream.write(stream);
         Ok(())
+    })
+}
+
+/// Simulated backend only: destroys `stream` (`cuStreamDestroy`): its handle is
+/// refused from then on (a launch or a completion naming it, a pool's event record on
+/// it: `CUDA_ERROR_INVALID_HANDLE`) until `flare_sim_stream_create` hands the same
+/// value to a new stream, which is ordered after none of the old stream's work. Work
+/// already queued on it still runs until a device synchronize, an event recorded on
+/// it before, or `flare_sim_stream_complete` of the handle while no live stream has
+/// it. Call `flare_pool_forget_stream` first for a stream the pool has seen.
+///
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool, and when the simulated
+/// driver refuses (nothing changes; the message gives the `CUresult`): `stream` NULL
+/// or a handle that is not a live stream of this pool (`CUDA_ERROR_INVALID_HANDLE`),
+/// a stream in an open capture (`CUDA_ERROR_ILLEGAL_STATE`);
+/// `FLARE_STATUS_NOT_SUPPORTED` on a CUDA pool; `FLARE_STATUS_INTERNAL` on a poisoned
+/// pool. Thread-safe.
+///
+/// # Safety
+/// `pool` is NULL or a live pool.
+#[no_mangle]
+pub unsafe extern "C" fn flare_sim_stream_destroy(
+    pool: *mut FlarePool,
+    stream: FlareStream,
+) -> FlareStatus {
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+    flare_sim_stream_destroy_inner(unsafe { pool.as_ref() }, stream)
+}
+
+/// `flare_sim_stream_destroy` on the caller's pool.
+fn flare_sim_stream_destroy_inner(pool: Option<&FlarePool>, stream: FlareStream) -> FlareStatus {
+    pool_boundary("flare_sim_stream_destroy", pool, |pool| {
+        let sim = sim_of(pool)?;
+        let code = sim.stream_destroy(handle(stream));
+        pool.injected_panic_point();
+        refused("cuStreamDestroy", stream, code)
     })
 }
 

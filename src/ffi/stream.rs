@@ -231,6 +231,62 @@ fn flare_package_record_stream_inner(
     })
 }
 
+/// Forgets everything the pool keeps under `stream`'s handle. Call it before
+/// destroying a stream (`cuStreamDestroy` / `cudaStreamDestroy`) that the pool has
+/// seen: the driver may hand the same handle value to the next stream created, and
+/// without this call the pool would take that new stream for the old one (RAPIDS
+/// RMM issue 2251): hand it memory freed on the old stream at once while the old
+/// stream's queued work may still use it, and make it wait on the old stream's
+/// fences.
+///
+/// What the pool held for `stream` stays safe: one fence event is recorded on
+/// `stream` now (`cuEventRecord`, after all its queued work; an event recorded before
+/// `cuStreamDestroy` completes when that work has); memory freed on it, its segment
+/// heap's free blocks, and memory freed elsewhere with `stream` given to
+/// `flare_package_record_stream`, are reused by other streams or released once that
+/// fence completes. No host synchronization. Live allocations made on `stream` stay
+/// valid; a later free of one on a stream with the same handle acts as a free on a
+/// new stream. Memory freed during a capture on `stream` stays with that capture.
+///
+/// Called after `cuStreamDestroy` instead (a misuse): no fence can be recorded, so
+/// memory freed on the stream that no earlier fence covers is kept from every stream
+/// and released only after a device synchronize (`flare_pool_trim`,
+/// `flare_retention_finish`, `flare_pool_destroy`); and if a new stream got the handle
+/// in between, the pool cannot tell it from the old one. Call it before.
+///
+/// A stream the pool never saw, or already forgot: `FLARE_STATUS_SUCCESS`, nothing
+/// happens (no driver call). Otherwise one `cuStreamGetCaptureInfo` and at most one
+/// `cuEventRecord`.
+///
+/// Errors (nothing changes): `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool, or
+/// `stream` NULL, `CU_STREAM_LEGACY` (1) or `CU_STREAM_PER_THREAD` (2): the default
+/// streams are never destroyed; `FLARE_STATUS_STREAM_STATE` while `stream` is being
+/// captured (end the capture first); `FLARE_STATUS_INTERNAL` on a poisoned pool.
+/// Thread-safe, but no other call may use `stream` meanwhile (it is being destroyed).
+///
+/// # Safety
+/// `pool` is NULL or a live pool. `stream` is only passed to the driver, never
+/// dereferenced; on a CUDA pool it must still be a live stream of the pool's
+/// device's context.
+#[no_mangle]
+pub unsafe extern "C" fn flare_pool_forget_stream(
+    pool: *mut FlarePool,
+    stream: FlareStream,
+) -> FlareStatus {
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract; `stream` is
+    // only passed to the driver.
+    flare_pool_forget_stream_inner(unsafe { pool.as_ref() }, stream)
+}
+
+/// `flare_pool_forget_stream` on the caller's pool.
+fn flare_pool_forget_stream_inner(pool: Option<&FlarePool>, stream: FlareStream) -> FlareStatus {
+    pool_boundary("flare_pool_forget_stream", pool, |pool| {
+        let result = pool.pool.forget_stream(stream_of(stream));
+        pool.injected_panic_point();
+        result
+    })
+}
+
 /// The body of the functions that take a pool and an allocation's address: `f` on
 /// the pool and the address inside the panic boundary; a NULL `ptr` is
 /// `FLARE_STATUS_SUCCESS` and nothing happens.

@@ -534,6 +534,23 @@ pub extern "C" fn flare_torch_retention_finish(device: c_int, abort: c_int) -> F
     })
 }
 
+/// Forgets everything the pools of every device keep under `stream`'s handle
+/// (`forget_stream()` in Python): call it before destroying a stream that PyTorch
+/// did not create (one wrapped by `torch.cuda.ExternalStream`), so that a stream
+/// created later with the same handle value starts with no history (see
+/// `flare_pool_forget_stream`). PyTorch's own streams come from per-device pools that
+/// are never destroyed, and PyTorch has no allocator hook for a stream's end.
+///
+/// Errors (nothing changes): `FLARE_STATUS_INVALID_ARGUMENT` for NULL, 1 or 2 (the
+/// default streams, never destroyed) or a bad `FLARE_TORCH_*` variable;
+/// `FLARE_STATUS_STREAM_STATE` while `stream` is being captured. Thread-safe.
+#[no_mangle]
+pub extern "C" fn flare_torch_forget_stream(stream: FlareStream) -> FlareStatus {
+    boundary("flare_torch_forget_stream", || {
+        allocator()?.forget_stream(stream_of(stream))
+    })
+}
+
 /// The simulated driver of `device`.
 fn sim(device: c_int) -> Result<Arc<SimDriver>, Error> {
     allocator()?.sim_driver(device)
@@ -566,6 +583,23 @@ fn flare_torch_sim_stream_create_inner(
         let stream = create_stream_on(&*sim(device)?, device, || ())?;
         out_stream.write(stream);
         Ok(())
+    })
+}
+
+/// Simulated backend only: destroys `stream` of `device` (see
+/// `flare_sim_stream_destroy`): the next `flare_torch_sim_stream_create` on the
+/// device gets its handle again.
+///
+/// Errors: as `flare_torch_sim_launch` (a handle that is not a live stream, a stream
+/// in an open capture). Thread-safe.
+#[no_mangle]
+pub extern "C" fn flare_torch_sim_stream_destroy(
+    device: c_int,
+    stream: FlareStream,
+) -> FlareStatus {
+    boundary("flare_torch_sim_stream_destroy", || {
+        let code = sim(device)?.stream_destroy(handle(stream));
+        refused("cuStreamDestroy", stream, code)
     })
 }
 

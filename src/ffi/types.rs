@@ -63,6 +63,9 @@ c_enum! {
     /// A tag in the wrong state (issue 15): allocating or freeing with a tag that
     /// sleeps, sleeping a tag that sleeps, waking one that does not. Nothing changed.
     FLARE_STATUS_TAG_STATE = 10 <- TagState;
+    /// A stream in the wrong state for the call (issue 34): forgetting a stream
+    /// (`flare_pool_forget_stream`) while it is being captured. Nothing changed.
+    FLARE_STATUS_STREAM_STATE = 11 <- StreamState;
 }
 
 c_enum! {

@@ -82,6 +82,12 @@ pub(super) struct Bucket {
     pub(super) completed: u64,
     /// Fences recorded and not yet seen complete, oldest first.
     pub(super) fences: VecDeque<Fence>,
+    /// The caller said its stream is about to be destroyed
+    /// ([`Pool::forget_stream`](super::Pool::forget_stream)): no longer in `by_stream`
+    /// (a new stream with the same handle gets a bucket of its own), and its stream is
+    /// never passed to the driver again. Its memory and fences drain as any stream
+    /// bucket's; `marks` no longer grows, so a fence never needs recording.
+    pub(super) forgotten: bool,
 }
 
 impl Bucket {
@@ -94,6 +100,7 @@ impl Bucket {
             polled_marks: 0,
             completed: 0,
             fences: VecDeque::new(),
+            forgotten: false,
         }
     }
 }
@@ -174,8 +181,11 @@ pub(super) struct Mapping {
     /// synchronous `free`, during a capture, or live at destroy); false when its
     /// stream work is known complete.
     pub(super) needs_sync: bool,
-    /// The stream of its last free (`None`: the synchronous `free`).
-    pub(super) freed_on: Option<Stream>,
+    /// The bucket of the stream of its last free (`None`: the synchronous `free`):
+    /// by bucket, so that a stream with a forgotten stream's handle is another one
+    /// (only counted in `cross_stream_hits`: a drained forgotten bucket given to a
+    /// new stream makes a reuse of such memory by it uncounted).
+    pub(super) freed_on: Option<u32>,
     /// What the slot holds.
     pub(super) piece: Piece,
     /// Blocks and handles: the segment (`NO_SEGMENT` for a whole mapping).
@@ -288,6 +298,16 @@ impl Hasher for PtrHasher {
     }
 }
 
+/// The key of `stream` in [`State::by_stream`]: its handle, the legacy stream's two
+/// (0 and `CU_STREAM_LEGACY`, 1) as 0.
+pub(super) fn stream_key(stream: Stream) -> u64 {
+    if stream.is_legacy() {
+        0
+    } else {
+        stream.0
+    }
+}
+
 pub(super) type PtrMap = HashMap<u64, u32, BuildHasherDefault<PtrHasher>>;
 
 /// The books, under the pool's one lock.
@@ -313,8 +333,10 @@ pub(super) struct State {
     pub(super) by_stream: PtrMap,
     /// Bucket of each capture seen.
     pub(super) by_capture: HashMap<u64, u32>,
-    /// Streams given to `record_stream`, by live slot.
-    pub(super) recorded: HashMap<u32, Vec<Stream>>,
+    /// The buckets of the streams given to `record_stream`, by live slot: by bucket,
+    /// not handle, so that a stream forgotten since (`Pool::forget_stream`) is
+    /// still the one waited on, not a new stream that got its handle.
+    pub(super) recorded: HashMap<u32, Vec<u32>>,
     /// Mappings waiting on recorded streams' fences.
     pub(super) deferred: Vec<Deferred>,
     /// Events whose fence completed, for reuse.
@@ -470,17 +492,32 @@ impl State {
     }
 
     /// The bucket of `stream` (the legacy stream's handles 0 and 1 share one),
-    /// made on first use.
+    /// made on first use, and marked used ([`Bucket::active`]).
     pub(super) fn stream_bucket(&mut self, stream: Stream) -> u32 {
-        let key = if stream.is_legacy() { 0 } else { stream.0 };
+        let b = self.stream_bucket_unmarked(stream);
+        self.buckets[b as usize].active = true;
+        b
+    }
+
+    /// The bucket of `stream`, made on first use (a drained forgotten stream's bucket
+    /// again when there is one, `stream_forget.rs`), not marked used: `record_stream`
+    /// names a stream no call of the pool's runs on.
+    pub(super) fn stream_bucket_unmarked(&mut self, stream: Stream) -> u32 {
+        let key = stream_key(stream);
         if let Some(&b) = self.by_stream.get(&key) {
-            self.buckets[b as usize].active = true;
             return b;
         }
-        let b = self.buckets.len() as u32;
-        let mut bucket = Bucket::new(BucketKind::Stream(Stream(key)));
-        bucket.active = true;
-        self.buckets.push(bucket);
+        let kind = BucketKind::Stream(Stream(key));
+        let b = match self.drained_forgotten_bucket() {
+            Some(b) => {
+                self.reuse_forgotten_bucket(b, kind);
+                b
+            }
+            None => {
+                self.buckets.push(Bucket::new(kind));
+                (self.buckets.len() - 1) as u32
+            }
+        };
         self.by_stream.insert(key, b);
         b
     }
@@ -552,14 +589,14 @@ impl State {
     }
 
     /// Frees live `ptr` (with `id`, only if it is that allocation): makes its slot
-    /// idle ([`State::make_idle`]) and returns it with the streams `record_stream`
-    /// gave it. Errors: [`Error::UnknownPointer`](crate::Error::UnknownPointer),
+    /// idle ([`State::make_idle`]) and returns it with the buckets of the streams
+    /// `record_stream` gave it. Errors: [`Error::UnknownPointer`](crate::Error::UnknownPointer),
     /// nothing changed.
     pub(super) fn free_live(
         &mut self,
         ptr: DevicePtr,
         id: Option<u64>,
-    ) -> crate::Result<(u32, Option<Vec<Stream>>)> {
+    ) -> crate::Result<(u32, Option<Vec<u32>>)> {
         let unknown = crate::Error::UnknownPointer { ptr };
         // One hash lookup on the common path: removed first, put back on a mismatch.
         let slot = self.live.remove(&ptr).ok_or(unknown)?;

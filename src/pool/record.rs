@@ -248,6 +248,15 @@ impl Recorder {
         });
     }
 
+    /// `forget STREAM` (`Pool::forget_stream`).
+    pub(super) fn forget(&self, stream: Stream) {
+        self.append(|b| {
+            b.extend_from_slice(b"forget ");
+            hex(b, stream.raw());
+            b.push(b'\n');
+        });
+    }
+
     /// `done STREAM MARK`: the pool saw the work of `stream` complete through its
     /// `mark`-th stream-ordered free.
     pub(super) fn done(&self, stream: Stream, mark: u64) {

@@ -25,7 +25,7 @@
 //! with access first: a graph's replays run on streams the pool never sees, so no
 //! fence covers them.
 
-use super::books::{BucketKind, Deferred, Fence, MappingState, State, ANY, HELD};
+use super::books::{stream_key, BucketKind, Deferred, Fence, MappingState, State, ANY, HELD};
 use super::release::{Batch, Captures};
 use super::{CrossStreamReuse, Pool, ReusePolicy};
 use crate::driver::{CaptureMode, DevicePtr, DriverError, Stream};
@@ -39,7 +39,7 @@ const MAX_POLL_INTERVAL: u32 = 64;
 
 /// What recording a fence on a bucket's stream did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Cover {
+pub(super) enum Cover {
     /// Its frees are covered by a fence (recorded now or before).
     Covered,
     /// The stream is being captured: a record would be a graph node; try later.
@@ -298,12 +298,14 @@ impl Pool {
     /// most one fence record and query per stream every `poll_interval` frees (1 to
     /// 64), and the release of what completed.
     ///
-    /// `stream` must stay alive while memory freed on it is idle in the pool (the
-    /// pool passes it to `cuStreamGetCaptureInfo` and `cuEventRecord` later, lazily):
-    /// before destroying a stream, call [`Pool::trim`] (or finish the scope), which
-    /// waits for and releases that memory; after that the pool never passes the
-    /// stream to the driver again. (On the simulated driver, memory freed on a
-    /// stream destroyed first is held, reported as idle by an out-of-memory, until
+    /// `stream` must stay alive while the pool knows it (the pool passes it to
+    /// `cuStreamGetCaptureInfo` and `cuEventRecord` later, lazily): before destroying
+    /// a stream, call [`Pool::forget_stream`], which fences its work once more and
+    /// never passes it to the driver again, so that a stream created later with the
+    /// same handle value (the driver may hand it out again) is not taken for it.
+    /// [`Pool::trim`] (or a scope's finish) releases its memory too, but keeps the
+    /// handle's history. (On the simulated driver, memory freed on a stream destroyed
+    /// first, with no forget, is held, reported as idle by an out-of-memory, until
     /// trim.)
     ///
     /// Errors: [`Error::UnknownPointer`] as [`Pool::free_raw`]; nothing changes then.
@@ -331,7 +333,8 @@ impl Pool {
         {
             let mut st = lock(&self.state);
             let (slot, recorded) = st.free_live(ptr, id)?;
-            st.mapping_mut(slot).freed_on = Some(stream);
+            let freed_on = st.stream_bucket_unmarked(stream);
+            st.mapping_mut(slot).freed_on = Some(freed_on);
             let capture = match capture {
                 Ok(c) => c,
                 Err(e) => {
@@ -403,7 +406,9 @@ impl Pool {
     /// Records that bucket `b`'s stream completed through mark `covers`
     /// (`done STREAM MARK`), when recording and `advanced`.
     fn record_done(&self, st: &State, b: u32, covers: u64, advanced: bool) {
-        if let (Some(rec), true) = (&self.rec, advanced) {
+        // A forgotten stream's handle names another stream in the trace from its
+        // `forget` line on: what completes of it is not written (not reproduced).
+        if let (Some(rec), true, false) = (&self.rec, advanced, st.buckets[b as usize].forgotten) {
             if let BucketKind::Stream(s) = st.buckets[b as usize].kind {
                 rec.done(s, covers);
             }
@@ -426,9 +431,10 @@ impl Pool {
         // A sleeping tag's memory is unmapped: no stream may use it (a review found
         // the call accepted while the free was refused).
         st.tag_usable(st.mref(slot).tag)?;
+        let b = st.stream_bucket_unmarked(stream);
         let list = st.recorded.entry(slot).or_default();
-        if !list.contains(&stream) {
-            list.push(stream);
+        if !list.contains(&b) {
+            list.push(b);
         }
         if let Some(rec) = &self.rec {
             rec.record_stream(ptr, stream);
@@ -437,18 +443,24 @@ impl Pool {
     }
 
     /// Books idle `slot` (freed on `stream`, to go to bucket `own`: the stream's, or
-    /// the capture's) as waiting for fences on the recorded streams `others`,
-    /// recording them now.
-    fn defer(&self, st: &mut State, slot: u32, own: u32, stream: Stream, others: &[Stream]) {
+    /// the capture's) as waiting for fences on the recorded streams' buckets `others`,
+    /// recording them now. A recorded stream forgotten since
+    /// ([`Pool::forget_stream`]) needs no new fence: its work all came before the
+    /// fence its forget recorded.
+    fn defer(&self, st: &mut State, slot: u32, own: u32, stream: Stream, others: &[u32]) {
         let mut needs = Vec::with_capacity(others.len() + 1);
         let mut dest = own;
-        for &s in others {
-            let b = st.stream_bucket(s);
-            if b == own || s == stream {
+        let freeing = st.by_stream.get(&stream_key(stream)).copied();
+        for &b in others {
+            if b == own || Some(b) == freeing {
                 continue;
             }
             let bucket = &mut st.buckets[b as usize];
-            bucket.marks += 1;
+            if !bucket.forgotten {
+                // Used now: a release point asks it about captures.
+                bucket.active = true;
+                bucket.marks += 1;
+            }
             let mark = bucket.marks;
             match self.cover(st, b) {
                 Cover::Covered => needs.push((b, mark)),
@@ -457,6 +469,9 @@ impl Pool {
                     // into it, so it becomes that capture's memory (kept until the
                     // scope open then closes, or trim or destroy), once the live
                     // work of the other streams is done with it.
+                    let BucketKind::Stream(s) = st.buckets[b as usize].kind else {
+                        return hold(st, slot);
+                    };
                     match self.driver.stream_capture(s) {
                         Ok(Some(id)) => {
                             let b = st.capture_bucket(id);
@@ -509,14 +524,18 @@ impl Pool {
     }
 
     /// Records a fence on bucket `b`'s stream covering every free made on it so far,
-    /// unless one already does.
-    fn cover(&self, st: &mut State, b: u32) -> Cover {
+    /// unless one already does. A forgotten stream's bucket is never recorded on (its
+    /// handle may name a new stream now): `Failed` when its forget could not fence it.
+    pub(super) fn cover(&self, st: &mut State, b: u32) -> Cover {
         let bucket = &st.buckets[b as usize];
         let BucketKind::Stream(stream) = bucket.kind else {
             return Cover::Covered;
         };
         if bucket.fenced == bucket.marks {
             return Cover::Covered;
+        }
+        if bucket.forgotten {
+            return Cover::Failed;
         }
         let target = if stream.is_legacy() {
             match self.fence_stream(st) {
@@ -1030,15 +1049,19 @@ fn take_reachable(
         return Some(p);
     }
     let p = take(st, ANY)?;
-    note_cross_stream(st, p, Some(stream));
+    note_cross_stream(st, p, own);
     Some(p)
 }
 
 /// Whether stream bucket `b`'s stream may be asked about captures: used since the
 /// last release point that may synchronize, or still holding memory or fences. A
-/// stream the pool is done with may have been destroyed, and is not asked.
+/// stream the pool is done with may have been destroyed, and is not asked; nor is a
+/// forgotten one (its handle may name a new stream).
 fn in_use(st: &State, b: u32) -> bool {
     let bucket = &st.buckets[b as usize];
+    if bucket.forgotten {
+        return false;
+    }
     bucket.active
         || !bucket.fences.is_empty()
         || !st.idle.bucket_is_empty(b)
@@ -1085,7 +1108,7 @@ fn complete_through(st: &mut State, b: u32, covers: u64) -> bool {
 /// [`HELD`], released after the device synchronize; with `all`, so does every
 /// deferred mapping (destroy), else those waiting on those buckets (memory of a
 /// capture to its capture's bucket instead, released with it after a synchronize).
-fn hold_unconfirmed(st: &mut State, buckets: &[u32], all: bool) {
+pub(super) fn hold_unconfirmed(st: &mut State, buckets: &[u32], all: bool) {
     for &b in buckets {
         let completed = st.buckets[b as usize].completed;
         for slot in st.idle.slots_in(b) {
@@ -1137,17 +1160,18 @@ fn hold(st: &mut State, slot: u32) {
     st.index_insert(slot, HELD);
 }
 
-/// Counts a reuse from [`ANY`] of memory last freed on another stream.
-fn note_cross_stream(st: &mut State, ptr: DevicePtr, target: Option<Stream>) {
+/// Counts a reuse from [`ANY`] by `target` (its bucket) of memory last freed on
+/// another stream.
+fn note_cross_stream(st: &mut State, ptr: DevicePtr, target: u32) {
     if let Some(&slot) = st.live.get(&ptr) {
         let from = st.mapping(slot).freed_on;
-        if from.is_some() && target.is_some() && from != target {
+        if from.is_some_and(|b| b != target) {
             st.counters.cross_stream_hits += 1;
         }
     }
 }
 
-fn count_stream_failure(st: &mut State, _e: DriverError) {
+pub(super) fn count_stream_failure(st: &mut State, _e: DriverError) {
     st.counters.stream_call_failures += 1;
 }
 

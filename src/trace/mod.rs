@@ -194,6 +194,13 @@ pub enum Event {
         /// The mark, 1 or more.
         mark: u64,
     },
+    /// `forget STREAM`: the recorded pool was told that stream `stream` is about to be
+    /// destroyed (`Pool::forget_stream`); from the next line on its name names a new
+    /// stream (a new dense index: the driver may hand the handle out again).
+    Forget {
+        /// Dense index of the stream's name, before the line.
+        stream: u32,
+    },
     /// `oom N` (N from 1 to [`MAX_OOM_ANSWERS`]): during the next allocation, the recorded pool's driver answered
     /// out-of-memory `count` times (the replay makes its next `count` handle
     /// creations fail so).
@@ -257,8 +264,12 @@ pub enum Problem {
         found: usize,
     },
     /// The first field is not a keyword of the format (quoted as an [`Excerpt`]).
-    #[error("unknown keyword {0} (expected a, f, r, done, oom, begin, finish, abort, trim or a # comment)")]
+    #[error("unknown keyword {0} (expected a, f, r, done, oom, forget, begin, finish, abort, trim or a # comment)")]
     UnknownKeyword(Excerpt),
+    /// A `forget STREAM` of a default stream (`0x0`, `0x1`, `0x2`: the legacy and
+    /// per-thread streams, never destroyed; a pool refuses to forget them).
+    #[error("forget of the default stream {0}, which is never destroyed")]
+    ForgetDefaultStream(Excerpt),
     /// An allocation of 0 bytes.
     #[error("allocation size is 0 bytes (sizes are greater than zero)")]
     ZeroSize,
@@ -506,6 +517,9 @@ struct Parser {
     pending_oom: usize,
     /// Tags asleep (`sleep` lines without their `wake` yet).
     sleeping: std::collections::HashSet<u32>,
+    /// Stream indices whose name a `forget` line gave to a new index: they get no
+    /// marks (the pool no longer fences a forgotten stream).
+    forgotten: std::collections::HashSet<u32>,
 }
 
 /// The UTF-8 byte-order mark, ignored at the start of a trace.
@@ -535,6 +549,7 @@ fn parse_bytes(name: String, bytes: &[u8]) -> Result<Trace, TraceError> {
         pending_done: Vec::new(),
         pending_oom: 0,
         sleeping: std::collections::HashSet::new(),
+        forgotten: std::collections::HashSet::new(),
     };
     for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
         let line = i + 1;
@@ -569,11 +584,21 @@ fn parse_bytes(name: String, bytes: &[u8]) -> Result<Trace, TraceError> {
 /// Whether a stream name is the legacy default stream: its value (hex with `0x`, or
 /// decimal) is 0 or 1, as for the pool.
 pub(crate) fn is_legacy_stream_name(name: &str) -> bool {
-    let value = match name.strip_prefix("0x") {
+    stream_name_value(name).is_some_and(|v| v <= 1)
+}
+
+/// Whether a stream name is a default stream's (the legacy stream, or
+/// `CU_STREAM_PER_THREAD`, 2): never destroyed, never forgotten.
+fn is_default_stream_name(name: &str) -> bool {
+    stream_name_value(name).is_some_and(|v| v <= 2)
+}
+
+/// The handle a stream name writes (hex with `0x`, else decimal), if it is a number.
+fn stream_name_value(name: &str) -> Option<u64> {
+    match name.strip_prefix("0x") {
         Some(hex) => u64::from_str_radix(hex, 16).ok(),
         None => name.parse::<u64>().ok(),
-    };
-    value.is_some_and(|v| v <= 1)
+    }
 }
 
 fn is_sep(c: char) -> bool {
@@ -681,6 +706,9 @@ impl Parser {
                     let own = self.mark_key(own);
                     self.marks.entry(own).or_default().0 += 1;
                     for other in recorded {
+                        if self.forgotten.contains(&other) {
+                            continue;
+                        }
                         let other = self.mark_key(other);
                         if other != own {
                             self.marks.entry(other).or_default().0 += 1;
@@ -765,6 +793,17 @@ impl Parser {
                     self.pending_done.push((key, stream, mark, line));
                 }
                 Event::Done { stream, mark }
+            }
+            "forget" => {
+                arity(1, "a stream")?;
+                if is_default_stream_name(args[0]) {
+                    return Err(Problem::ForgetDefaultStream(Excerpt::new(args[0])));
+                }
+                let stream = self.stream(args[0])?;
+                // The name's next use is a new stream: a new index, new marks.
+                self.streams.remove(args[0]);
+                self.forgotten.insert(stream);
+                Event::Forget { stream }
             }
             "oom" => {
                 arity(1, "a count")?;
@@ -1107,6 +1146,7 @@ impl Trace {
                 }
                 Event::Trim
                 | Event::RecordStream { .. }
+                | Event::Forget { .. }
                 | Event::Done { .. }
                 | Event::Oom { .. }
                 | Event::AllocFailed { .. }
@@ -1135,6 +1175,7 @@ impl fmt::Display for Event {
             Event::FreeAsync { id, stream } => write!(f, "f {id} s{stream}"),
             Event::RecordStream { id, stream } => write!(f, "r {id} s{stream}"),
             Event::Done { stream, mark } => write!(f, "done s{stream} {mark}"),
+            Event::Forget { stream } => write!(f, "forget s{stream}"),
             Event::Oom { count } => write!(f, "oom {count}"),
             Event::Sleep { tag, offload } => {
                 write!(

@@ -281,6 +281,10 @@ fn replay_inner(
                 }
                 Ok(())
             }
+            Event::Forget { stream } => match streams.as_mut() {
+                Some(ss) => pool.forget_stream(ss.forget(stream)),
+                None => Ok(()),
+            },
             Event::AllocFailed { bytes, tag, stream } => {
                 // The same request; refused as recorded, it allocates nothing. Served
                 // (a replay under other settings, or one that diverged), it is given
@@ -463,6 +467,8 @@ struct SimStreams {
     marks: HashMap<u64, Marks>,
     /// The streams each live id was recorded on (`r` lines), by id index.
     recorded: HashMap<u32, Vec<u32>>,
+    /// Name indices a `forget` line ended: no more marks or work on them.
+    forgotten: std::collections::HashSet<u32>,
     /// Keep work that only `done` completes at each stream's tail (as recorded).
     background: bool,
 }
@@ -524,6 +530,7 @@ impl SimStreams {
             names: trace.stream_names().to_vec(),
             marks: HashMap::new(),
             recorded: HashMap::new(),
+            forgotten: std::collections::HashSet::new(),
             background,
         }
     }
@@ -576,6 +583,9 @@ impl SimStreams {
         let own = self.stream(stream);
         self.mark(own, ptr, bytes);
         for other in self.recorded.remove(&id).unwrap_or_default() {
+            if self.forgotten.contains(&other) {
+                continue; // its work all came before its forget's fence
+            }
             let s = self.stream(other);
             if Self::key(s) != Self::key(own) {
                 self.mark(s, ptr, bytes);
@@ -608,6 +618,22 @@ impl SimStreams {
             }
             m.complete_all(&sim);
         }
+    }
+
+    /// `forget STREAM`: the name index's stream gets no more marks, nor work at its
+    /// tail (the engine destroyed it). Its simulated stream stays (its queued work
+    /// completes with a synchronize: the recorded pool's completions of a forgotten
+    /// stream's fence are not in the trace); the name's next index gets a new one.
+    /// Returns the stream, for the pool's call.
+    fn forget(&mut self, stream: u32) -> Stream {
+        let s = self.stream(stream);
+        self.forgotten.insert(stream);
+        if let Some(m) = self.marks.remove(&Self::key(s)) {
+            for (_, e) in m.events.into_iter().chain(m.tail.map(|e| (0, e))) {
+                let _ = self.sim.event_destroy(e);
+            }
+        }
+        s
     }
 
     /// `done STREAM MARK`: the recorded pool saw a fence covering the stream's marks

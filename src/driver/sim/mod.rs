@@ -288,8 +288,9 @@ pub enum SimFault {
         ptr: DevicePtr,
         /// Size of the unmapped range, bytes.
         size: u64,
-        /// The stream whose queued work touches it (the first found, in handle
-        /// order; [`SIM_LEGACY_STREAM`] for a legacy stream).
+        /// The stream whose queued work touches it (the first found, in creation
+        /// order, legacy streams last; [`SIM_LEGACY_STREAM`] for a legacy stream; a
+        /// destroyed stream's handle, which a new stream may have now).
         stream: u64,
     },
     /// Memory was handed to `stream` ([`SimDriver::note_handoff`]) while work queued

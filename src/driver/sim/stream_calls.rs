@@ -13,12 +13,16 @@
 //! Stream handles: [`SIM_LEGACY_STREAM`] (0; CUDA's `CU_STREAM_LEGACY`, 1, too) is the
 //! legacy default stream of the calling thread's current device
 //! ([`SimDriver::ctx_set_current`], default device 0); created streams have handles
-//! from 2^32 up, event handles from 2^33 up, none ever reused.
+//! from 2^32 up, event handles from 2^33 up. An event handle is never reused; a
+//! destroyed stream's handle is handed to the next created stream (the most recently
+//! destroyed first), as the CUDA driver may (a `CUstream` is the address of the
+//! driver's record: RAPIDS RMM issue 2251 saw a new stream get a destroyed one's
+//! value at once). The new stream shares nothing with the old one: the old one's
+//! queued work runs on, ordered before nothing of the new one's, and a call naming
+//! the handle reaches the new stream.
 
 use super::model::Inner;
-use super::streams::{
-    caller, merge, Breaks, CaptureRec, Clock, EventRec, Recorded, Streams, FIRST_STREAM,
-};
+use super::streams::{caller, merge, Breaks, CaptureRec, Clock, EventRec, Recorded, FIRST_STREAM};
 use super::{
     CaptureMode, CaptureStatus, SimCaptureInfo, SimDriver, SimFault, SimStreamCall, SimWork,
     CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_NOT_READY,
@@ -160,8 +164,7 @@ impl Inner {
         if s.capture.is_some() {
             return Err(CUDA_ERROR_ILLEGAL_STATE);
         }
-        s.destroyed = true;
-        self.streams.forget_finished();
+        self.streams.destroy_stream(key);
         Ok(())
     }
 
@@ -359,7 +362,8 @@ impl SimDriver {
 
     /// `cuStreamCreate` with `CU_STREAM_NON_BLOCKING`: a non-blocking stream (the kind
     /// PyTorch uses and the measured rows were taken with) on the calling thread's
-    /// current device; returns its handle (never 0, never reused).
+    /// current device; returns its handle (never 0; the most recently destroyed
+    /// stream's handle when one is free, as the CUDA driver may hand it out).
     /// [`SimDriver::stream_create_with_flags`] makes a blocking one. Counts as
     /// [`SimStreamCall::StreamCreate`]; fails only when injected.
     pub fn stream_create(&self) -> Result<u64, CuResult> {
@@ -370,8 +374,12 @@ impl SimDriver {
     /// [`CU_STREAM_DEFAULT`](super::CU_STREAM_DEFAULT) (0) makes a blocking stream,
     /// which synchronizes with that device's legacy stream (an operation on either
     /// waits for the other's earlier work); [`CU_STREAM_NON_BLOCKING`] (1) one that
-    /// does not. Returns its handle (never 0, never reused). Counts as
-    /// [`SimStreamCall::StreamCreate`].
+    /// does not. Returns its handle: never 0; a destroyed stream's handle when one is
+    /// free (the most recently destroyed first), else one never handed out. A stream
+    /// with a reused handle is a new stream: it is ordered after none of the
+    /// destroyed stream's work (still queued until the device completes it), and a
+    /// hand-off to it of memory that work touches is a
+    /// [`SimFault::HandoffWhileQueued`]. Counts as [`SimStreamCall::StreamCreate`].
     ///
     /// Errors: `CUDA_ERROR_INVALID_VALUE` for any other flag bit.
     pub fn stream_create_with_flags(&self, flags: u32) -> Result<u64, CuResult> {
@@ -386,10 +394,13 @@ impl SimDriver {
             .create_stream(device, flags & CU_STREAM_NON_BLOCKING == 0))
     }
 
-    /// `cuStreamDestroy`: the handle is refused from now on; work already queued on
-    /// the stream still runs ([`SimDriver::ctx_synchronize`] of its device, an event
-    /// recorded on it, or [`SimDriver::stream_complete`] of the old handle completes
-    /// it), as NVIDIA documents. Counts as [`SimStreamCall::StreamDestroy`].
+    /// `cuStreamDestroy`: the handle is refused from now on (every stream call
+    /// naming it, a launch or an event record on it included, is
+    /// [`CUDA_ERROR_INVALID_HANDLE`], changing nothing) until the next create hands it
+    /// out again to a new stream; work already queued on the stream still runs
+    /// ([`SimDriver::ctx_synchronize`] of its device, an event recorded on it before,
+    /// or [`SimDriver::stream_complete`] of the old handle while no live stream has it
+    /// completes it), as NVIDIA documents. Counts as [`SimStreamCall::StreamDestroy`].
     ///
     /// Errors: [`CUDA_ERROR_INVALID_HANDLE`] for the
     /// legacy stream or a handle that is not a live stream;
@@ -684,22 +695,30 @@ impl SimDriver {
     /// The device finishes all the work queued on `stream` so far, and with it all that
     /// work was ordered after (events it waited on; on the legacy stream, earlier work
     /// of blocking streams). The test's stand-in for time passing on the GPU: no
-    /// capture rule applies, nothing is counted. A destroyed stream's old handle is
-    /// accepted (its work still runs).
+    /// capture rule applies, nothing is counted. A handle that names no live stream
+    /// but did (destroyed) completes the work of every destroyed stream that had it
+    /// (its work still runs); while a live stream has the handle (reused), only that
+    /// stream's work: complete a destroyed one's with [`SimDriver::ctx_synchronize`]
+    /// or an event recorded on it before its destroy.
     ///
     /// Errors: [`CUDA_ERROR_INVALID_HANDLE`] for a handle that was never a stream.
     pub fn stream_complete(&self, stream: u64) -> CuResult {
         let mut st = lock(&self.inner);
-        let key = match st.streams.resolve(stream) {
-            Some(k) => k,
-            None if (FIRST_STREAM..st.streams.next_stream).contains(&stream) => stream,
+        let keys = match st.streams.resolve(stream) {
+            Some(k) => vec![k],
+            None if (FIRST_STREAM..st.streams.next_stream).contains(&stream) => {
+                // Destroyed: its records, if their work is not finished yet.
+                st.streams.destroyed_with_handle(stream)
+            }
             None => return CUDA_ERROR_INVALID_HANDLE,
         };
-        let f = match st.streams.streams.get(&key) {
-            Some(s) => s.clock.clone(),
-            None => return CuResult::SUCCESS, // destroyed and finished already
-        };
-        st.streams.complete(&f);
+        let clocks: Vec<Clock> = keys
+            .iter()
+            .filter_map(|k| st.streams.streams.get(k).map(|s| s.clock.clone()))
+            .collect();
+        for f in &clocks {
+            st.streams.complete(f);
+        }
         CuResult::SUCCESS
     }
 
@@ -720,8 +739,9 @@ impl SimDriver {
             return CUDA_ERROR_INVALID_HANDLE;
         };
         if let Some(other) = st.streams.unordered_over(key, ptr, bytes) {
+            let stream = st.streams.handle_of(key);
             st.faults.push(SimFault::HandoffWhileQueued {
-                stream: Streams::handle_of(key),
+                stream,
                 ptr,
                 size: bytes,
                 other,
@@ -741,7 +761,8 @@ impl SimDriver {
         lock(&self.inner).faults.len() as u64
     }
 
-    /// Every launch still queued (not completed), in stream-handle then launch order.
+    /// Every launch still queued (not completed), in stream creation (legacy streams
+    /// last) then launch order; a destroyed stream's work under its old handle.
     pub fn queued_work(&self) -> Vec<SimWork> {
         lock(&self.inner).streams.work()
     }

@@ -50,8 +50,8 @@ pub(super) fn caller() -> ThreadId {
     current_thread_id()
 }
 
-/// Internal keys of legacy streams: `LEGACY_KEY + device`. Created streams' handles
-/// (from [`FIRST_STREAM`] up, one at a time) never get near it.
+/// Internal keys of legacy streams: `LEGACY_KEY + device`. Created streams' keys and
+/// handles (from [`FIRST_STREAM`] up, one at a time) never get near it.
 pub(super) const LEGACY_KEY: u64 = 1 << 63;
 
 /// CUDA's `CU_STREAM_LEGACY` (a `CUstream` of 1): the legacy stream, like 0.
@@ -86,9 +86,14 @@ pub(super) struct Work {
     pub(super) bytes: u64,
 }
 
-/// A stream (created, or the legacy stream of a device).
+/// A stream (created, or the legacy stream of a device), under its internal key: a
+/// created stream's key is never reused, while its handle may be (a destroyed
+/// stream's handle goes to the next created stream), so a destroyed stream whose
+/// work still runs and the new stream with its old handle are two records.
 #[derive(Clone, Debug)]
 pub(super) struct StreamRec {
+    /// The handle callers know it by ([`SIM_LEGACY_STREAM`] for a legacy stream).
+    pub(super) handle: u64,
     pub(super) device: i32,
     /// Synchronizes with the legacy stream (`CU_STREAM_DEFAULT`); false for a
     /// non-blocking stream and for the legacy stream itself.
@@ -159,7 +164,16 @@ pub(super) struct ThreadRec {
 /// Everything of streams, events and captures.
 #[derive(Debug)]
 pub(super) struct Streams {
+    /// The next stream handle never handed out.
     pub(super) next_stream: u64,
+    /// The next internal key of a created stream (never reused).
+    next_key: u64,
+    /// Live created streams: handle to internal key.
+    handles: BTreeMap<u64, u64>,
+    /// Handles of destroyed streams, handed out again by the next creates (the most
+    /// recently destroyed first), as the CUDA driver may: a `CUstream` is the address
+    /// of the driver's record, which a new stream may get once the old one is freed.
+    free_handles: Vec<u64>,
     pub(super) next_event: u64,
     pub(super) next_capture: u64,
     pub(super) streams: BTreeMap<u64, StreamRec>,
@@ -177,6 +191,9 @@ impl Streams {
     pub(super) fn new() -> Streams {
         Streams {
             next_stream: FIRST_STREAM,
+            next_key: FIRST_STREAM,
+            handles: BTreeMap::new(),
+            free_handles: Vec::new(),
             next_event: FIRST_EVENT,
             next_capture: 1,
             streams: BTreeMap::new(),
@@ -252,22 +269,57 @@ impl Streams {
         self.set_thread(t);
     }
 
-    /// The handle callers know a stream by: its own, or 0 for a legacy stream.
-    pub(super) fn handle_of(key: u64) -> u64 {
-        if key >= LEGACY_KEY {
-            SIM_LEGACY_STREAM
-        } else {
-            key
+    /// The handle callers know stream `key` by: its own, or 0 for a legacy stream.
+    pub(super) fn handle_of(&self, key: u64) -> u64 {
+        match self.streams.get(&key) {
+            Some(s) => s.handle,
+            None if key >= LEGACY_KEY => SIM_LEGACY_STREAM,
+            None => key,
         }
     }
 
-    /// Creates a stream on `device`; returns its handle.
+    /// Creates a stream on `device`; returns its handle: the most recently destroyed
+    /// stream's handle if one is free, else a new one. The new stream gets a key of
+    /// its own: it shares no order with the destroyed stream's work.
     pub(super) fn create_stream(&mut self, device: i32, blocking: bool) -> u64 {
-        let key = self.next_stream;
-        self.next_stream += 1;
+        let handle = match self.free_handles.pop() {
+            Some(h) => h,
+            None => {
+                let h = self.next_stream;
+                self.next_stream += 1;
+                h
+            }
+        };
+        let key = self.next_key;
+        self.next_key += 1;
+        let mut rec = StreamRec::new(device, blocking, false);
+        rec.handle = handle;
+        self.streams.insert(key, rec);
+        self.handles.insert(handle, key);
+        handle
+    }
+
+    /// Destroys live created stream `key`: its handle is refused from now on and free
+    /// for the next create; its record stays while its work runs.
+    pub(super) fn destroy_stream(&mut self, key: u64) {
+        if let Some(s) = self.streams.get_mut(&key) {
+            s.destroyed = true;
+            let handle = s.handle;
+            if self.handles.remove(&handle).is_some() {
+                self.free_handles.push(handle);
+            }
+        }
+        self.forget_finished();
+    }
+
+    /// The internal keys of the destroyed streams that had handle `handle` (their
+    /// work may still be queued).
+    pub(super) fn destroyed_with_handle(&self, handle: u64) -> Vec<u64> {
         self.streams
-            .insert(key, StreamRec::new(device, blocking, false));
-        key
+            .iter()
+            .filter(|(_, s)| s.destroyed && s.handle == handle)
+            .map(|(&k, _)| k)
+            .collect()
     }
 
     /// The internal key of the stream a caller names: 0 and 1 are the legacy stream of
@@ -282,10 +334,7 @@ impl Streams {
                 .or_insert_with(|| StreamRec::new(device, false, true));
             return Some(key);
         }
-        match self.streams.get(&handle) {
-            Some(s) if handle < LEGACY_KEY && !s.destroyed => Some(handle),
-            _ => None,
-        }
+        self.handles.get(&handle).copied()
     }
 
     /// The clock stream `key`'s next operation gets: its own, plus the implicit
@@ -383,14 +432,14 @@ impl Streams {
         }
     }
 
-    /// The first queued launch (in stream-handle order) overlapping
+    /// The first queued launch (in stream-key order) overlapping
     /// `[ptr, ptr + size)`: its stream's handle.
     pub(super) fn queued_over(&self, ptr: DevicePtr, size: u64) -> Option<u64> {
-        self.streams.iter().find_map(|(&k, s)| {
+        self.streams.values().find_map(|s| {
             s.pending
                 .iter()
                 .any(|w| overlaps(w.ptr, w.bytes, ptr, size))
-                .then(|| Streams::handle_of(k))
+                .then_some(s.handle)
         })
     }
 
@@ -406,17 +455,17 @@ impl Streams {
             s.pending
                 .iter()
                 .any(|w| w.seq > ordered && overlaps(w.ptr, w.bytes, ptr, size))
-                .then(|| Streams::handle_of(k))
+                .then_some(s.handle)
         })
     }
 
-    /// Every queued launch, in stream-handle then launch order.
+    /// Every queued launch, in stream-key (creation) then launch order.
     pub(super) fn work(&self) -> Vec<SimWork> {
         self.streams
-            .iter()
-            .flat_map(|(&k, s)| {
+            .values()
+            .flat_map(|s| {
                 s.pending.iter().map(move |w| SimWork {
-                    stream: Streams::handle_of(k),
+                    stream: s.handle,
                     device: s.device,
                     ptr: w.ptr,
                     bytes: w.bytes,
@@ -466,6 +515,7 @@ impl Streams {
 impl StreamRec {
     fn new(device: i32, blocking: bool, legacy: bool) -> StreamRec {
         StreamRec {
+            handle: SIM_LEGACY_STREAM,
             device,
             blocking,
             legacy,

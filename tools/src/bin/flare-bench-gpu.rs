@@ -1007,6 +1007,7 @@ impl Bench {
                     | Event::Finish
                     | Event::Abort
                     | Event::RecordStream { .. }
+                    | Event::Forget { .. }
                     | Event::Done { .. }
                     | Event::Oom { .. }
                     | Event::AllocFailed { .. }

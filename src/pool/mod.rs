@@ -26,6 +26,7 @@ mod snapshot;
 mod streams;
 mod table;
 mod tags;
+mod wake_zero;
 
 pub(crate) use config::cross_stream_modes;
 pub(crate) use config::reuse_policies;

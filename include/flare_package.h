@@ -797,6 +797,17 @@ typedef struct FlareTagCensus {
      * (what was asked, not the rounded sizes: only those bytes are copied).
      */
     uint64_t offloaded_bytes;
+    /**
+     * Bytes the tag's zeroing wakes (`flare_pool_wake_zeroed`) set to zero,
+     * cumulative: each live allocation's requested bytes, per wake from a discard
+     * sleep. Added after `offloaded_bytes`: a caller whose `struct_size` ends
+     * there is not written here.
+     */
+    uint64_t zeroed_bytes;
+    /**
+     * Memsets (`cuMemsetD8Async`) those wakes queued, cumulative.
+     */
+    uint64_t zero_memsets;
 } FlareTagCensus;
 
 /**
@@ -1254,8 +1265,40 @@ enum FlareStatus flare_pool_sleep(struct FlarePool *pool, uint32_t tag, FlareSle
 enum FlareStatus flare_pool_wake(struct FlarePool *pool, uint32_t tag);
 
 /**
+ * Wakes tag `tag` as `flare_pool_wake` does and, when it slept in
+ * `FLARE_SLEEP_DISCARD`, sets to zero the requested bytes of each of its live
+ * allocations (whole mappings and blocks; not the free space of its heaps), one
+ * `cuMemsetD8Async` each, queued on `stream` (NULL: the legacy default stream): the
+ * caller's later work on `stream` reads zeros (work on another stream must wait for
+ * `stream` first). Returns once they are queued. A wake from `FLARE_SLEEP_OFFLOAD`
+ * restores the bytes and zeroes nothing. `flare_pool_tag_census` counts what was
+ * zeroed (`zeroed_bytes`, `zero_memsets`). Why: new physical memory holds whatever
+ * an earlier owner left there (vLLM PR 45542: a KV cache woken from a discard sleep
+ * held stale bytes, and NaNs followed).
+ *
+ * Errors, with nothing done (the tag as it was): `FLARE_STATUS_INVALID_ARGUMENT` for
+ * a NULL pool; `FLARE_STATUS_SCOPE_STATE` while `stream` is being captured (the
+ * memsets would only run with the graph), or for the legacy stream while a blocking
+ * stream is captured; `FLARE_STATUS_DRIVER_ERROR` when the stream's capture query is
+ * refused (not a live stream of the device); `FLARE_STATUS_NOT_SUPPORTED` on a
+ * backend without streams; then as `flare_pool_wake` (`FLARE_STATUS_TAG_STATE`
+ * when the tag does not sleep; out of memory or a refused step: the tag stays
+ * asleep). `FLARE_STATUS_DRIVER_ERROR` with the message naming `cuMemsetD8Async`
+ * when the driver refuses a memset: the wake itself succeeded, so the tag is
+ * **awake** and usable (`flare_pool_tag_census` says `sleeping` 0), but its bytes are
+ * not guaranteed zero.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool. `stream` is only passed to the driver, never
+ * dereferenced; on a CUDA pool it must be a live stream of the pool's device's
+ * context (or NULL), as for any CUDA call.
+ */
+enum FlareStatus flare_pool_wake_zeroed(struct FlarePool *pool, uint32_t tag, FlareStream stream);
+
+/**
  * Writes what tag `tag` holds to `*out` (its live allocations, idle, physical and
- * offloaded bytes, whether it sleeps): exact, and cheap (no walk over allocations).
+ * offloaded bytes, whether it sleeps, what its zeroing wakes zeroed): exact, and
+ * cheap (no walk over allocations).
  * A tag never used reads all zeros.
  *
  * Versioning: the caller sets `out->struct_size` to `sizeof(FlareTagCensus)`; only

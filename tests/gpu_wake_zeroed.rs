@@ -97,7 +97,10 @@ fn zeroing_round(policy: ReusePolicy) {
     for (i, (&p, &n)) in ptrs.iter().zip(&sizes).enumerate() {
         let back = read(&d, p, n);
         let first = back.iter().position(|&b| b != 0);
-        assert_eq!(first, None, "allocation {i} ({n} bytes): byte {first:?} not zero");
+        assert_eq!(
+            first, None,
+            "allocation {i} ({n} bytes): byte {first:?} not zero"
+        );
     }
     let c = pool.tag_census(1);
     assert!(!c.sleeping);
@@ -112,9 +115,16 @@ fn zeroing_round(policy: ReusePolicy) {
     pool.wake_zeroed(1, stream).unwrap();
     d.stream_synchronize(stream).unwrap();
     for (i, (&p, &n)) in ptrs.iter().zip(&sizes).enumerate() {
-        assert!(read(&d, p, n) == pattern(10 + i as u64, n), "allocation {i} changed");
+        assert!(
+            read(&d, p, n) == pattern(10 + i as u64, n),
+            "allocation {i} changed"
+        );
     }
-    assert_eq!(pool.tag_census(1).zeroed_bytes, requested, "nothing more zeroed");
+    assert_eq!(
+        pool.tag_census(1).zeroed_bytes,
+        requested,
+        "nothing more zeroed"
+    );
     for p in ptrs {
         pool.free_raw(p).unwrap();
     }
@@ -165,7 +175,9 @@ fn gpu_memset_rows() {
     let no_access = code(d.memset_async(r.ptr + 2 * g, 0, 4096, s));
     let across = code(d.memset_async(r.ptr + g - 4096, 0, 8192, s));
     let empty = code(d.memset_async(r.ptr + g, 0, 0, s));
-    println!("unmapped: {unmapped:?}; no access: {no_access:?}; across: {across:?}; 0 bytes: {empty:?}");
+    println!(
+        "unmapped: {unmapped:?}; no access: {no_access:?}; across: {across:?}; 0 bytes: {empty:?}"
+    );
     // A refused call leaves the context usable and wrote nothing.
     d.synchronize(0).unwrap();
     assert!(read(&d, r.ptr, g).iter().all(|&b| b == 0x5A));

@@ -7,8 +7,8 @@
 #![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 use flare_package::driver::sim::{
-    SimConfig, SimDriver, SimFault, CUDA_ERROR_INVALID_HANDLE,
-    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, CU_STREAM_DEFAULT, SIM_LEGACY_STREAM, SIM_STALE_BYTE,
+    SimConfig, SimDriver, SimFault, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+    CU_STREAM_DEFAULT, SIM_LEGACY_STREAM, SIM_STALE_BYTE,
 };
 use flare_package::driver::{CaptureMode, CuResult, DevicePtr, Driver, DriverCall, Stream};
 
@@ -107,14 +107,29 @@ fn row_memset_on_a_range_not_mapped_with_access_is_invalid_value() {
     let bare = d.mem_create(G).unwrap();
     assert_eq!(d.mem_map(va + 2 * G, G, 0, bare), OK);
     let s = d.stream_create().unwrap();
-    assert_eq!(d.memset_d8_async(va + G, 0, 4096, s), INVALID, "reserved only");
-    assert_eq!(d.memset_d8_async(va + 2 * G, 0, 4096, s), INVALID, "no access");
-    assert_eq!(d.memset_d8_async(va + G - 4096, 0, 8192, s), INVALID, "across");
+    assert_eq!(
+        d.memset_d8_async(va + G, 0, 4096, s),
+        INVALID,
+        "reserved only"
+    );
+    assert_eq!(
+        d.memset_d8_async(va + 2 * G, 0, 4096, s),
+        INVALID,
+        "no access"
+    );
+    assert_eq!(
+        d.memset_d8_async(va + G - 4096, 0, 8192, s),
+        INVALID,
+        "across"
+    );
     assert_eq!(
         d.memset_d8_async(va, 0, 4096, 0xdead_0000),
         CUDA_ERROR_INVALID_HANDLE
     );
-    assert_eq!(d.read(va + G - 4096, 4096).unwrap(), vec![SIM_STALE_BYTE; 4096]);
+    assert_eq!(
+        d.read(va + G - 4096, 4096).unwrap(),
+        vec![SIM_STALE_BYTE; 4096]
+    );
     assert!(d.queued_work().is_empty());
     assert_eq!(d.call_count(DriverCall::MemsetD8Async), 4);
     assert!(d.faults().is_empty());

@@ -47,7 +47,10 @@ fn best_fit() -> (Pool, std::sync::Arc<SimDriver>) {
 }
 
 fn segments() -> (Pool, std::sync::Arc<SimDriver>) {
-    simulated_pool(GIB, PoolConfig::default().with_policy(ReusePolicy::Segments))
+    simulated_pool(
+        GIB,
+        PoolConfig::default().with_policy(ReusePolicy::Segments),
+    )
 }
 
 /// A created (non-blocking) stream of the simulated device.
@@ -96,8 +99,11 @@ fn a_zeroing_wake_zeroes_the_requested_bytes_of_each_whole_mapping() {
             .map(|w| (w.stream, w.ptr, w.bytes))
             .collect();
         work.sort();
-        let mut want: Vec<(u64, DevicePtr, u64)> =
-            ptrs.iter().zip(&sizes).map(|(&p, &n)| (s.0, p, n)).collect();
+        let mut want: Vec<(u64, DevicePtr, u64)> = ptrs
+            .iter()
+            .zip(&sizes)
+            .map(|(&p, &n)| (s.0, p, n))
+            .collect();
         want.sort();
         assert_eq!(work, want, "round {round}");
         assert_eq!(sim.call_count(DriverCall::MemsetD8Async), 3 * round);
@@ -109,7 +115,10 @@ fn a_zeroing_wake_zeroes_the_requested_bytes_of_each_whole_mapping() {
     }
     let c6 = pool.tag_census(6);
     assert_eq!((c6.zeroed_bytes, c6.zero_memsets), (0, 0));
-    assert!(sim.read(other, G).unwrap() == pattern(60, G), "tag 6 changed");
+    assert!(
+        sim.read(other, G).unwrap() == pattern(60, G),
+        "tag 6 changed"
+    );
     check(&pool);
     no_faults(&sim);
 }
@@ -146,7 +155,10 @@ fn a_zeroing_wake_zeroes_each_live_block_and_not_the_free_space() {
     let c = pool.tag_census(3);
     assert_eq!((c.zeroed_bytes, c.zero_memsets), (43_000, 2));
     assert_eq!(sim.call_count(DriverCall::MemsetD8Async), 2);
-    assert!(sim.queued_work().iter().all(|w| w.stream == 0), "on the legacy stream");
+    assert!(
+        sim.queued_work().iter().all(|w| w.stream == 0),
+        "on the legacy stream"
+    );
     check(&pool);
     for i in [0, 2] {
         pool.free_raw(ptrs[i]).unwrap();
@@ -188,7 +200,10 @@ fn a_plain_wake_gives_stale_bytes_and_offload_needs_no_zeroing() {
     fill(&sim, p, 5, MIB);
     pool.sleep(2, SleepMode::Offload).unwrap();
     pool.wake_zeroed(2, stream(&sim)).unwrap();
-    assert!(sim.read(p, MIB).unwrap() == pattern(5, MIB), "offload restores");
+    assert!(
+        sim.read(p, MIB).unwrap() == pattern(5, MIB),
+        "offload restores"
+    );
     let c = pool.tag_census(2);
     assert_eq!((c.zeroed_bytes, c.zero_memsets), (0, 0));
     assert_eq!(sim.call_count(DriverCall::MemsetD8Async), 0);
@@ -270,7 +285,11 @@ fn a_bad_stream_or_a_tag_awake_is_refused_with_nothing_done() {
     let r = pool.wake_zeroed(4, Stream(captured));
     assert!(matches!(r, Err(Error::ScopeState(_))), "{r:?}");
     unchanged(&pool);
-    assert_eq!(sim.stream_end_capture(captured), CuResult::SUCCESS, "still valid");
+    assert_eq!(
+        sim.stream_end_capture(captured),
+        CuResult::SUCCESS,
+        "still valid"
+    );
     assert_eq!(
         sim.stream_begin_capture(blocking, CaptureMode::Global),
         CuResult::SUCCESS

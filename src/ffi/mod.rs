@@ -75,6 +75,7 @@ pub use stream::{
 };
 pub use tags::{
     flare_package_allocate_tagged, flare_pool_sleep, flare_pool_tag_census, flare_pool_wake,
+    flare_pool_wake_zeroed,
 };
 pub use torch::{
     flare_torch_alloc, flare_torch_begin_allocate_to_pool, flare_torch_end_allocate_to_pool,

@@ -317,7 +317,15 @@ impl SimDriver {
         let mut at = offset;
         for (handle, off, len) in pieces {
             let src = device.get(&handle);
-            copy_pages(src, SIM_STALE_BYTE, off, &mut h.pages, HOST_BACKGROUND, at, len);
+            copy_pages(
+                src,
+                SIM_STALE_BYTE,
+                off,
+                &mut h.pages,
+                HOST_BACKGROUND,
+                at,
+                len,
+            );
             at += len;
         }
         CuResult::SUCCESS
@@ -343,7 +351,15 @@ impl SimDriver {
         let mut at = offset;
         for (handle, off, len) in pieces {
             let dst = device.entry(handle).or_default();
-            copy_pages(Some(&h.pages), HOST_BACKGROUND, at, dst, SIM_STALE_BYTE, off, len);
+            copy_pages(
+                Some(&h.pages),
+                HOST_BACKGROUND,
+                at,
+                dst,
+                SIM_STALE_BYTE,
+                off,
+                len,
+            );
             at += len;
         }
         CuResult::SUCCESS

@@ -687,8 +687,11 @@ impl SimDriver {
     /// blocking stream of its device is captured (that capture is invalidated and a
     /// [`SimFault::CaptureBroken`] recorded).
     pub fn launch(&self, stream: u64, ptr: DevicePtr, bytes: u64) -> CuResult {
-        status(lock(&self.inner).launch_locked("cuLaunchKernel", stream, ptr, bytes)
-            .map(|_| ()))
+        status(
+            lock(&self.inner)
+                .launch_locked("cuLaunchKernel", stream, ptr, bytes)
+                .map(|_| ()),
+        )
     }
 
     /// The device finishes all the work queued on `stream` so far, and with it all that

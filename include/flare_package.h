@@ -1785,6 +1785,82 @@ enum FlareStatus flare_torch_sim_end_capture(int device, FlareStream stream, int
  */
 enum FlareStatus flare_torch_sim_faults(int device, uint64_t *out_faults);
 
+/**
+ * Puts `device`'s tensor pool to sleep (`sleep()` in Python): the memory of every
+ * tensor of the per-tensor allocator (`flare_torch_alloc`) on that device, graph
+ * pools and the mempool pool aside. A device synchronize, then (`FLARE_SLEEP_OFFLOAD`)
+ * the tensors' bytes copied to pinned host memory, then the physical memory released;
+ * every tensor keeps its address. Until `flare_torch_wake`, allocating or freeing a
+ * tensor of that pool fails.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a bad device, mode or `FLARE_TORCH_*`
+ * variable; `FLARE_STATUS_TAG_STATE` when it already sleeps or the device was never
+ * used; `FLARE_STATUS_SCOPE_STATE` inside a retention scope or during a capture;
+ * `FLARE_STATUS_DRIVER_ERROR` when a step is refused (the pool awake, as
+ * `flare_pool_sleep`). Thread-safe.
+ */
+enum FlareStatus flare_torch_sleep(int device, FlareSleepMode mode);
+
+/**
+ * Wakes `device`'s tensor pool (`wake()` in Python): every tensor's address is
+ * mapped again, its bytes restored after an offload sleep. With `zero` non-zero, a
+ * zeroing wake (`flare_pool_wake_zeroed`): after a discard sleep every tensor's
+ * requested bytes are set to zero by memsets queued on `stream` (NULL: the legacy
+ * stream), which later work on `stream` sees; `stream` is ignored when `zero` is 0.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a bad device or variable;
+ * `FLARE_STATUS_TAG_STATE` when it does not sleep; otherwise as `flare_pool_wake` and
+ * `flare_pool_wake_zeroed` (a refused memset: `FLARE_STATUS_DRIVER_ERROR` with the
+ * pool awake). Thread-safe.
+ *
+ * # Safety
+ * `stream` is only passed to the driver, never dereferenced; on CUDA it must be a
+ * live stream of the device (or NULL).
+ */
+enum FlareStatus flare_torch_wake(int device, int zero, FlareStream stream);
+
+/**
+ * Copies the census of `device`'s tensor pool as a JSON object (`census()` in
+ * Python; see `TorchAllocator::census_json`: `sleeping`, live, idle, physical and
+ * offloaded bytes, `zeroed_bytes` and `zero_memsets`) into `buf`, NUL-terminated and
+ * truncated to `len - 1` bytes, and returns its full length (as `flare_torch_stats`).
+ * A device never used: `{"device":N,"created":false}`; a bad device or variable:
+ * `{"error": "..."}`. Thread-safe.
+ *
+ * # Safety
+ * `buf` is NULL or points to at least `len` writable bytes.
+ */
+size_t flare_torch_census(int device, char *buf, size_t len);
+
+/**
+ * Simulated backend only: writes the `len` bytes at host address `src` to device
+ * address `ptr` of `device`, as a kernel would (not a driver call).
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL `src` with `len` above 0 or a
+ * range not mapped with access (nothing written); `FLARE_STATUS_NOT_SUPPORTED` on
+ * the CUDA backend. Thread-safe.
+ *
+ * # Safety
+ * `src` is NULL or points to `len` readable bytes; `ptr` is a device address, never
+ * dereferenced.
+ */
+enum FlareStatus flare_torch_sim_write(int device, const void *ptr, const void *src, size_t len);
+
+/**
+ * Simulated backend only: reads `len` bytes at device address `ptr` of `device` into
+ * host address `dst`, as a kernel would (not a driver call). New physical memory
+ * reads as stale bytes (0xFF), not zeros: what a GPU may hand out.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL `dst` with `len` above 0 or a
+ * range not mapped with access (nothing written to `dst`);
+ * `FLARE_STATUS_NOT_SUPPORTED` on the CUDA backend. Thread-safe.
+ *
+ * # Safety
+ * `dst` is NULL or points to `len` writable bytes; `ptr` is a device address, never
+ * dereferenced.
+ */
+enum FlareStatus flare_torch_sim_read(int device, const void *ptr, void *dst, size_t len);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

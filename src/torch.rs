@@ -993,5 +993,7 @@ pub fn snapshot_json(s: &Snapshot) -> String {
     crate::pool::snapshot_counters!(json_fields! {})
 }
 
+mod sleep;
+
 #[cfg(all(test, not(flare_loom)))]
 mod tests;

@@ -25,7 +25,8 @@
 //! create, destroy), `memory` (allocate, free, the retention scope, trim, snapshot, recording),
 //! `stream` (stream-ordered allocate and free, record a stream), `sim` (the simulated
 //! backend's fault and panic injection, its streams, captures and contract faults),
-//! `torch` (PyTorch's allocator entry points and hooks, over `crate::torch`).
+//! `torch` (PyTorch's allocator entry points and hooks, over `crate::torch`),
+//! `torch_tags` (sleep, wake and census of a device's tensor pool for Python).
 //! The crate's `unsafe` code is in this module and in the CUDA backend
 //! (`driver::cuda`).
 
@@ -47,6 +48,8 @@ mod boundary;
 mod sim;
 
 mod torch;
+
+mod torch_tags;
 
 // The loom build runs the loom models alone (these tests make pools outside a model).
 #[cfg(all(test, not(flare_loom)))]
@@ -86,6 +89,10 @@ pub use torch::{
     flare_torch_sim_faults, flare_torch_sim_launch, flare_torch_sim_stream_complete,
     flare_torch_sim_stream_create, flare_torch_stats, flare_torch_trim, flare_torch_use_simulated,
     FlareTorchOomHandler,
+};
+pub use torch_tags::{
+    flare_torch_census, flare_torch_sim_read, flare_torch_sim_write, flare_torch_sleep,
+    flare_torch_wake,
 };
 pub use types::{
     FlareBackend, FlareCrossStreamReuse, FlareDestroyReport, FlareDriverCall, FlarePoolConfig,

@@ -51,7 +51,8 @@ static HOOK_FAILURES: AtomicU64 = AtomicU64::new(0);
 /// The out-of-memory handler's address (0: none).
 static OOM_HANDLER: AtomicUsize = AtomicUsize::new(0);
 
-fn allocator() -> Result<&'static TorchAllocator, Error> {
+/// The process's allocator (made on first use), or its configuration error.
+pub(super) fn allocator() -> Result<&'static TorchAllocator, Error> {
     ALLOCATOR
         .get_or_init(|| TorchConfig::from_env().map(TorchAllocator::new))
         .as_ref()
@@ -527,7 +528,7 @@ pub extern "C" fn flare_torch_retention_finish(device: c_int, abort: c_int) -> F
 }
 
 /// The simulated driver of `device`.
-fn sim(device: c_int) -> Result<Arc<SimDriver>, Error> {
+pub(super) fn sim(device: c_int) -> Result<Arc<SimDriver>, Error> {
     allocator()?.sim_driver(device)
 }
 

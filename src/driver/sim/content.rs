@@ -370,7 +370,10 @@ impl SimDriver {
     /// unmap of the range is a [`SimFault::UnmapWhileQueued`](super::SimFault), as for
     /// [`SimDriver::launch`]); the model has no timing, so the bytes are set at once.
     /// On a stream being captured it becomes a graph node (counted in the capture):
-    /// nothing is queued or written. Counts as [`DriverCall::MemsetD8Async`].
+    /// nothing is queued or written. `stream` 0 (or 1) is the legacy stream of the
+    /// calling thread's current device ([`SimDriver::ctx_set_current`]), which stands
+    /// for the context the CUDA backend pushes. Counts as
+    /// [`DriverCall::MemsetD8Async`].
     ///
     /// Errors (nothing queued or written): `CUDA_ERROR_INVALID_HANDLE` for a stream
     /// that is not live; `CUDA_ERROR_INVALID_VALUE` when a byte of the range is not

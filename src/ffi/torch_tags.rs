@@ -170,11 +170,12 @@ pub unsafe extern "C" fn flare_torch_sim_read(
     let out = match (dst.is_null(), len) {
         (_, 0) => Some(&mut [][..]),
         (true, _) => None,
-        // SAFETY: `dst` is non-NULL and points to `len` writable bytes, not accessed
-        // otherwise during the call, by the caller's contract; `MaybeUninit<u8>` has
-        // alignment 1 and no validity requirement.
         (false, _) => {
-            Some(unsafe { std::slice::from_raw_parts_mut(dst.cast::<MaybeUninit<u8>>(), len) })
+            let dst = dst.cast::<MaybeUninit<u8>>();
+            // SAFETY: `dst` is non-NULL and points to `len` writable bytes, not
+            // accessed otherwise during the call, by the caller's contract;
+            // `MaybeUninit<u8>` has alignment 1 and no validity requirement.
+            Some(unsafe { std::slice::from_raw_parts_mut(dst, len) })
         }
     };
     flare_torch_sim_read_inner(device, ptr, out)

@@ -163,7 +163,8 @@ static void test_status_names(void) {
           offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72 &&
           offsetof(FlarePoolConfig, thread_cache_entries) == 80 &&
           offsetof(FlarePoolConfig, thread_cache_bytes) == 88);
-    CHECK(sizeof(FlareTagCensus) == 56 && offsetof(FlareTagCensus, live_count) == 8);
+    CHECK(sizeof(FlareTagCensus) == 72 && offsetof(FlareTagCensus, live_count) == 8 &&
+          offsetof(FlareTagCensus, zeroed_bytes) == 56);
     CHECK(sizeof(FlareSnapshot) == 472 && offsetof(FlareSnapshot, segment_count) == 304 &&
           offsetof(FlareSnapshot, block_free_bytes) == 344 &&
           offsetof(FlareSnapshot, segment_lent_bytes) == 360 &&
@@ -1206,6 +1207,7 @@ static int run_all_tests(const char *language) {
     test_tags_sleep_and_wake();
     test_tags_wake_out_of_memory();
     test_tags_bad_inputs();
+    test_tags_wake_zeroed();
     test_record();
     test_record_unwritable();
     printf("%d passed, %d failed\n", g_passed, g_failed);

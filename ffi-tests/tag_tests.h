@@ -1,6 +1,7 @@
 /*
  * Tags (issue 15) through the C ABI: flare_package_allocate_tagged, flare_pool_sleep,
- * flare_pool_wake, flare_pool_tag_census and FLARE_STATUS_TAG_STATE.
+ * flare_pool_wake, flare_pool_wake_zeroed (issue 34), flare_pool_tag_census and
+ * FLARE_STATUS_TAG_STATE.
  *
  * Included by lifecycle_tests.h after thread_cache_tests.h (it uses their helpers:
  * CHECK, OK, CHECK_STATUS, SNAP, new_pool); run_all_tests calls the tests.
@@ -143,6 +144,48 @@ static void test_tags_bad_inputs(void) {
     OK(flare_pool_tag_census(pool, 1, &c));
     CHECK(c.struct_size == 8 && c.sleeping == 0 && c.live_count == UINT64_MAX);
     CHECK(strcmp(flare_status_name(FLARE_STATUS_TAG_STATE), "FLARE_STATUS_TAG_STATE") == 0);
+    OK(flare_pool_destroy(pool));
+}
+
+/* The zeroing wake: refused with nothing done for a NULL pool, a tag that does not
+ * sleep (never used, or awake) and a stream that is not live (the tag stays asleep);
+ * after a discard sleep it wakes the tag and the census counts one memset per live
+ * allocation over its requested bytes (3 MiB + 100 and 1000 bytes: not the 4 MiB and
+ * 2 MiB mapped); after an offload sleep it zeroes nothing. A caller of the census
+ * built before the zeroing fields (struct_size 56) gets none of them written. */
+static void test_tags_wake_zeroed(void) {
+    FlarePool *pool = new_pool(FLARE_REUSE_BEST_FIT, 0, 0);
+    FlareTagCensus c;
+    void *a = NULL, *b = NULL;
+
+    CHECK_STATUS(flare_pool_wake_zeroed(NULL, 1, NULL), FLARE_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(flare_pool_wake_zeroed(pool, 9, NULL), FLARE_STATUS_TAG_STATE);
+    OK(flare_package_allocate_tagged(pool, 3 * MiB + 100, NULL, 1, &a));
+    OK(flare_package_allocate_tagged(pool, 1000, NULL, 1, &b));
+    CHECK_STATUS(flare_pool_wake_zeroed(pool, 1, NULL), FLARE_STATUS_TAG_STATE);
+    OK(flare_pool_sleep(pool, 1, FLARE_SLEEP_DISCARD));
+    CHECK_STATUS(flare_pool_wake_zeroed(pool, 1, (FlareStream)(uintptr_t)0xdead0000u),
+                 FLARE_STATUS_DRIVER_ERROR);
+    c = census(pool, 1);
+    CHECK(c.sleeping == 1 && c.physical_bytes == 0 && c.zeroed_bytes == 0 &&
+          c.zero_memsets == 0);
+    OK(flare_pool_wake_zeroed(pool, 1, NULL));
+    c = census(pool, 1);
+    CHECK(c.sleeping == 0 && c.physical_bytes == 6 * MiB &&
+          c.zeroed_bytes == 3 * MiB + 100 + 1000 && c.zero_memsets == 2);
+    CHECK_STATUS(flare_pool_wake_zeroed(pool, 1, NULL), FLARE_STATUS_TAG_STATE);
+    OK(flare_pool_sleep(pool, 1, FLARE_SLEEP_OFFLOAD));
+    OK(flare_pool_wake_zeroed(pool, 1, NULL));
+    c = census(pool, 1);
+    CHECK(c.sleeping == 0 && c.zeroed_bytes == 3 * MiB + 1100 && c.zero_memsets == 2);
+    /* An older caller's census ends at offloaded_bytes. */
+    memset(&c, 0xff, sizeof c);
+    c.struct_size = 56;
+    OK(flare_pool_tag_census(pool, 1, &c));
+    CHECK(c.struct_size == 56 && c.live_count == 2 && c.offloaded_bytes == 0 &&
+          c.zeroed_bytes == UINT64_MAX && c.zero_memsets == UINT64_MAX);
+    OK(flare_package_free(pool, a));
+    OK(flare_package_free(pool, b));
     OK(flare_pool_destroy(pool));
 }
 

@@ -806,6 +806,17 @@ typedef struct FlareTagCensus {
      * (what was asked, not the rounded sizes: only those bytes are copied).
      */
     uint64_t offloaded_bytes;
+    /**
+     * Bytes the tag's zeroing wakes (`flare_pool_wake_zeroed`) set to zero,
+     * cumulative: each live allocation's requested bytes, per wake from a discard
+     * sleep. Added after `offloaded_bytes`: a caller whose `struct_size` ends
+     * there is not written here.
+     */
+    uint64_t zeroed_bytes;
+    /**
+     * Memsets (`cuMemsetD8Async`) those wakes queued, cumulative.
+     */
+    uint64_t zero_memsets;
 } FlareTagCensus;
 
 /**
@@ -1304,8 +1315,40 @@ enum FlareStatus flare_pool_sleep(struct FlarePool *pool, uint32_t tag, FlareSle
 enum FlareStatus flare_pool_wake(struct FlarePool *pool, uint32_t tag);
 
 /**
+ * Wakes tag `tag` as `flare_pool_wake` does and, when it slept in
+ * `FLARE_SLEEP_DISCARD`, sets to zero the requested bytes of each of its live
+ * allocations (whole mappings and blocks; not the free space of its heaps), one
+ * `cuMemsetD8Async` each, queued on `stream` (NULL: the legacy default stream): the
+ * caller's later work on `stream` reads zeros (work on another stream must wait for
+ * `stream` first). Returns once they are queued. A wake from `FLARE_SLEEP_OFFLOAD`
+ * restores the bytes and zeroes nothing. `flare_pool_tag_census` counts what was
+ * zeroed (`zeroed_bytes`, `zero_memsets`). Why: new physical memory holds whatever
+ * an earlier owner left there (vLLM PR 45542: a KV cache woken from a discard sleep
+ * held stale bytes, and NaNs followed).
+ *
+ * Errors, with nothing done (the tag as it was): `FLARE_STATUS_INVALID_ARGUMENT` for
+ * a NULL pool; `FLARE_STATUS_SCOPE_STATE` while `stream` is being captured (the
+ * memsets would only run with the graph), or for the legacy stream while a blocking
+ * stream is captured; `FLARE_STATUS_DRIVER_ERROR` when the stream's capture query is
+ * refused (not a live stream of the device); `FLARE_STATUS_NOT_SUPPORTED` on a
+ * backend without streams; then as `flare_pool_wake` (`FLARE_STATUS_TAG_STATE`
+ * when the tag does not sleep; out of memory or a refused step: the tag stays
+ * asleep). `FLARE_STATUS_DRIVER_ERROR` with the message naming `cuMemsetD8Async`
+ * when the driver refuses a memset: the wake itself succeeded, so the tag is
+ * **awake** and usable (`flare_pool_tag_census` says `sleeping` 0), but its bytes are
+ * not guaranteed zero.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool. `stream` is only passed to the driver, never
+ * dereferenced; on a CUDA pool it must be a live stream of the pool's device's
+ * context (or NULL), as for any CUDA call.
+ */
+enum FlareStatus flare_pool_wake_zeroed(struct FlarePool *pool, uint32_t tag, FlareStream stream);
+
+/**
  * Writes what tag `tag` holds to `*out` (its live allocations, idle, physical and
- * offloaded bytes, whether it sleeps): exact, and cheap (no walk over allocations).
+ * offloaded bytes, whether it sleeps, what its zeroing wakes zeroed): exact, and
+ * cheap (no walk over allocations).
  * A tag never used reads all zeros.
  *
  * Versioning: the caller sets `out->struct_size` to `sizeof(FlareTagCensus)`; only
@@ -1848,6 +1891,82 @@ enum FlareStatus flare_torch_sim_end_capture(int device, FlareStream stream, int
  * `out_faults` is NULL or writable.
  */
 enum FlareStatus flare_torch_sim_faults(int device, uint64_t *out_faults);
+
+/**
+ * Puts `device`'s tensor pool to sleep (`sleep()` in Python): the memory of every
+ * tensor of the per-tensor allocator (`flare_torch_alloc`) on that device, graph
+ * pools and the mempool pool aside. A device synchronize, then (`FLARE_SLEEP_OFFLOAD`)
+ * the tensors' bytes copied to pinned host memory, then the physical memory released;
+ * every tensor keeps its address. Until `flare_torch_wake`, allocating or freeing a
+ * tensor of that pool fails.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a bad device, mode or `FLARE_TORCH_*`
+ * variable; `FLARE_STATUS_TAG_STATE` when it already sleeps or the device was never
+ * used; `FLARE_STATUS_SCOPE_STATE` inside a retention scope or during a capture;
+ * `FLARE_STATUS_DRIVER_ERROR` when a step is refused (the pool awake, as
+ * `flare_pool_sleep`). Thread-safe.
+ */
+enum FlareStatus flare_torch_sleep(int device, FlareSleepMode mode);
+
+/**
+ * Wakes `device`'s tensor pool (`wake()` in Python): every tensor's address is
+ * mapped again, its bytes restored after an offload sleep. With `zero` non-zero, a
+ * zeroing wake (`flare_pool_wake_zeroed`): after a discard sleep every tensor's
+ * requested bytes are set to zero by memsets queued on `stream` (NULL: the legacy
+ * stream), which later work on `stream` sees; `stream` is ignored when `zero` is 0.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a bad device or variable;
+ * `FLARE_STATUS_TAG_STATE` when it does not sleep; otherwise as `flare_pool_wake` and
+ * `flare_pool_wake_zeroed` (a refused memset: `FLARE_STATUS_DRIVER_ERROR` with the
+ * pool awake). Thread-safe.
+ *
+ * # Safety
+ * `stream` is only passed to the driver, never dereferenced; on CUDA it must be a
+ * live stream of the device (or NULL).
+ */
+enum FlareStatus flare_torch_wake(int device, int zero, FlareStream stream);
+
+/**
+ * Copies the census of `device`'s tensor pool as a JSON object (`census()` in
+ * Python; see `TorchAllocator::census_json`: `sleeping`, live, idle, physical and
+ * offloaded bytes, `zeroed_bytes` and `zero_memsets`) into `buf`, NUL-terminated and
+ * truncated to `len - 1` bytes, and returns its full length (as `flare_torch_stats`).
+ * A device never used: `{"device":N,"created":false}`; a bad device or variable:
+ * `{"error": "..."}`. Thread-safe.
+ *
+ * # Safety
+ * `buf` is NULL or points to at least `len` writable bytes.
+ */
+size_t flare_torch_census(int device, char *buf, size_t len);
+
+/**
+ * Simulated backend only: writes the `len` bytes at host address `src` to device
+ * address `ptr` of `device`, as a kernel would (not a driver call).
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL `src` with `len` above 0 or a
+ * range not mapped with access (nothing written); `FLARE_STATUS_NOT_SUPPORTED` on
+ * the CUDA backend. Thread-safe.
+ *
+ * # Safety
+ * `src` is NULL or points to `len` readable bytes; `ptr` is a device address, never
+ * dereferenced.
+ */
+enum FlareStatus flare_torch_sim_write(int device, const void *ptr, const void *src, size_t len);
+
+/**
+ * Simulated backend only: reads `len` bytes at device address `ptr` of `device` into
+ * host address `dst`, as a kernel would (not a driver call). New physical memory
+ * reads as stale bytes (0xFF), not zeros: what a GPU may hand out.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL `dst` with `len` above 0 or a
+ * range not mapped with access (nothing written to `dst`);
+ * `FLARE_STATUS_NOT_SUPPORTED` on the CUDA backend. Thread-safe.
+ *
+ * # Safety
+ * `dst` is NULL or points to `len` writable bytes; `ptr` is a device address, never
+ * dereferenced.
+ */
+enum FlareStatus flare_torch_sim_read(int device, const void *ptr, void *dst, size_t len);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -146,6 +146,9 @@ fn hint(e: &DriverError) -> &'static str {
         (_, CuResult::ILLEGAL_ADDRESS) | (_, CuResult::ILLEGAL_INSTRUCTION) => {
             "the context is lost (sticky fault): recreate the context"
         }
+        (DriverCall::MemsetD8Async, _) => {
+            "a zeroing wake's memset: the tag is awake but its memory is not guaranteed zero (zero it yourself, or sleep and wake it again)"
+        }
         (DriverCall::Map, CuResult::NOT_SUPPORTED) => {
             "the driver refuses this mapping (only whole handles can be mapped)"
         }

@@ -994,6 +994,7 @@ pub fn snapshot_json(s: &Snapshot) -> String {
 }
 
 mod stream_forget;
+mod sleep;
 
 #[cfg(all(test, not(flare_loom)))]
 mod tests;

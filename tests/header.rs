@@ -248,11 +248,13 @@ fn header_declares_the_whole_contract() {
         "FLARE_SLEEP_DISCARD = 0, FLARE_SLEEP_OFFLOAD = 1, } FlareSleepMode;",
         "typedef FlareTagCensus { uint32_t struct_size; uint32_t sleeping; uint64_t live_count; uint64_t live_bytes; \
          uint64_t peak_live_bytes; uint64_t idle_bytes; uint64_t physical_bytes; \
-         uint64_t offloaded_bytes; } FlareTagCensus;",
+         uint64_t offloaded_bytes; uint64_t zeroed_bytes; uint64_t zero_memsets; } FlareTagCensus;",
         "FlareStatus flare_package_allocate_tagged(FlarePool *pool, size_t size, \
          FlareStream stream, uint32_t tag, void **out_ptr);",
         "FlareStatus flare_pool_sleep(FlarePool *pool, uint32_t tag, FlareSleepMode mode);",
         "FlareStatus flare_pool_wake(FlarePool *pool, uint32_t tag);",
+        // The zeroing wake (issue 34).
+        "FlareStatus flare_pool_wake_zeroed(FlarePool *pool, uint32_t tag, FlareStream stream);",
         "FlareStatus flare_pool_tag_census(const FlarePool *pool, uint32_t tag, \
          FlareTagCensus *out);",
     ] {

@@ -76,6 +76,8 @@ fn census_counts_each_tag_from_the_sizes() {
             idle_bytes: 0,
             physical_bytes: 12 * MIB,
             offloaded_bytes: 0,
+            zeroed_bytes: 0,
+            zero_memsets: 0,
         }
     );
     assert_eq!(pool.tag_census(2).live_bytes, 10 * MIB);
@@ -538,6 +540,8 @@ fn segment_census_and_reuse_stay_in_the_tag() {
             idle_bytes: 2 * MIB - 4 * 1024,
             physical_bytes: 2 * MIB,
             offloaded_bytes: 0,
+            zeroed_bytes: 0,
+            zero_memsets: 0,
         }
     );
     // One block of one handle: the stream-ordered one is in the tag's heap too.

@@ -13,7 +13,10 @@ As a private pool (PyTorch's caching allocator sub-allocates our mappings)::
 
 Also: ``retention()`` (a retention scope around warmup or capture), ``stats()``
 (the pools' snapshot counters as a dict), ``trim()`` (release what is idle),
-``forget_stream()`` (before destroying a stream PyTorch did not create).
+``forget_stream()`` (before destroying a stream PyTorch did not create), and
+``sleep()`` / ``wake()`` / ``census()``: a device's tensor memory given back to the
+device with every tensor's address kept, then mapped again (``wake(zero=True)``
+zeroes what a discard sleep dropped: new memory holds stale bytes otherwise).
 
 The package is pure Python over the shared library the Rust crate builds
 (``libflare_package.so``); ``library_path()`` says where it looks (the
@@ -65,6 +68,7 @@ __all__ = [
     "FlareError",
     "LibraryNotFound",
     "candidate_paths",
+    "census",
     "forget_stream",
     "hook_failures",
     "install",
@@ -75,9 +79,11 @@ __all__ = [
     "oom_handler_installed",
     "record_flush",
     "retention",
+    "sleep",
     "stats",
     "trim",
     "use_simulated",
+    "wake",
 ]
 
 LIB_ENV = "FLARE_PACKAGE_LIB"
@@ -194,6 +200,11 @@ def load():
     _sig(lib, "flare_torch_sim_begin_capture", st, i, vp)
     _sig(lib, "flare_torch_sim_end_capture", st, i, vp, ctypes.POINTER(i))
     _sig(lib, "flare_torch_sim_faults", st, i, ctypes.POINTER(u64))
+    _sig(lib, "flare_torch_sleep", st, i, u32)
+    _sig(lib, "flare_torch_wake", st, i, i, vp)
+    _sig(lib, "flare_torch_census", sz, i, ctypes.c_char_p, sz)
+    _sig(lib, "flare_torch_sim_write", st, i, vp, vp, sz)
+    _sig(lib, "flare_torch_sim_read", st, i, vp, vp, sz)
     _sig(lib, "flare_last_error_message", sz, ctypes.c_char_p, sz)
     _sig(lib, "flare_status_name", ctypes.c_char_p, st)
     _lib = lib
@@ -414,3 +425,71 @@ def forget_stream(stream):
     (``FLARE_STATUS_STREAM_STATE``: end the capture first)."""
     handle = _int_in("stream", getattr(stream, "cuda_stream", stream), 0, 2**64 - 1)
     _check("flare_torch_forget_stream", load().flare_torch_forget_stream(handle))
+
+
+# FlareSleepMode values.
+SLEEP_MODES = {"discard": 0, "offload": 1}
+
+
+def sleep(mode="discard", device=None):
+    """Puts ``device``'s tensor memory to sleep: every tensor of the per-tensor
+    allocator (``install()``) on it keeps its address, and its physical memory goes
+    back to the device (graph pools and ``mempool()`` are not touched). ``mode``:
+    ``"discard"`` (contents lost; ``wake(zero=True)`` zeroes them) or ``"offload"``
+    (copied to pinned host memory, restored by ``wake()``). Synchronizes the device
+    first. Until ``wake()``, allocating or freeing a tensor on that device fails.
+    Raises ``FlareError`` (``FLARE_STATUS_TAG_STATE``: asleep already, or the device
+    never used; ``FLARE_STATUS_SCOPE_STATE``: inside ``retention()`` or a capture)."""
+    if mode not in SLEEP_MODES:
+        raise ValueError(f"mode must be one of {sorted(SLEEP_MODES)}, not {mode!r}")
+    d = _device(device)
+    _check("flare_torch_sleep", load().flare_torch_sleep(d, SLEEP_MODES[mode]))
+
+
+def _stream_handle(stream, device):
+    """A ``cudaStream_t`` value: a ``torch.cuda.Stream`` (its ``cuda_stream``), an
+    int, or None: PyTorch's current stream on ``device`` when PyTorch sees a GPU,
+    else 0 (the legacy default stream)."""
+    if stream is None:
+        try:
+            import torch  # noqa: PLC0415
+        except ImportError:
+            return 0
+        if not torch.cuda.is_available():
+            return 0
+        return torch.cuda.current_stream(device).cuda_stream
+    if hasattr(stream, "cuda_stream"):
+        return int(stream.cuda_stream)
+    return _int_in("stream", stream, 0, 2**64 - 1)
+
+
+def wake(zero=False, stream=None, device=None):
+    """Wakes ``device``'s tensor memory put to sleep by ``sleep()``: every tensor is
+    valid again at its address, its bytes restored after an offload sleep. After a
+    discard sleep the bytes are whatever the new memory held (stale bytes: NaNs in a
+    KV cache, vLLM PR 45542) unless ``zero=True``: then every tensor's bytes are set
+    to zero by memsets queued on ``stream`` (a ``torch.cuda.Stream`` or a raw handle;
+    default PyTorch's current stream), which later work on that stream sees.
+    ``census()["zeroed_bytes"]`` counts them. Raises ``FlareError``
+    (``FLARE_STATUS_TAG_STATE``: not asleep; ``FLARE_STATUS_OUT_OF_MEMORY``: the
+    device full, still asleep; ``FLARE_STATUS_DRIVER_ERROR`` naming
+    ``cuMemsetD8Async``: awake, but not zeroed)."""
+    d = _device(device)
+    handle = _stream_handle(stream, d) if zero else 0
+    _check("flare_torch_wake", load().flare_torch_wake(d, 1 if zero else 0, handle))
+
+
+def census(device=None):
+    """``device``'s tensor memory as a dict: ``sleeping``, ``live_count``,
+    ``live_bytes``, ``peak_live_bytes``, ``idle_bytes``, ``physical_bytes``,
+    ``offloaded_bytes``, ``zeroed_bytes`` and ``zero_memsets`` (cumulative, by
+    ``wake(zero=True)``), ``created`` (False: never used, nothing else)."""
+    lib = load()
+    d = _device(device)
+    n = lib.flare_torch_census(d, None, 0)
+    buf = ctypes.create_string_buffer(n + 1)
+    lib.flare_torch_census(d, buf, n + 1)
+    out = json.loads(buf.value.decode())
+    if "error" in out:
+        raise FlareError("flare_torch_census", "FLARE_STATUS_INVALID_ARGUMENT", out["error"])
+    return out

@@ -2,7 +2,8 @@
 is found and loaded, a missing one is reported with every path tried, and the
 PyTorch entry points are driven through ctypes on the simulated driver (as PyTorch
 would call them: alloc/free with streams, the graph-pool hooks around a capture,
-record_stream, reset), with stats, trim, retention and the out-of-memory path.
+record_stream, reset), with stats, trim, retention and the out-of-memory path; and
+sleep / wake / census of a device's tensor memory, the zeroing wake included.
 
 Run: python3 -m unittest discover -s python/tests (after
 `cargo build --release -p flare-package`).
@@ -353,6 +354,94 @@ class Simulated(unittest.TestCase):
             fp.use_simulated()  # already made, by the first use_simulated
         self.assertIn("earlier flare_torch_use_simulated", str(cm.exception))
         self.assertIn("must be the first call, once", str(cm.exception))
+
+
+
+def sim_write(lib, device, ptr, data):
+    fp._check("flare_torch_sim_write", lib.flare_torch_sim_write(device, ptr, data, len(data)))
+
+
+def sim_read(lib, device, ptr, n):
+    buf = ctypes.create_string_buffer(n)
+    fp._check("flare_torch_sim_read", lib.flare_torch_sim_read(device, ptr, buf, n))
+    return buf.raw
+
+
+class SleepWake(unittest.TestCase):
+    """sleep() / wake() / census() of device 1's tensor memory on the simulated
+    driver, whose new physical memory holds stale bytes (0xFF), as a GPU's may."""
+
+    def setUp(self):
+        self.lib = fp.load()
+
+    def tearDown(self):
+        self.lib.flare_torch_reset()
+
+    def test_a_zeroing_wake_zeroes_what_a_discard_sleep_dropped(self):
+        lib = self.lib
+        n = 3 * MIB + 100
+        pattern = (bytes(range(1, 251)) * (n // 250 + 1))[:n]
+        p = lib.flare_torch_alloc(n, 1, None)
+        self.assertTrue(p)
+        sim_write(lib, 1, p, pattern)
+        before = fp.census(1)
+        self.assertFalse(before["sleeping"])
+        self.assertEqual(before["live_count"], 1)
+        fp.sleep("discard", device=1)
+        self.assertTrue(fp.census(1)["sleeping"])
+        self.assertEqual(fp.census(1)["physical_bytes"], 0)
+        fp.wake(zero=True, device=1)
+        self.assertEqual(sim_read(lib, 1, p, n), bytes(n), "every requested byte zero")
+        c = fp.census(1)
+        self.assertFalse(c["sleeping"])
+        self.assertEqual(c["zeroed_bytes"] - before["zeroed_bytes"], n)
+        self.assertEqual(c["zero_memsets"] - before["zero_memsets"], 1)
+        # What it is for: a plain wake after a discard sleep gives stale bytes.
+        fp.sleep("discard", device=1)
+        fp.wake(device=1)
+        self.assertEqual(sim_read(lib, 1, p, n), b"\xff" * n)
+        # An offload sleep restores the bytes; zeroing does nothing there.
+        sim_write(lib, 1, p, pattern)
+        fp.sleep("offload", device=1)
+        fp.wake(zero=True, device=1)
+        self.assertEqual(sim_read(lib, 1, p, n), pattern)
+        self.assertEqual(fp.census(1)["zeroed_bytes"], c["zeroed_bytes"])
+        lib.flare_torch_free(p, n, 1, None)
+        self.assertEqual(fp.census(1)["live_count"], 0)
+
+    def test_bad_calls_raise_and_change_nothing(self):
+        lib = self.lib
+        with self.assertRaises(ValueError):
+            fp.sleep("bogus", device=1)
+        with self.assertRaises(fp.FlareError) as cm:
+            fp.wake(device=1)
+        self.assertEqual(cm.exception.status, "FLARE_STATUS_TAG_STATE")
+        with self.assertRaises(fp.FlareError) as cm:
+            fp.wake(zero=True, device=1)
+        self.assertEqual(cm.exception.status, "FLARE_STATUS_TAG_STATE")
+        for call in (lambda: fp.sleep(device=5), lambda: fp.wake(device=5), lambda: fp.census(5)):
+            with self.assertRaises(fp.FlareError) as cm:
+                call()
+            self.assertEqual(cm.exception.status, "FLARE_STATUS_INVALID_ARGUMENT")
+        with self.assertRaises(TypeError):
+            fp.wake(zero=True, stream=1.5, device=1)
+        p = lib.flare_torch_alloc(MIB, 1, None)
+        fp.sleep("discard", device=1)
+        # A stream that is not live: refused before anything, still asleep.
+        with self.assertRaises(fp.FlareError) as cm:
+            fp.wake(zero=True, stream=0xDEAD0000, device=1)
+        self.assertEqual(cm.exception.status, "FLARE_STATUS_DRIVER_ERROR")
+        self.assertIn("cuStreamGetCaptureInfo", str(cm.exception))
+        self.assertTrue(fp.census(1)["sleeping"])
+        with self.assertRaises(fp.FlareError) as cm:
+            fp.sleep("discard", device=1)
+        self.assertEqual(cm.exception.status, "FLARE_STATUS_TAG_STATE")
+        s = stream(lib, 1)
+        fp.wake(zero=True, stream=s, device=1)
+        self.assertEqual(sim_read(lib, 1, p, MIB), bytes(MIB))
+        fp._check("complete", lib.flare_torch_sim_stream_complete(1, s))
+        lib.flare_torch_free(p, MIB, 1, None)
+        self.assertEqual(faults(lib, 1), 0)
 
 
 if __name__ == "__main__":

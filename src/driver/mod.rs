@@ -192,6 +192,9 @@ macro_rules! driver_calls {
                 MemcpyDtoH = 23, "cuMemcpyDtoH";
                 /// `cuMemcpyHtoD`: those bytes back at wake.
                 MemcpyHtoD = 24, "cuMemcpyHtoD";
+                /// `cuMemsetD8Async`: a zeroing wake's stream-ordered memset of what a
+                /// discard sleep dropped (issue 34).
+                MemsetD8Async = 25, "cuMemsetD8Async";
             }
         }
     };
@@ -573,6 +576,26 @@ pub trait Driver: std::any::Any + Send + Sync {
     ) -> Result<(), DriverError> {
         let _ = (dst, src, offset, size);
         Err(not_supported(DriverCall::MemcpyHtoD))
+    }
+
+    /// Sets `size` bytes from device address `ptr` to `value`, queued on `stream`
+    /// (`cuMemsetD8Async`): later work on `stream` sees the bytes set; the call
+    /// returns before the memset runs. `[ptr, ptr + size)` must be mapped with access
+    /// granted to the stream's device, else `CUDA_ERROR_INVALID_VALUE`
+    /// (`docs/vmm-semantics.md`, "Memset"); a stream that is not live is
+    /// `CUDA_ERROR_INVALID_HANDLE`. On a stream being captured the memset becomes a
+    /// graph node instead of running: the pool never calls it there. Only
+    /// [`Pool::wake_zeroed`](crate::Pool::wake_zeroed) calls it; a backend without it
+    /// keeps the default (`CUDA_ERROR_NOT_SUPPORTED`).
+    fn memset_async(
+        &self,
+        ptr: DevicePtr,
+        value: u8,
+        size: u64,
+        stream: Stream,
+    ) -> Result<(), DriverError> {
+        let _ = (ptr, value, size, stream);
+        Err(not_supported(DriverCall::MemsetD8Async))
     }
 
     /// A checking hook, no driver call: the pool hands `[ptr, ptr + size)` to

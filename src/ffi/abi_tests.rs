@@ -129,7 +129,7 @@ fn every_call_on_a_pool_refuses_a_null_pool() {
     };
     // SAFETY: NULL pools are refused before anything else is read; the outputs are
     // writable locals.
-    let calls: [(&str, FlareStatus); 12] = unsafe {
+    let calls: [(&str, FlareStatus); 13] = unsafe {
         [
             (
                 "flare_package_allocate",
@@ -156,6 +156,10 @@ fn every_call_on_a_pool_refuses_a_null_pool() {
                 flare_pool_sleep(NULL_POOL, 1, RawSleepMode(0)),
             ),
             ("flare_pool_wake", flare_pool_wake(NULL_POOL, 1)),
+            (
+                "flare_pool_wake_zeroed",
+                flare_pool_wake_zeroed(NULL_POOL, 1, ptr::null_mut()),
+            ),
             (
                 "flare_pool_tag_census",
                 flare_pool_tag_census(NULL_POOL, 1, &mut c),
@@ -863,6 +867,78 @@ fn tags_sleep_and_wake_with_their_statuses_and_census() {
     let c = census(pool, TAG);
     assert_eq!((c.live_count, c.live_bytes, c.physical_bytes), (0, 0, 0));
     destroy(pool);
+}
+
+/// `flare_pool_wake_zeroed`'s documented statuses, each naming the function: a tag
+/// never used and a tag awake are `FLARE_STATUS_TAG_STATE`, a stream that is not live
+/// `FLARE_STATUS_DRIVER_ERROR` (the tag still asleep, its census unchanged); after a
+/// discard sleep it wakes the tag and the census counts the requested bytes (1000,
+/// not the 2 MiB mapped) and one memset. A panic inside the call is
+/// `FLARE_STATUS_INTERNAL`, never an unwind into C: the wake it made stands (the tag
+/// awake, zeroed) and the pool is poisoned.
+#[test]
+fn wake_zeroed_statuses_and_a_panic_inside_it() {
+    let pool = create(&config());
+    const TAG: u32 = 6;
+    let bad_stream = 0xdead_0000usize as FlareStream;
+    // SAFETY: `pool` is live throughout; streams are only passed to the driver.
+    unsafe {
+        refused(
+            flare_pool_wake_zeroed(pool, TAG, ptr::null_mut()),
+            FlareStatus::FLARE_STATUS_TAG_STATE,
+            "flare_pool_wake_zeroed",
+            "tag 6",
+        );
+        let (st, p) = allocate_tagged(pool, 1000, TAG);
+        ok(st);
+        refused(
+            flare_pool_wake_zeroed(pool, TAG, ptr::null_mut()),
+            FlareStatus::FLARE_STATUS_TAG_STATE,
+            "flare_pool_wake_zeroed",
+            "does not sleep",
+        );
+        ok(flare_pool_sleep(pool, TAG, RawSleepMode(0)));
+        let asleep = census(pool, TAG);
+        refused(
+            flare_pool_wake_zeroed(pool, TAG, bad_stream),
+            FlareStatus::FLARE_STATUS_DRIVER_ERROR,
+            "flare_pool_wake_zeroed",
+            "cuStreamGetCaptureInfo",
+        );
+        assert_eq!(census(pool, TAG), asleep);
+        assert_eq!(asleep.sleeping, 1);
+        ok(flare_pool_wake_zeroed(pool, TAG, ptr::null_mut()));
+        let c = census(pool, TAG);
+        assert_eq!(
+            (c.sleeping, c.physical_bytes, c.zeroed_bytes, c.zero_memsets),
+            (0, GRANULARITY, 1000, 1)
+        );
+        ok(flare_pool_sleep(pool, TAG, RawSleepMode(0)));
+        ok(flare_sim_inject_panic(pool));
+        refused(
+            flare_pool_wake_zeroed(pool, TAG, ptr::null_mut()),
+            FlareStatus::FLARE_STATUS_INTERNAL,
+            "flare_pool_wake_zeroed",
+            "injected by flare_sim_inject_panic",
+        );
+        let mut c = FlareTagCensus {
+            struct_size: size_of::<FlareTagCensus>() as u32,
+            ..FlareTagCensus::default()
+        };
+        assert_eq!(
+            flare_pool_tag_census(pool, TAG, &mut c),
+            FlareStatus::FLARE_STATUS_INTERNAL,
+            "poisoned"
+        );
+        let _ = p;
+    }
+    let (st, r) = destroy_report(pool);
+    ok(st);
+    assert_eq!((r.live_count, r.live_requested_bytes), (1, 1000));
+    assert_eq!(
+        r.physical_bytes, GRANULARITY,
+        "awake: its handle was mapped again"
+    );
 }
 
 #[test]

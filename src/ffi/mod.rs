@@ -27,7 +27,8 @@
 //! backend's fault and panic injection, its streams, captures and contract faults),
 //! `torch` (PyTorch's allocator entry points and hooks, over `crate::torch`),
 //! `torch_oom` (which function a failed `flare_torch_alloc` calls: the handler set,
-//! else PyTorch's `torchCheckFail` found in the process).
+//! else PyTorch's `torchCheckFail` found in the process),
+//! `torch_tags` (sleep, wake and census of a device's tensor pool for Python).
 //! The crate's `unsafe` code is in this module and in the CUDA backend
 //! (`driver::cuda`).
 
@@ -51,6 +52,8 @@ mod sim;
 mod torch;
 
 mod torch_oom;
+
+mod torch_tags;
 
 // The loom build runs the loom models alone (these tests make pools outside a model).
 #[cfg(all(test, not(flare_loom)))]
@@ -85,6 +88,7 @@ pub use stream::{
 };
 pub use tags::{
     flare_package_allocate_tagged, flare_pool_sleep, flare_pool_tag_census, flare_pool_wake,
+    flare_pool_wake_zeroed,
 };
 pub use torch::{
     flare_torch_alloc, flare_torch_begin_allocate_to_pool, flare_torch_end_allocate_to_pool,
@@ -95,6 +99,10 @@ pub use torch::{
     flare_torch_sim_end_capture, flare_torch_sim_faults, flare_torch_sim_launch,
     flare_torch_sim_stream_complete, flare_torch_sim_stream_create, flare_torch_sim_stream_destroy,
     flare_torch_stats, flare_torch_trim, flare_torch_use_simulated, FlareTorchOomHandler,
+};
+pub use torch_tags::{
+    flare_torch_census, flare_torch_sim_read, flare_torch_sim_write, flare_torch_sleep,
+    flare_torch_wake,
 };
 pub use types::{
     FlareBackend, FlareCrossStreamReuse, FlareDestroyReport, FlareDriverCall, FlarePoolConfig,

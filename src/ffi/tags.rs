@@ -5,7 +5,7 @@ use std::mem::MaybeUninit;
 
 use super::boundary::{out_arg, pool_boundary};
 use super::pool::FlarePool;
-use super::stream::allocate_on_stream;
+use super::stream::{allocate_on_stream, stream_of};
 use super::types::{
     FlareSleepMode, FlareStatus, FlareStream, FlareTagCensus, RawSleepMode, VersionedOut,
 };
@@ -137,8 +137,60 @@ fn flare_pool_wake_inner(pool: Option<&FlarePool>, tag: u32) -> FlareStatus {
     })
 }
 
+/// Wakes tag `tag` as `flare_pool_wake` does and, when it slept in
+/// `FLARE_SLEEP_DISCARD`, sets to zero the requested bytes of each of its live
+/// allocations (whole mappings and blocks; not the free space of its heaps), one
+/// `cuMemsetD8Async` each, queued on `stream` (NULL: the legacy default stream): the
+/// caller's later work on `stream` reads zeros (work on another stream must wait for
+/// `stream` first). Returns once they are queued. A wake from `FLARE_SLEEP_OFFLOAD`
+/// restores the bytes and zeroes nothing. `flare_pool_tag_census` counts what was
+/// zeroed (`zeroed_bytes`, `zero_memsets`). Why: new physical memory holds whatever
+/// an earlier owner left there (vLLM PR 45542: a KV cache woken from a discard sleep
+/// held stale bytes, and NaNs followed).
+///
+/// Errors, with nothing done (the tag as it was): `FLARE_STATUS_INVALID_ARGUMENT` for
+/// a NULL pool; `FLARE_STATUS_SCOPE_STATE` while `stream` is being captured (the
+/// memsets would only run with the graph), or for the legacy stream while a blocking
+/// stream is captured; `FLARE_STATUS_DRIVER_ERROR` when the stream's capture query is
+/// refused (not a live stream of the device); `FLARE_STATUS_NOT_SUPPORTED` on a
+/// backend without streams; then as `flare_pool_wake` (`FLARE_STATUS_TAG_STATE`
+/// when the tag does not sleep; out of memory or a refused step: the tag stays
+/// asleep). `FLARE_STATUS_DRIVER_ERROR` with the message naming `cuMemsetD8Async`
+/// when the driver refuses a memset: the wake itself succeeded, so the tag is
+/// **awake** and usable (`flare_pool_tag_census` says `sleeping` 0), but its bytes are
+/// not guaranteed zero.
+///
+/// # Safety
+/// `pool` is NULL or a live pool. `stream` is only passed to the driver, never
+/// dereferenced; on a CUDA pool it must be a live stream of the pool's device's
+/// context (or NULL), as for any CUDA call.
+#[no_mangle]
+pub unsafe extern "C" fn flare_pool_wake_zeroed(
+    pool: *mut FlarePool,
+    tag: u32,
+    stream: FlareStream,
+) -> FlareStatus {
+    // SAFETY: `pool` is NULL or a live pool, by the caller's contract.
+    flare_pool_wake_zeroed_inner(unsafe { pool.as_ref() }, tag, stream)
+}
+
+/// `flare_pool_wake_zeroed` on the caller's pool; `stream` is only passed to the
+/// driver.
+fn flare_pool_wake_zeroed_inner(
+    pool: Option<&FlarePool>,
+    tag: u32,
+    stream: FlareStream,
+) -> FlareStatus {
+    pool_boundary("flare_pool_wake_zeroed", pool, |pool| {
+        let result = pool.pool.wake_zeroed(tag, stream_of(stream));
+        pool.injected_panic_point();
+        result
+    })
+}
+
 /// Writes what tag `tag` holds to `*out` (its live allocations, idle, physical and
-/// offloaded bytes, whether it sleeps): exact, and cheap (no walk over allocations).
+/// offloaded bytes, whether it sleeps, what its zeroing wakes zeroed): exact, and
+/// cheap (no walk over allocations).
 /// A tag never used reads all zeros.
 ///
 /// Versioning: the caller sets `out->struct_size` to `sizeof(FlareTagCensus)`; only

@@ -566,6 +566,7 @@ fn a_panic_in_a_call_poisons_the_pool_and_destroy_still_releases() {
             flare_retention_abort(pool),
             flare_pool_trim(pool),
             flare_pool_snapshot(pool, &mut s),
+            flare_pool_wake_zeroed(pool, 1, ptr::null_mut()),
             flare_sim_inject_failure(pool, RawDriverCall(0), 1, 2),
             flare_sim_inject_panic(pool),
         ];

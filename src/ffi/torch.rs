@@ -50,7 +50,8 @@ static ALLOCATOR: OnceLock<Result<TorchAllocator, Error>> = OnceLock::new();
 /// Failures of the hooks that return nothing (`flare_torch_free` and the others).
 static HOOK_FAILURES: AtomicU64 = AtomicU64::new(0);
 
-fn allocator() -> Result<&'static TorchAllocator, Error> {
+/// The process's allocator (made on first use), or its configuration error.
+pub(super) fn allocator() -> Result<&'static TorchAllocator, Error> {
     ALLOCATOR
         .get_or_init(|| TorchConfig::from_env().map(TorchAllocator::new))
         .as_ref()
@@ -552,7 +553,7 @@ pub extern "C" fn flare_torch_forget_stream(stream: FlareStream) -> FlareStatus 
 }
 
 /// The simulated driver of `device`.
-fn sim(device: c_int) -> Result<Arc<SimDriver>, Error> {
+pub(super) fn sim(device: c_int) -> Result<Arc<SimDriver>, Error> {
     allocator()?.sim_driver(device)
 }
 

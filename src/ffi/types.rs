@@ -317,6 +317,13 @@ versioned_struct! {
         /// `FLARE_SLEEP_OFFLOAD`: the sum of its live allocations' requested bytes
         /// (what was asked, not the rounded sizes: only those bytes are copied).
         pub offloaded_bytes: u64,
+        /// Bytes the tag's zeroing wakes (`flare_pool_wake_zeroed`) set to zero,
+        /// cumulative: each live allocation's requested bytes, per wake from a discard
+        /// sleep. Added after `offloaded_bytes`: a caller whose `struct_size` ends
+        /// there is not written here.
+        pub zeroed_bytes: u64,
+        /// Memsets (`cuMemsetD8Async`) those wakes queued, cumulative.
+        pub zero_memsets: u64,
     }
 }
 
@@ -332,6 +339,8 @@ impl FlareTagCensus {
             idle_bytes: c.idle_bytes,
             physical_bytes: c.physical_bytes,
             offloaded_bytes: c.offloaded_bytes,
+            zeroed_bytes: c.zeroed_bytes,
+            zero_memsets: c.zero_memsets,
         }
     }
 }
@@ -369,14 +378,14 @@ versioned_struct! {
     }
 }
 
-// The layouts the C tests assert too (`sizeof` 104, 472, 40 and 56 on 64-bit targets).
+// The layouts the C tests assert too (`sizeof` 104, 472, 40 and 72 on 64-bit targets).
 const _: () = assert!(size_of::<FlareStatus>() == 4 && size_of::<FlareBackend>() == 4);
 const _: () = assert!(size_of::<FlareReusePolicy>() == 4 && size_of::<FlareDriverCall>() == 4);
 const _: () = assert!(size_of::<FlareCrossStreamReuse>() == 4);
 const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 58 * 8);
 const _: () = assert!(size_of::<FlarePoolConfig>() == 104);
 const _: () = assert!(size_of::<FlareDestroyReport>() == 8 + 4 * 8);
-const _: () = assert!(size_of::<FlareTagCensus>() == 8 + 6 * 8);
+const _: () = assert!(size_of::<FlareTagCensus>() == 8 + 8 * 8);
 const _: () = assert!(size_of::<FlareSleepMode>() == 4);
 
 /// The largest `struct_size` accepted from a caller.
@@ -715,10 +724,12 @@ mod tests {
         // The kept host buffer's bytes (issue 15), after those: 464 to 472.
         assert_eq!(offset_of!(FlareSnapshot, host_kept_bytes), 464);
         assert_eq!(size_of::<FlareSnapshot>(), 472);
-        // The tag census: two u32, six u64.
+        // The tag census: two u32, six u64; then the zeroing wake's two (issue 34).
         assert_eq!(offset_of!(FlareTagCensus, live_count), 8);
         assert_eq!(offset_of!(FlareTagCensus, offloaded_bytes), 48);
-        assert_eq!(size_of::<FlareTagCensus>(), 56);
+        assert_eq!(offset_of!(FlareTagCensus, zeroed_bytes), 56);
+        assert_eq!(offset_of!(FlareTagCensus, zero_memsets), 64);
+        assert_eq!(size_of::<FlareTagCensus>(), 72);
     }
 
     #[test]

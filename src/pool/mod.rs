@@ -27,6 +27,7 @@ mod stream_forget;
 mod streams;
 mod table;
 mod tags;
+mod wake_zero;
 
 pub(crate) use config::cross_stream_modes;
 pub(crate) use config::reuse_policies;

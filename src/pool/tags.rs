@@ -34,6 +34,7 @@
 use super::books::{BucketKind, MappingState, Piece, State, ANY, SYNC_FREED};
 use super::release::Batch;
 use super::segments::{heap_key, home_of, round_up, SegHandle};
+use super::wake_zero::Zeroed;
 use super::{Pool, ReusePolicy};
 use crate::driver::{CuResult, DevicePtr, DriverError, HostBuffer, PhysicalHandle, Stream};
 use crate::error::{Error, Result};
@@ -44,7 +45,8 @@ use std::sync::atomic::Ordering;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SleepMode {
     /// Contents are lost: after [`Pool::wake`] every pointer is valid again with
-    /// unspecified contents (`FLARE_SLEEP_DISCARD`, 0).
+    /// unspecified contents, zeros after [`Pool::wake_zeroed`] (`FLARE_SLEEP_DISCARD`,
+    /// 0).
     Discard = 0,
     /// Contents are copied to pinned host memory (`cuMemHostAlloc`, `cuMemcpyDtoH`)
     /// before the physical memory is released, and copied back at wake
@@ -77,6 +79,12 @@ pub struct TagCensus {
     /// [`SleepMode::Offload`]: the sum of its live allocations' requested bytes (not
     /// the rounded sizes: only what was asked is copied).
     pub offloaded_bytes: u64,
+    /// Bytes the tag's zeroing wakes ([`Pool::wake_zeroed`]) set to zero, cumulative:
+    /// the requested bytes of each live allocation a discard sleep dropped, per wake.
+    pub zeroed_bytes: u64,
+    /// Memsets (`cuMemsetD8Async`) those wakes queued, cumulative: one per live
+    /// allocation with requested bytes.
+    pub zero_memsets: u64,
 }
 
 /// The books of one tag.
@@ -113,6 +121,8 @@ pub(super) struct TagBooks {
     /// Capture buckets of its heap blocks freed during a capture, by the capture's
     /// own bucket ([`State::tag_capture_bucket`]).
     pub(super) capture_buckets: std::collections::HashMap<u32, u32>,
+    /// What its zeroing wakes zeroed (`wake_zero.rs`).
+    pub(super) zeroed: Zeroed,
 }
 
 /// A handle of a segment put to sleep: released at sleep (or left pending), mapped
@@ -881,6 +891,8 @@ impl Pool {
             idle_bytes: t.idle_bytes + t.seg_physical.saturating_sub(t.seg_live),
             physical_bytes: t.live_physical + t.idle_bytes + t.seg_physical,
             offloaded_bytes: t.host.map_or(0, |h| h.size),
+            zeroed_bytes: t.zeroed.bytes,
+            zero_memsets: t.zeroed.memsets,
         };
         if tag != 0 {
             return st.tags.get(&tag).map(own).unwrap_or_default();
@@ -908,6 +920,8 @@ impl Pool {
         c.peak_live_bytes = zero.peak_live_bytes;
         c.sleeping = zero.sleeping.is_some();
         c.offloaded_bytes = zero.host.map_or(0, |h| h.size);
+        c.zeroed_bytes = zero.zeroed.bytes;
+        c.zero_memsets = zero.zeroed.memsets;
         c
     }
 
@@ -1458,7 +1472,9 @@ impl Pool {
     /// pinning 10 GiB took 5.7 s of a 5.9 s sleep on the H200); the one kept before
     /// is freed (`cuMemFreeHost`; a refusal leaves it to the driver, the wake still
     /// succeeds), and [`Pool::trim`] frees the kept one. Every pointer of the tag is
-    /// valid again: same bytes (offload) or unspecified contents (discard).
+    /// valid again: same bytes (offload) or unspecified contents (discard: on the GPU,
+    /// whatever an earlier owner of the memory left; [`Pool::wake_zeroed`] zeroes
+    /// them).
     ///
     /// First, what the pool holds pending (a release refused part-way, or what an
     /// earlier wake's undo could not undo) is released again (`cuMemUnmap`,
@@ -1476,15 +1492,23 @@ impl Pool {
     /// room: free memory or trim, then wake again); [`Error::Driver`] for another
     /// refused call.
     pub fn wake(&self, tag: u32) -> Result<()> {
-        let r = self.wake_unrecorded(tag);
-        if let (Some(rec), Ok(())) = (&self.rec, &r) {
-            rec.line(&format!("wake {tag}"));
-        }
-        r
+        self.wake_zeroing(tag, None)
     }
 
-    /// [`Pool::wake`], not recorded.
-    fn wake_unrecorded(&self, tag: u32) -> Result<()> {
+    /// [`Pool::wake`]; with `zero`, what a discard sleep dropped is zeroed on that
+    /// stream ([`Pool::wake_zeroed`]). Recorded once the tag is awake (a failed
+    /// memset leaves it awake).
+    pub(super) fn wake_zeroing(&self, tag: u32, zero: Option<Stream>) -> Result<()> {
+        let (woken, zeroed) = self.wake_unrecorded(tag, zero);
+        if let (Some(rec), Ok(())) = (&self.rec, &woken) {
+            rec.line(&format!("wake {tag}"));
+        }
+        woken.and(zeroed)
+    }
+
+    /// [`Pool::wake_zeroing`], not recorded: the wake's result, and the zeroing's
+    /// (`Ok` when not asked for or nothing to do).
+    fn wake_unrecorded(&self, tag: u32, zero: Option<Stream>) -> (Result<()>, Result<()>) {
         // What a release or an earlier wake's undo left pending is retried first
         // (no synchronize: a pending leftover's work is done): a leftover still
         // mapped at one of the tag's addresses would make this wake's map fail.
@@ -1502,14 +1526,15 @@ impl Pool {
             }
         }
         let _ = self.release_batch(batch);
-        let (mode, host, pieces, seg, blocks) = {
+        let (mode, host, pieces, seg, blocks, dropped) = {
             let mut st = lock(&self.state);
             let t = st.tags.entry(tag).or_default();
             if t.busy || t.sleeping.is_none() {
-                return Err(Error::TagState {
+                let e = Error::TagState {
                     tag,
                     reason: "the tag does not sleep (or a sleep or wake of it runs)",
-                });
+                };
+                return (Err(e), Ok(()));
             }
             t.busy = true;
             let (mode, host, list) = (t.sleeping, t.host, t.asleep.clone());
@@ -1544,7 +1569,12 @@ impl Pool {
                     (m.ptr(), m.requested, off)
                 })
                 .collect();
-            (mode, host, pieces, seg, blocks)
+            // A zeroing wake of a discard sleep: what the sleep dropped.
+            let dropped = match (zero, mode) {
+                (Some(_), Some(SleepMode::Discard)) => st.dropped_ranges(&list, &blocks),
+                _ => Vec::new(),
+            };
+            (mode, host, pieces, seg, blocks, dropped)
         };
         // The segments first (new handles at the same addresses, the live blocks'
         // bytes copied back), then the whole mappings; a failure of the latter undoes
@@ -1561,13 +1591,18 @@ impl Pool {
                 }
                 r
             });
+        // Still busy: no allocation or free of the tag moves what is zeroed.
+        let zeroed = match (zero, &result) {
+            (Some(stream), Ok(())) => self.zero_dropped(tag, stream, &dropped),
+            _ => Ok(()),
+        };
         let mut st = lock(&self.state);
         let t = st.tags.entry(tag).or_default();
         t.busy = false;
         if t.sleeping.is_none() {
             self.tags_blocked.fetch_sub(1, Ordering::Relaxed);
         }
-        result
+        (result, zeroed)
     }
 
     /// Wakes the segments of a sleep (`ss`): for each handle, `cuMemCreate`,

@@ -708,6 +708,34 @@ impl Driver for CudaDriver {
         })
     }
 
+    /// `cuMemsetD8Async(ptr, value, size, stream)` with the pool's context pushed (a
+    /// special stream handle then names this device's stream; the memset is queued
+    /// and the call returns before it runs).
+    ///
+    /// # Errors
+    ///
+    /// [`DriverCall::MemsetD8Async`]: `CUDA_ERROR_INVALID_VALUE` for a range that is
+    /// not mapped with access (`docs/vmm-semantics.md`, "Memset") or a size that does
+    /// not fit a `size_t` (no call is made); `CUDA_ERROR_INVALID_HANDLE` for a stream
+    /// of another context; a sticky fault of earlier work; a failed context push with
+    /// its own code.
+    fn memset_async(
+        &self,
+        ptr: DevicePtr,
+        value: u8,
+        size: u64,
+        stream: Stream,
+    ) -> Result<(), DriverError> {
+        let n = to_usize(size).map_err(|c| DriverError::new(DriverCall::MemsetD8Async, c))?;
+        let s = cu_stream(stream);
+        self.in_context(DriverCall::MemsetD8Async, || {
+            // SAFETY: no Rust memory is passed: the driver validates the device range
+            // and the stream handle (a stream of this device or a special handle, by
+            // the trait's contract); the context is current.
+            code(unsafe { sys::cuMemsetD8Async(ptr, value, n, s) })
+        })
+    }
+
     /// `cuCtxSynchronize` with `device`'s primary context current (this driver's
     /// device, or a peer given to [`CudaDriver::with_peers`]): waits for all that
     /// device's work.

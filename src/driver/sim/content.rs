@@ -1,30 +1,143 @@
 //! The simulated device's bytes and pinned host memory (issue 15): enough of a
 //! content model to check that a tag put to sleep in offload mode wakes with the
-//! same bytes, and that a discarded tag does not.
+//! same bytes, that a discarded tag does not, and that a zeroing wake (issue 34)
+//! zeroes exactly what the discard dropped.
 //!
 //! - Device bytes belong to a physical handle (as on the real device: two mappings of
-//!   one handle alias the same bytes), kept sparsely in pages of [`PAGE`] bytes; a
-//!   page never written reads as zeros (the real device's contents are unspecified:
-//!   tests must not count on zeros). A handle's bytes are dropped with the handle.
-//! - Host buffers ([`SimDriver::mem_host_alloc`]) are kept the same way, so that
-//!   offloading a 10 GiB tag costs nothing where nothing was written.
+//!   one handle alias the same bytes), kept sparsely in pages of [`PAGE`] bytes. A
+//!   byte never written holds [`SIM_STALE_BYTE`](super::SIM_STALE_BYTE), not zero:
+//!   new physical memory comes with what an earlier owner left there (NVIDIA
+//!   documents no initial contents for `cuMemCreate`), so a test that counts on
+//!   zeros it did not write fails here as it could on the GPU. A handle's bytes are
+//!   dropped with the handle.
+//! - Host buffers ([`SimDriver::mem_host_alloc`]) are kept the same way (a byte never
+//!   written reads as 0), so that offloading a 10 GiB tag costs nothing where
+//!   nothing was written.
+//! - A page is its bytes, or one byte repeated ([`Page::Fill`]: what a memset or a
+//!   copy of such a page leaves), so a memset of gigabytes keeps no gigabytes.
 //! - [`SimDriver::write`] and [`SimDriver::read`] stand for a kernel (or a test's
 //!   `cuMemcpyHtoD` / `cuMemcpyDtoH`): not driver calls, never counted or injected;
-//!   [`SimDriver::memcpy_dtoh`] and [`SimDriver::memcpy_htod`] are the driver calls
-//!   the pool makes.
+//!   [`SimDriver::memcpy_dtoh`], [`SimDriver::memcpy_htod`] and
+//!   [`SimDriver::memset_d8_async`] are the driver calls the pool makes.
 
 use std::collections::HashMap;
 
 use super::model::Inner;
-use super::SimDriver;
+use super::{SimDriver, SIM_STALE_BYTE};
 use crate::driver::{CuResult, DevicePtr, DriverCall};
 use crate::sync::lock;
 
 /// Bytes per page of the sparse content model.
 pub(super) const PAGE: u64 = 4096;
 
-/// Sparse bytes: page number -> the page's bytes (absent: zeros).
-pub(super) type Pages = HashMap<u64, Box<[u8]>>;
+/// What a host byte never written reads as.
+const HOST_BACKGROUND: u8 = 0;
+
+/// One page of the content model.
+#[derive(Clone, Debug)]
+pub(super) enum Page {
+    /// Its [`PAGE`] bytes.
+    Bytes(Box<[u8]>),
+    /// [`PAGE`] copies of one byte.
+    Fill(u8),
+}
+
+/// Sparse bytes: page number -> the page (absent: the store's background byte,
+/// [`SIM_STALE_BYTE`] on the device, 0 on the host).
+pub(super) type Pages = HashMap<u64, Page>;
+
+/// A run of bytes to write: a slice, or one byte repeated.
+#[derive(Clone, Copy)]
+enum Src<'a> {
+    Bytes(&'a [u8]),
+    Fill(u8),
+}
+
+/// The `n` bytes at byte `off` of page `page` of `pages` (background `bg`).
+fn get(pages: Option<&Pages>, bg: u8, page: u64, off: usize, n: usize) -> Src<'_> {
+    match pages.and_then(|p| p.get(&page)) {
+        Some(Page::Bytes(b)) => Src::Bytes(&b[off..off + n]),
+        Some(Page::Fill(v)) => Src::Fill(*v),
+        None => Src::Fill(bg),
+    }
+}
+
+/// Writes `src` (`n` bytes) at byte `off` of page `page` of `dst` (background
+/// `bg`). A whole page of one byte is kept as [`Page::Fill`] (or dropped when it is
+/// the background); a partial write makes the page's bytes.
+fn put(dst: &mut Pages, bg: u8, page: u64, off: usize, n: usize, src: Src<'_>) {
+    if off == 0 && n == PAGE as usize {
+        match src {
+            Src::Fill(v) if v == bg => {
+                dst.remove(&page);
+            }
+            Src::Fill(v) => {
+                dst.insert(page, Page::Fill(v));
+            }
+            Src::Bytes(b) => {
+                dst.insert(page, Page::Bytes(b.into()));
+            }
+        }
+        return;
+    }
+    let entry = dst.entry(page).or_insert(Page::Fill(bg));
+    if let Page::Fill(v) = *entry {
+        *entry = Page::Bytes(vec![v; PAGE as usize].into_boxed_slice());
+    }
+    if let Page::Bytes(b) = entry {
+        match src {
+            Src::Bytes(s) => b[off..off + n].copy_from_slice(s),
+            Src::Fill(v) => b[off..off + n].fill(v),
+        }
+    }
+}
+
+/// Copies `len` bytes of `src` (background `src_bg`) from byte `from` into `dst`
+/// (background `dst_bg`) at byte `to`.
+fn copy_pages(
+    src: Option<&Pages>,
+    src_bg: u8,
+    from: u64,
+    dst: &mut Pages,
+    dst_bg: u8,
+    to: u64,
+    len: u64,
+) {
+    let mut done = 0;
+    while done < len {
+        let (sp, so) = ((from + done) / PAGE, (from + done) % PAGE);
+        let (dp, doff) = ((to + done) / PAGE, (to + done) % PAGE);
+        let n = (PAGE - so).min(PAGE - doff).min(len - done);
+        let chunk = get(src, src_bg, sp, so as usize, n as usize);
+        put(dst, dst_bg, dp, doff as usize, n as usize, chunk);
+        done += n;
+    }
+}
+
+/// Sets `len` bytes of `dst` (background `bg`) from byte `to` to `value`.
+fn fill_pages(dst: &mut Pages, bg: u8, to: u64, len: u64, value: u8) {
+    let mut done = 0;
+    while done < len {
+        let (dp, doff) = ((to + done) / PAGE, (to + done) % PAGE);
+        let n = (PAGE - doff).min(len - done);
+        put(dst, bg, dp, doff as usize, n as usize, Src::Fill(value));
+        done += n;
+    }
+}
+
+/// Appends `len` bytes of `pages` (background `bg`) from byte `from` to `out`.
+fn read_pages(pages: Option<&Pages>, bg: u8, from: u64, len: u64, out: &mut Vec<u8>) {
+    let mut done = 0;
+    while done < len {
+        let (sp, so) = ((from + done) / PAGE, (from + done) % PAGE);
+        let n = (PAGE - so).min(len - done);
+        match get(pages, bg, sp, so as usize, n as usize) {
+            Src::Bytes(b) => out.extend_from_slice(b),
+            Src::Fill(v) => out.resize(out.len() + n as usize, v),
+        }
+        done += n;
+    }
+}
 
 /// One pinned host buffer.
 #[derive(Debug, Default)]
@@ -44,34 +157,6 @@ pub(super) struct Content {
     pub(super) next_host: u64,
     /// Bytes of live host buffers.
     pub(super) host_bytes: u64,
-}
-
-/// Copies `len` bytes of `src` from byte `from` into `dst` at byte `to` (sparse:
-/// zeros for pages never written; a page of `dst` that would only get zeros over
-/// zeros is not made).
-fn copy_pages(src: Option<&Pages>, from: u64, dst: &mut Pages, to: u64, len: u64) {
-    let mut done = 0;
-    while done < len {
-        let (sp, so) = ((from + done) / PAGE, (from + done) % PAGE);
-        let (dp, doff) = ((to + done) / PAGE, (to + done) % PAGE);
-        let n = (PAGE - so).min(PAGE - doff).min(len - done);
-        let (s, d) = (so as usize, doff as usize);
-        match src.and_then(|p| p.get(&sp)) {
-            Some(page) => {
-                let chunk = page[s..s + n as usize].to_vec();
-                let target = dst
-                    .entry(dp)
-                    .or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
-                target[d..d + n as usize].copy_from_slice(&chunk);
-            }
-            None => {
-                if let Some(target) = dst.get_mut(&dp) {
-                    target[d..d + n as usize].fill(0);
-                }
-            }
-        }
-        done += n;
-    }
 }
 
 impl Inner {
@@ -141,38 +226,30 @@ impl SimDriver {
         };
         let mut at = 0usize;
         for (handle, offset, len) in pieces {
-            let mut src = Pages::new();
-            // Stage the slice as pages at offset 0 of a scratch buffer, then copy.
-            let chunk = &bytes[at..at + len as usize];
-            for (i, c) in chunk.chunks(PAGE as usize).enumerate() {
-                let mut page = vec![0u8; PAGE as usize].into_boxed_slice();
-                page[..c.len()].copy_from_slice(c);
-                src.insert(i as u64, page);
-            }
             let dst = st.content.device.entry(handle).or_default();
-            copy_pages(Some(&src), 0, dst, offset, len);
-            at += len as usize;
+            let mut done = 0u64;
+            while done < len {
+                let (dp, doff) = ((offset + done) / PAGE, (offset + done) % PAGE);
+                let n = (PAGE - doff).min(len - done) as usize;
+                let chunk = &bytes[at..at + n];
+                put(dst, SIM_STALE_BYTE, dp, doff as usize, n, Src::Bytes(chunk));
+                at += n;
+                done += n as u64;
+            }
         }
         CuResult::SUCCESS
     }
 
-    /// Reads `len` bytes at device address `ptr`, as a kernel would. Not a driver
-    /// call. Errors: `CUDA_ERROR_INVALID_VALUE` when a byte of the range is not mapped
+    /// Reads `len` bytes at device address `ptr`, as a kernel would (a byte never
+    /// written reads as [`SIM_STALE_BYTE`]). Not a driver call. Errors: `CUDA_ERROR_INVALID_VALUE` when a byte of the range is not mapped
     /// with access granted.
     pub fn read(&self, ptr: DevicePtr, len: u64) -> Result<Vec<u8>, CuResult> {
         let st = lock(&self.inner);
         let pieces = st.pieces(ptr, len).ok_or(CuResult::INVALID_VALUE)?;
         let mut out = Vec::with_capacity(len as usize);
         for (handle, offset, n) in pieces {
-            let mut staged = Pages::new();
-            copy_pages(st.content.device.get(&handle), offset, &mut staged, 0, n);
-            for i in 0..n.div_ceil(PAGE) {
-                let take = (n - i * PAGE).min(PAGE) as usize;
-                match staged.get(&i) {
-                    Some(p) => out.extend_from_slice(&p[..take]),
-                    None => out.resize(out.len() + take, 0),
-                }
-            }
+            let pages = st.content.device.get(&handle);
+            read_pages(pages, SIM_STALE_BYTE, offset, n, &mut out);
         }
         Ok(out)
     }
@@ -239,7 +316,16 @@ impl SimDriver {
         };
         let mut at = offset;
         for (handle, off, len) in pieces {
-            copy_pages(device.get(&handle), off, &mut h.pages, at, len);
+            let src = device.get(&handle);
+            copy_pages(
+                src,
+                SIM_STALE_BYTE,
+                off,
+                &mut h.pages,
+                HOST_BACKGROUND,
+                at,
+                len,
+            );
             at += len;
         }
         CuResult::SUCCESS
@@ -264,14 +350,53 @@ impl SimDriver {
         };
         let mut at = offset;
         for (handle, off, len) in pieces {
+            let dst = device.entry(handle).or_default();
             copy_pages(
                 Some(&h.pages),
+                HOST_BACKGROUND,
                 at,
-                device.entry(handle).or_default(),
+                dst,
+                SIM_STALE_BYTE,
                 off,
                 len,
             );
             at += len;
+        }
+        CuResult::SUCCESS
+    }
+
+    /// `cuMemsetD8Async`: sets `size` bytes from device address `ptr` to `value`,
+    /// queued on `stream` as work touching the range (until that work completes, an
+    /// unmap of the range is a [`SimFault::UnmapWhileQueued`](super::SimFault), as for
+    /// [`SimDriver::launch`]); the model has no timing, so the bytes are set at once.
+    /// On a stream being captured it becomes a graph node (counted in the capture):
+    /// nothing is queued or written. `stream` 0 (or 1) is the legacy stream of the
+    /// calling thread's current device ([`SimDriver::ctx_set_current`]), which stands
+    /// for the context the CUDA backend pushes. Counts as
+    /// [`DriverCall::MemsetD8Async`].
+    ///
+    /// Errors (nothing queued or written): `CUDA_ERROR_INVALID_HANDLE` for a stream
+    /// that is not live; `CUDA_ERROR_INVALID_VALUE` when a byte of the range is not
+    /// mapped with access granted to the stream's device (`docs/vmm-semantics.md`,
+    /// "Memset"); `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` on a stream whose capture
+    /// is invalidated; `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` on the legacy stream while
+    /// a blocking stream of its device is captured (as [`SimDriver::launch`]).
+    pub fn memset_d8_async(&self, ptr: DevicePtr, value: u8, size: u64, stream: u64) -> CuResult {
+        let mut st = lock(&self.inner);
+        if let Some(code) = st.begin(DriverCall::MemsetD8Async) {
+            return code;
+        }
+        match st.launch_locked("cuMemsetD8Async", stream, ptr, size) {
+            Err(code) => return code,
+            Ok(false) => return CuResult::SUCCESS, // a graph node: nothing runs now
+            Ok(true) => {}
+        }
+        let Some(pieces) = st.pieces(ptr, size) else {
+            return CuResult::INVALID_VALUE; // not reached: the launch checked access
+        };
+        for (handle, off, len) in pieces {
+            let dst = st.content.device.entry(handle).or_default();
+            fill_pages(dst, SIM_STALE_BYTE, off, len, value);
         }
         CuResult::SUCCESS
     }

@@ -105,6 +105,15 @@ pub const CU_STREAM_DEFAULT: u32 = 0;
 /// and the measured captures of `docs/vmm-semantics.md` use).
 pub const CU_STREAM_NON_BLOCKING: u32 = 1;
 
+/// What a device byte never written reads as in the simulated driver's content
+/// model ([`SimDriver::read`]): new physical memory (`cuMemCreate`) comes with what an
+/// earlier owner left there, since NVIDIA documents no initial contents, so the model
+/// hands out stale bytes rather than zeros and a test that counts on zeros it did not
+/// write fails. 0xFF: a NaN in every floating-point format (f32, f16, bf16, fp8
+/// e4m3), as stale bytes in a KV cache woken from a discard sleep made NaNs in vLLM
+/// (PR 45542).
+pub const SIM_STALE_BYTE: u8 = 0xFF;
+
 /// The legacy default stream of the calling thread's current device, as a stream
 /// handle (`NULL`, a `CUstream` of 0; CUDA's `CU_STREAM_LEGACY`, 1, is accepted too).
 pub const SIM_LEGACY_STREAM: u64 = 0;

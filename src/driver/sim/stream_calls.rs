@@ -291,7 +291,16 @@ impl Inner {
         Ok(())
     }
 
-    fn launch_locked(&mut self, stream: u64, ptr: DevicePtr, bytes: u64) -> Result<(), CuResult> {
+    /// [`SimDriver::launch`] under the lock, for the driver function `call` (the name
+    /// a broken capture's fault gives): `Ok(true)` when queued, `Ok(false)` when
+    /// recorded into the stream's capture (nothing runs now).
+    pub(super) fn launch_locked(
+        &mut self,
+        call: &'static str,
+        stream: u64,
+        ptr: DevicePtr,
+        bytes: u64,
+    ) -> Result<bool, CuResult> {
         let key = self
             .streams
             .resolve(stream)
@@ -309,13 +318,13 @@ impl Inner {
             if let Some(c) = self.streams.captures.get_mut(&id) {
                 c.launches += 1;
             }
-            return Ok(());
+            return Ok(false);
         }
-        if let Some(code) = self.implicit_conflict(key, "cuLaunchKernel") {
+        if let Some(code) = self.implicit_conflict(key, call) {
             return Err(code);
         }
         self.streams.queue(key, ptr, bytes);
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -689,7 +698,11 @@ impl SimDriver {
     /// blocking stream of its device is captured (that capture is invalidated and a
     /// [`SimFault::CaptureBroken`] recorded).
     pub fn launch(&self, stream: u64, ptr: DevicePtr, bytes: u64) -> CuResult {
-        status(lock(&self.inner).launch_locked(stream, ptr, bytes))
+        status(
+            lock(&self.inner)
+                .launch_locked("cuLaunchKernel", stream, ptr, bytes)
+                .map(|_| ()),
+        )
     }
 
     /// The device finishes all the work queued on `stream` so far, and with it all that

@@ -112,6 +112,20 @@ impl Driver for SimDriver {
         )
     }
 
+    /// [`SimDriver::memset_d8_async`].
+    fn memset_async(
+        &self,
+        ptr: DevicePtr,
+        value: u8,
+        size: u64,
+        stream: Stream,
+    ) -> Result<(), DriverError> {
+        wrap(
+            DriverCall::MemsetD8Async,
+            self.memset_d8_async(ptr, value, size, stream.0),
+        )
+    }
+
     /// [`SimDriver::event_create`].
     fn event_create(&self) -> Result<Event, DriverError> {
         SimDriver::event_create(self).map_err(|c| DriverError::new(DriverCall::EventCreate, c))

@@ -226,15 +226,7 @@ impl Recorder {
     /// `f ID [STREAM]`.
     #[inline]
     pub(super) fn free(&self, ptr: DevicePtr, stream: Option<Stream>) {
-        self.append(|b| {
-            b.extend_from_slice(b"f ");
-            hex(b, ptr);
-            if let Some(s) = stream {
-                b.push(b' ');
-                hex(b, s.raw());
-            }
-            b.push(b'\n');
-        });
+        self.append(|b| free_line(b, ptr, stream));
     }
 
     /// `r ID STREAM` (`record_stream`).
@@ -249,15 +241,25 @@ impl Recorder {
     }
 
     /// `done STREAM MARK`: the pool saw the work of `stream` complete through its
-    /// `mark`-th stream-ordered free.
-    pub(super) fn done(&self, stream: Stream, mark: u64) {
+    /// `mark`-th stream-ordered free. While `held` is holding (a stream-ordered
+    /// free's locked section), the line waits there for the free's own line.
+    pub(super) fn done(&self, held: &mut Held, stream: Stream, mark: u64) {
+        if held.holding {
+            done_line(&mut held.lines, stream, mark);
+        } else {
+            self.append(|b| done_line(b, stream, mark));
+        }
+    }
+
+    /// `f ID STREAM` of a stream-ordered free, after the lines `held` holds (its
+    /// poll's `done` lines), in one append; `held` stops holding.
+    pub(super) fn free_after(&self, held: &mut Held, ptr: DevicePtr, stream: Stream) {
         self.append(|b| {
-            b.extend_from_slice(b"done ");
-            hex(b, stream.raw());
-            b.push(b' ');
-            dec(b, mark);
-            b.push(b'\n');
+            b.extend_from_slice(&held.lines);
+            free_line(b, ptr, Some(stream));
         });
+        held.lines.clear();
+        held.holding = false;
     }
 
     /// A keyword line (`begin`, `finish`, `abort`, `trim`), or any whole line.
@@ -291,6 +293,53 @@ impl Recorder {
             let _ = w.join();
         }
     }
+}
+
+/// Lines a locked section learnt before its call's own line, held back to be
+/// appended with it (part of the pool's books, under its lock).
+///
+/// A stream-ordered free makes a mark and may poll its fences in the same locked
+/// section: its poll can see the fence covering that very mark complete, and the
+/// `done` line must come before the free's `f` line (what the pool learnt during a
+/// call comes before the call's line) but after no other call's line. Appended
+/// separately, another thread's line written outside the lock (an allocation's, a
+/// thread cache's free) could come between the two, and the file then named a mark
+/// before the line that makes it (issue 34: a four-thread recording refused by the
+/// parser in most runs).
+#[derive(Debug, Default)]
+pub(super) struct Held {
+    /// Whether `done` lines are held now.
+    holding: bool,
+    /// The held lines.
+    lines: Vec<u8>,
+}
+
+impl Held {
+    /// Starts holding `done` lines (until [`Recorder::free_after`]).
+    pub(super) fn hold(&mut self) {
+        self.holding = true;
+    }
+}
+
+/// Appends `done STREAM MARK`.
+fn done_line(b: &mut Vec<u8>, stream: Stream, mark: u64) {
+    b.extend_from_slice(b"done ");
+    hex(b, stream.raw());
+    b.push(b' ');
+    dec(b, mark);
+    b.push(b'\n');
+}
+
+/// Appends `f ID [STREAM]`.
+#[inline]
+fn free_line(b: &mut Vec<u8>, ptr: DevicePtr, stream: Option<Stream>) {
+    b.extend_from_slice(b"f ");
+    hex(b, ptr);
+    if let Some(s) = stream {
+        b.push(b' ');
+        hex(b, s.raw());
+    }
+    b.push(b'\n');
 }
 
 /// The calling thread's allocation got an out-of-memory answer from the driver

@@ -331,6 +331,10 @@ impl Pool {
         {
             let mut st = lock(&self.state);
             let (slot, recorded) = st.free_live(ptr, id)?;
+            if self.rec.is_some() {
+                // What this section's poll learns is written with this free's line.
+                st.rec_held.hold();
+            }
             st.mapping_mut(slot).freed_on = Some(stream);
             let capture = match capture {
                 Ok(c) => c,
@@ -338,7 +342,7 @@ impl Pool {
                     // Unknown order: keep it from everyone until a device synchronize.
                     count_stream_failure(&mut st, e);
                     st.index_insert(slot, HELD);
-                    self.record_free_async(ptr, stream);
+                    self.record_free_async(&mut st, ptr, stream);
                     return Ok(());
                 }
             };
@@ -359,7 +363,7 @@ impl Pool {
                     Some(others) => self.defer(&mut st, slot, b, stream, &others),
                     None => st.index_insert(slot, b),
                 }
-                self.record_free_async(ptr, stream);
+                self.record_free_async(&mut st, ptr, stream);
                 return Ok(());
             }
             let own = st.stream_bucket(stream);
@@ -386,26 +390,29 @@ impl Pool {
                 st.start_release(&mut batch);
             }
             // Recorded under the lock, before the memory can be handed out again,
-            // and after what this free's poll saw complete (its `done` lines).
-            self.record_free_async(ptr, stream);
+            // and after what this free's poll saw complete (its `done` lines, held
+            // until now and appended with it: nothing comes between).
+            self.record_free_async(&mut st, ptr, stream);
         }
         let _ = self.release_batch(batch);
         Ok(())
     }
 
-    /// Records a stream-ordered free (`f ID STREAM`), when recording.
-    fn record_free_async(&self, ptr: DevicePtr, stream: Stream) {
+    /// Records a stream-ordered free (`f ID STREAM`) after the `done` lines its
+    /// locked section held, when recording.
+    fn record_free_async(&self, st: &mut State, ptr: DevicePtr, stream: Stream) {
         if let Some(rec) = &self.rec {
-            rec.free(ptr, Some(stream));
+            rec.free_after(&mut st.rec_held, ptr, stream);
         }
     }
 
     /// Records that bucket `b`'s stream completed through mark `covers`
-    /// (`done STREAM MARK`), when recording and `advanced`.
-    fn record_done(&self, st: &State, b: u32, covers: u64, advanced: bool) {
+    /// (`done STREAM MARK`), when recording and `advanced`: held for the line of a
+    /// stream-ordered free whose locked section this is.
+    fn record_done(&self, st: &mut State, b: u32, covers: u64, advanced: bool) {
         if let (Some(rec), true) = (&self.rec, advanced) {
             if let BucketKind::Stream(s) = st.buckets[b as usize].kind {
-                rec.done(s, covers);
+                rec.done(&mut st.rec_held, s, covers);
             }
         }
     }
@@ -856,7 +863,7 @@ impl Pool {
                 match r {
                     Ok(()) => {
                         let advanced = complete_through(&mut st, b, f.covers);
-                        self.record_done(&st, b, f.covers, advanced);
+                        self.record_done(&mut st, b, f.covers, advanced);
                     }
                     Err(e) => {
                         count_stream_failure(&mut st, e);

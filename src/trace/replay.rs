@@ -186,6 +186,14 @@ fn replay_inner(
     // the clock starts (a new user saw the first replay of a large trace timed 3x
     // slower than a second one, from this allocation).
     let mut ptrs: Vec<Option<u64>> = vec![None; trace.id_count()];
+    // The tag of each id's allocation, and the tags asleep: what a tag still asleep
+    // at the end holds is freed after waking it.
+    let mut tag_of: Vec<u32> = if trace.has_sleep() {
+        vec![0; trace.id_count()]
+    } else {
+        Vec::new()
+    };
+    let mut asleep: Vec<u32> = Vec::new();
     let started = Instant::now();
     if implicit_scope {
         pool.retention_begin()
@@ -217,6 +225,11 @@ fn replay_inner(
                 }
                 if let Some(ss) = streams.as_mut() {
                     ss.recorded_clear(id);
+                }
+                if let (Some(t), Event::AllocTagged { tag, .. } | Event::AllocAsync { tag, .. }) =
+                    (tag_of.get_mut(id as usize), event)
+                {
+                    *t = tag;
                 }
                 match ptrs.get_mut(id as usize) {
                     Some(slot @ None) => match allocate(pool, event, bytes, streams.as_mut()) {
@@ -304,15 +317,17 @@ fn replay_inner(
                     Err(e) => Err(e),
                 }
             }
-            Event::Sleep { tag, offload } => pool.sleep(
-                tag,
-                if offload {
-                    crate::SleepMode::Offload
-                } else {
-                    crate::SleepMode::Discard
-                },
-            ),
-            Event::Wake { tag } => pool.wake(tag),
+            Event::Sleep { tag, offload } => pool
+                .sleep(
+                    tag,
+                    if offload {
+                        crate::SleepMode::Offload
+                    } else {
+                        crate::SleepMode::Discard
+                    },
+                )
+                .map(|()| asleep.push(tag)),
+            Event::Wake { tag } => pool.wake(tag).map(|()| asleep.retain(|&t| t != tag)),
             Event::Oom { count } => {
                 if let Some(sim) = pool.sim_driver() {
                     for _ in 0..count {
@@ -366,8 +381,14 @@ fn replay_inner(
             release_error.get_or_insert(e);
         }
     };
-    for ptr in ptrs.iter_mut().filter_map(Option::take) {
-        note(pool.free_raw(ptr));
+    let tag = |id: usize| tag_of.get(id).copied().unwrap_or(0);
+    for (id, slot) in ptrs.iter_mut().enumerate() {
+        if asleep.contains(&tag(id)) {
+            continue;
+        }
+        if let Some(ptr) = slot.take() {
+            note(pool.free_raw(ptr));
+        }
     }
     if scope_open {
         if oom_line.is_some() || failure.is_some() {
@@ -377,6 +398,22 @@ fn replay_inner(
         }
     }
     if !pool.snapshot().scope_open {
+        note(pool.trim());
+    }
+    // A tag still asleep (a recording of a pool destroyed while it slept): its
+    // allocations cannot be freed asleep (`Pool::free_raw` refuses them). With
+    // everything else released, the tag is woken (it maps no more than it held when
+    // it went to sleep, so the peak stays the recorded one) and they are freed.
+    asleep.sort_unstable();
+    for &t in &asleep {
+        note(pool.wake(t));
+        for (id, slot) in ptrs.iter_mut().enumerate() {
+            if tag(id) == t {
+                if let Some(ptr) = slot.take() {
+                    note(pool.free_raw(ptr));
+                }
+            }
+        }
         note(pool.trim());
     }
     let seconds = started.elapsed().as_secs_f64();

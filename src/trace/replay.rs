@@ -209,6 +209,9 @@ fn replay_inner(
     // `x` lines whose request the replay served.
     let mut failed_served: u64 = 0;
     let mut failure: Option<(usize, Error)> = None;
+    // Whether an `oom` line injected failures for the next allocation: what that
+    // allocation did not take is dropped after it, never left for a later call.
+    let mut injected = false;
 
     for (i, (&event, &line)) in trace.events.iter().zip(&trace.lines).enumerate() {
         if let Some(report) = progress {
@@ -232,19 +235,22 @@ fn replay_inner(
                     *t = tag;
                 }
                 match ptrs.get_mut(id as usize) {
-                    Some(slot @ None) => match allocate(pool, event, bytes, streams.as_mut()) {
-                        Ok(ptr) => {
-                            *slot = Some(ptr);
-                            live += 1;
-                            allocations += 1;
-                            Ok(())
+                    Some(slot @ None) => {
+                        match allocate_settled(pool, event, bytes, streams.as_mut(), &mut injected)
+                        {
+                            Ok(ptr) => {
+                                *slot = Some(ptr);
+                                live += 1;
+                                allocations += 1;
+                                Ok(())
+                            }
+                            Err(Error::OutOfMemory { .. } | Error::RequestTooLarge { .. }) => {
+                                oom_line = Some(line);
+                                break;
+                            }
+                            Err(e) => Err(e),
                         }
-                        Err(Error::OutOfMemory { .. } | Error::RequestTooLarge { .. }) => {
-                            oom_line = Some(line);
-                            break;
-                        }
-                        Err(e) => Err(e),
-                    },
+                    }
                     // Unreachable for a parsed trace: the parser rejects both.
                     _ => Err(Error::InvalidArgument(format!(
                         "allocation id index {id} is live or out of range"
@@ -308,7 +314,7 @@ fn replay_inner(
                     None if tag != 0 => Event::AllocTagged { id: 0, bytes, tag },
                     None => Event::Alloc { id: 0, bytes },
                 };
-                match allocate(pool, as_event, bytes, streams.as_mut()) {
+                match allocate_settled(pool, as_event, bytes, streams.as_mut(), &mut injected) {
                     Ok(ptr) => {
                         failed_served += 1;
                         pool.free_raw(ptr)
@@ -333,6 +339,7 @@ fn replay_inner(
                     for _ in 0..count {
                         sim.inject_failure(DriverCall::Create, 1, CuResult::OUT_OF_MEMORY);
                     }
+                    injected = true;
                 }
                 Ok(())
             }
@@ -448,6 +455,26 @@ fn replay_inner(
         seconds,
         failed_requests_served: failed_served,
     })
+}
+
+/// [`allocate`]; then, when an `oom` line injected failures for this allocation
+/// (`injected`), the injections it did not take are dropped: a replay that went
+/// another way (its allocation served from idle memory) would otherwise fail a later
+/// call with them.
+fn allocate_settled(
+    pool: &Pool,
+    event: Event,
+    bytes: u64,
+    streams: Option<&mut SimStreams>,
+    injected: &mut bool,
+) -> crate::Result<DevicePtr> {
+    let r = allocate(pool, event, bytes, streams);
+    if std::mem::take(injected) {
+        if let Some(sim) = pool.sim_driver() {
+            sim.clear_failures();
+        }
+    }
+    r
 }
 
 /// The pool call of an allocation event (`a` line).

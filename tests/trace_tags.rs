@@ -92,7 +92,10 @@ fn a_recording_that_ends_with_a_tag_asleep_replays() {
         "flare-tags-asleep-at-end-{}.trace",
         std::process::id()
     ));
-    for mode in [flare_package::SleepMode::Offload, flare_package::SleepMode::Discard] {
+    for mode in [
+        flare_package::SleepMode::Offload,
+        flare_package::SleepMode::Discard,
+    ] {
         let (pool, _sim) = common::simulated_pool(
             64 * MIB,
             PoolConfig {

@@ -552,6 +552,7 @@ impl Pool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failed step is their failure
 mod tests {
     /// Lines appended by several threads at once reach the file in the order they
     /// were appended: each thread's lines in its own order. Three threads append

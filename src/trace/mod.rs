@@ -1,18 +1,23 @@
 //! flare-trace v1: the parser of allocation traces and their replay on a [`Pool`](crate::Pool).
-//! One concern in one file (the format: its events, its errors and their excerpts, the
-//! parser and the reference figures); the replay is in `replay.rs`.
+//! This file holds the format (its events, its errors and their excerpts), the parser
+//! of each line's form and the reference figures; `check.rs` the keywords
+//! ([`KEYWORDS`]) and the rules the lines keep together; `recorded.rs` the header of
+//! recorded traces; the replay is in `replay.rs`.
 //!
-//! The format is described in `docs/trace-format.md`: one event per line
-//! (`a ID BYTES`, `f ID`, `begin`, `finish`, `abort`, `trim`), `#` comment lines,
-//! blank lines, fields separated by spaces or tabs; a UTF-8 byte-order mark at the
-//! start of the file is ignored.
+//! The format is described in `docs/trace-format.md`: one event per line (a keyword
+//! of [`KEYWORDS`] and its fields: `a ID BYTES`, `f ID`, `begin`, `finish`, `abort`,
+//! `trim`, and in recorded traces `r`, `done`, `oom`, `x`, `sleep`, `wake`), `#`
+//! comment lines, blank lines, fields separated by spaces or tabs; a UTF-8
+//! byte-order mark at the start of the file is ignored.
 //!
 //! - [`parse`] / [`parse_str`] / [`parse_reader`] read a trace into a [`Trace`]:
 //!   every event with its
 //!   line number, allocation ids interned to dense `u32` indices (so a replay keeps
 //!   its pointers in a `Vec`, not a map of strings). Every rule of the format is
-//!   checked at parse time; a broken one is a [`TraceError::Parse`] naming the file,
-//!   the line and the [`Problem`]. A problem quotes the offending token as an
+//!   checked at parse time, with the state a replay would be in followed line after
+//!   line (a trace whose replay would fail for a reason its text shows is refused);
+//!   a broken rule is a [`TraceError::Parse`] naming the file, the line and the
+//!   [`Problem`]. A problem quotes the offending token as an
 //!   [`Excerpt`] (at most [`EXCERPT_CHARS`] characters and the token's length), so a
 //!   huge line never makes a huge message.
 //! - [`Trace::lower_bound_bytes`] and [`Trace::no_reuse_bytes`] are the two reference

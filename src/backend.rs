@@ -61,7 +61,7 @@ pub fn open(config: &PoolConfig) -> Result<Arc<dyn Driver>> {
 /// least one granule, a power-of-two granularity (as every CUDA granularity is), at
 /// most [`SIM_MAX_DEVICES`](crate::driver::sim::SIM_MAX_DEVICES) devices, and the
 /// device and every peer among them.
-fn validate_sim(config: &PoolConfig, sim: &SimConfig) -> Result<()> {
+pub(crate) fn validate_sim(config: &PoolConfig, sim: &SimConfig) -> Result<()> {
     validate_sim_machine(sim)?;
     let count = sim.device_count;
     let missing = std::iter::once(("device", config.device))

@@ -993,8 +993,8 @@ pub fn snapshot_json(s: &Snapshot) -> String {
     crate::pool::snapshot_counters!(json_fields! {})
 }
 
-mod stream_forget;
 mod sleep;
+mod stream_forget;
 
 #[cfg(all(test, not(flare_loom)))]
 mod tests;

@@ -458,10 +458,15 @@ fn a_forget_is_recorded_and_replayed() {
     let report = trace::replay_as_recorded(&replay_pool, &parsed, None).unwrap();
     assert_eq!(report.peak_physical_bytes, recorded_peak);
     no_faults(&replay_pool.sim_driver().unwrap());
+    // `forget` is a line of recordings only: the recording's own header comes first.
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("# flare-pool "))
+        .unwrap();
     for default in ["0x0", "0x1", "0x2", "2"] {
-        match trace::parse_str("t", &format!("forget {default}\n")) {
+        match trace::parse_str("t", &format!("{header}\nforget {default}\n")) {
             Err(TraceError::Parse {
-                line: 1,
+                line: 2,
                 problem: Problem::ForgetDefaultStream(_),
                 ..
             }) => {}
@@ -469,7 +474,7 @@ fn a_forget_is_recorded_and_replayed() {
         }
     }
     assert!(matches!(
-        trace::parse_str("t", "forget\n"),
+        trace::parse_str("t", &format!("{header}\nforget\n")),
         Err(TraceError::Parse {
             problem: Problem::Malformed { .. },
             ..

@@ -325,3 +325,25 @@ fn segments_meet_the_replay_targets_on_the_shipped_traces() {
         assert!(r.peak_physical_bytes <= w.peak_physical_bytes, "{name}");
     }
 }
+
+/// An `oom N` injects N out-of-memory answers for its allocation only (issue 34):
+/// one the replay's allocation does not take (here served from idle memory, where
+/// the recorded pool's went to the driver: a replay that went another way, or an
+/// edited trace) is dropped after it, and never fails a later call. Before the fix
+/// it stayed injected and failed the wake's create three lines later: the replay
+/// stopped with an error (`flare-replay` exit 1).
+#[test]
+fn an_oom_answer_left_over_never_fails_a_later_call() {
+    let text = "# flare-pool policy=best-fit granularity=2097152 device_total=1073741824 \
+        release_threshold=18446744073709551615 best_fit_waste_percent=30 \
+        cross_stream=when-complete segment_whole_threshold=18446744073709551615 \
+        thread_cache_entries=0 thread_cache_bytes=0 device=0 peers=none\n\
+        a t 4096 5\na 1 4096\nf 1\noom 1\na 2 4096\nsleep 5 discard\nwake 5\nf 2\nf t\n";
+    let t = parse(text);
+    let pool = Pool::new(t.recorded_config().unwrap().pool_config()).unwrap();
+    let r = trace::replay_as_recorded(&pool, &t, None).unwrap();
+    assert_eq!(r.out_of_memory_at_line, None);
+    // `a 2` reused the idle mapping `a 1` left: two mappings, the tag's and one.
+    assert_eq!((r.mappings_created, r.reuse_hits), (2, 1));
+    assert_eq!(pool.sim_driver().unwrap().pending_failures(), 0);
+}

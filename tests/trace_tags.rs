@@ -77,3 +77,48 @@ fn replay_counts_each_tag() {
         assert_eq!(pool.snapshot().physical_bytes, 0);
     }
 }
+
+/// A recording of a pool dropped while a tag sleeps (issue 34): the trace ends with
+/// the tag asleep and its allocation live, which the format allows ("a trace may
+/// end with allocations still live"). The replay frees what is live at the end:
+/// the tag's allocation once the rest is released and the tag woken, so the replay
+/// succeeds, reaches the recorded peak (the 48 MiB allocated while the tag's 32
+/// MiB slept; the wake at the end maps 32 MiB on an empty device) and holds nothing
+/// at the end. Before the fix the replay failed at its end (exit 1 in
+/// `flare-replay`: "tag 1: the tag is asleep").
+#[test]
+fn a_recording_that_ends_with_a_tag_asleep_replays() {
+    let path = std::env::temp_dir().join(format!(
+        "flare-tags-asleep-at-end-{}.trace",
+        std::process::id()
+    ));
+    for mode in [
+        flare_package::SleepMode::Offload,
+        flare_package::SleepMode::Discard,
+    ] {
+        let (pool, _sim) = common::simulated_pool(
+            64 * MIB,
+            PoolConfig {
+                record_path: Some(path.clone()),
+                ..PoolConfig::default()
+            },
+        );
+        let _weights = pool.allocate_tagged_raw(32 * MIB, None, 1).unwrap();
+        pool.sleep(1, mode).unwrap();
+        let other = pool.allocate_raw(48 * MIB).unwrap();
+        pool.free_raw(other).unwrap();
+        let recorded_peak = pool.snapshot().peak_physical_bytes;
+        assert_eq!(recorded_peak, 48 * MIB);
+        drop(pool);
+        let t = trace::parse(&path).unwrap();
+        let replay_pool = Pool::new(t.recorded_config().unwrap().pool_config()).unwrap();
+        let report = trace::replay_as_recorded(&replay_pool, &t, None)
+            .unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+        assert_eq!(report.peak_physical_bytes, recorded_peak, "{mode:?}");
+        assert_eq!(report.live_at_end, 1, "{mode:?}");
+        assert_eq!(report.final_physical_bytes, 0, "{mode:?}");
+        let snap = replay_pool.snapshot();
+        assert_eq!((snap.live_count, snap.tags_sleeping), (0, 0), "{mode:?}");
+    }
+    let _ = std::fs::remove_file(&path);
+}

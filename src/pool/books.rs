@@ -375,6 +375,9 @@ pub(super) struct State {
     /// Per-tag books (issue 15, `tags.rs`): tags other than 0 as first used, and 0
     /// once it is slept or counted.
     pub(super) tags: HashMap<u32, super::tags::TagBooks>,
+    /// Recorded lines held back for the line of the call whose locked section
+    /// learnt them ([`super::record::Held`]).
+    pub(super) rec_held: super::record::Held,
 }
 
 impl State {
@@ -436,6 +439,7 @@ impl State {
             tier_deltas: super::cache::Deltas::default(),
             tier_slots: 0,
             tags: HashMap::new(),
+            rec_held: super::record::Held::default(),
         }
     }
 

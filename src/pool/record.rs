@@ -3,9 +3,11 @@
 //! traces").
 //!
 //! Off the hot path: a call appends its line to one in-memory buffer (a mutex taken
-//! for the append only, the integers formatted by hand: no allocation); a writer
-//! thread takes the buffer when it passes [`FLUSH_AT`] bytes (sent to it by the
-//! appending thread) or every [`FLUSH_EVERY`] otherwise, and writes it to the file.
+//! for the append only, the integers formatted by hand: no allocation); a buffer
+//! that passes [`FLUSH_AT`] bytes is queued, under the same mutex, for a writer
+//! thread, which writes the queue, and every [`FLUSH_EVERY`] the buffer too, to
+//! the file. Buffers are queued and taken under the mutex the lines are appended
+//! under, so the file holds the lines in the order they were appended.
 //! The pool's drop (and [`Pool::destroy`](super::Pool::destroy)) writes what is left
 //! and joins the writer; [`Pool::record_flush`](super::Pool::record_flush) writes
 //! what was recorded so far and waits for it.
@@ -22,6 +24,7 @@
 //! recorded where it is learnt, before the line of the call that learnt it.
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -48,16 +51,34 @@ thread_local! {
 
 /// What the writer thread is sent.
 enum Msg {
-    /// Bytes to write.
-    Data(Vec<u8>),
-    /// Write everything sent before, then answer.
+    /// Buffers were queued: write them.
+    Queued,
+    /// Write everything queued, then answer.
     Flush(mpsc::Sender<()>),
+}
+
+/// The lines not yet written: the buffer being appended to and the full buffers
+/// queued before it, oldest first.
+struct Lines {
+    cur: Vec<u8>,
+    queued: VecDeque<Vec<u8>>,
+}
+
+impl Lines {
+    /// Everything queued, and with `all` the buffer too, in append order.
+    fn take(&mut self, all: bool) -> VecDeque<Vec<u8>> {
+        let mut out = std::mem::take(&mut self.queued);
+        if all && !self.cur.is_empty() {
+            out.push_back(std::mem::take(&mut self.cur));
+        }
+        out
+    }
 }
 
 /// The state the appending threads and the writer share.
 struct Shared {
-    /// Lines not yet handed to the writer.
-    buf: parking_lot::Mutex<Vec<u8>>,
+    /// Lines not yet written.
+    buf: parking_lot::Mutex<Lines>,
     /// Buffers the writer wrote out, for the appenders to reuse (no allocation and
     /// no page faults on a new buffer).
     spare: parking_lot::Mutex<Vec<Vec<u8>>>,
@@ -105,7 +126,10 @@ impl Recorder {
     /// created gives a recorder that is stopped already, its error kept and reported.
     pub(super) fn open(path: &Path, header: &str) -> Recorder {
         let shared = Arc::new(Shared {
-            buf: parking_lot::Mutex::new(Vec::with_capacity(FLUSH_AT + 4096)),
+            buf: parking_lot::Mutex::new(Lines {
+                cur: Vec::with_capacity(FLUSH_AT + 4096),
+                queued: VecDeque::new(),
+            }),
             spare: parking_lot::Mutex::new(Vec::new()),
             stopped: AtomicBool::new(false),
             error: Mutex::new(None),
@@ -145,7 +169,8 @@ impl Recorder {
             .clone()
     }
 
-    /// Appends with `f`; hands the buffer to the writer when it is full.
+    /// Appends with `f`; queues the buffer for the writer when it is full (under
+    /// the same lock: buffers are queued in the order they were filled).
     #[inline]
     fn append(&self, f: impl FnOnce(&mut Vec<u8>)) {
         if self.shared.stopped.load(Ordering::Relaxed) {
@@ -153,21 +178,22 @@ impl Recorder {
         }
         let full = {
             let mut b = self.shared.buf.lock();
-            f(&mut b);
-            if b.len() >= FLUSH_AT {
+            f(&mut b.cur);
+            let full = b.cur.len() >= FLUSH_AT;
+            if full {
                 let next = self
                     .shared
                     .spare
                     .lock()
                     .pop()
                     .unwrap_or_else(|| Vec::with_capacity(FLUSH_AT + 4096));
-                Some(std::mem::replace(&mut *b, next))
-            } else {
-                None
+                let data = std::mem::replace(&mut b.cur, next);
+                b.queued.push_back(data);
             }
+            full
         };
-        if let Some(data) = full {
-            self.send(Msg::Data(data));
+        if full {
+            self.send(Msg::Queued);
         }
     }
 
@@ -226,15 +252,7 @@ impl Recorder {
     /// `f ID [STREAM]`.
     #[inline]
     pub(super) fn free(&self, ptr: DevicePtr, stream: Option<Stream>) {
-        self.append(|b| {
-            b.extend_from_slice(b"f ");
-            hex(b, ptr);
-            if let Some(s) = stream {
-                b.push(b' ');
-                hex(b, s.raw());
-            }
-            b.push(b'\n');
-        });
+        self.append(|b| free_line(b, ptr, stream));
     }
 
     /// `r ID STREAM` (`record_stream`).
@@ -258,15 +276,25 @@ impl Recorder {
     }
 
     /// `done STREAM MARK`: the pool saw the work of `stream` complete through its
-    /// `mark`-th stream-ordered free.
-    pub(super) fn done(&self, stream: Stream, mark: u64) {
+    /// `mark`-th stream-ordered free. While `held` is holding (a stream-ordered
+    /// free's locked section), the line waits there for the free's own line.
+    pub(super) fn done(&self, held: &mut Held, stream: Stream, mark: u64) {
+        if held.holding {
+            done_line(&mut held.lines, stream, mark);
+        } else {
+            self.append(|b| done_line(b, stream, mark));
+        }
+    }
+
+    /// `f ID STREAM` of a stream-ordered free, after the lines `held` holds (its
+    /// poll's `done` lines), in one append; `held` stops holding.
+    pub(super) fn free_after(&self, held: &mut Held, ptr: DevicePtr, stream: Stream) {
         self.append(|b| {
-            b.extend_from_slice(b"done ");
-            hex(b, stream.raw());
-            b.push(b' ');
-            dec(b, mark);
-            b.push(b'\n');
+            b.extend_from_slice(&held.lines);
+            free_line(b, ptr, Some(stream));
         });
+        held.lines.clear();
+        held.holding = false;
     }
 
     /// A keyword line (`begin`, `finish`, `abort`, `trim`), or any whole line.
@@ -279,27 +307,74 @@ impl Recorder {
 
     /// Writes what was recorded so far to the file and waits for it.
     pub(super) fn flush(&self) {
-        let data = std::mem::take(&mut *self.shared.buf.lock());
-        if !data.is_empty() {
-            self.send(Msg::Data(data));
+        {
+            let mut b = self.shared.buf.lock();
+            if !b.cur.is_empty() {
+                let data = std::mem::take(&mut b.cur);
+                b.queued.push_back(data);
+            }
         }
         let (tx, rx) = mpsc::channel();
         self.send(Msg::Flush(tx));
         let _ = rx.recv();
     }
 
-    /// Writes what is left and joins the writer (the pool's drop).
+    /// Writes what is left and joins the writer (the pool's drop): the writer
+    /// writes everything queued and the buffer once the channel closes.
     pub(super) fn close(&self) {
-        let data = std::mem::take(&mut *self.shared.buf.lock());
-        if !data.is_empty() {
-            self.send(Msg::Data(data));
-        }
         self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
         let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(w) = writer {
             let _ = w.join();
         }
     }
+}
+
+/// Lines a locked section learnt before its call's own line, held back to be
+/// appended with it (part of the pool's books, under its lock).
+///
+/// A stream-ordered free makes a mark and may poll its fences in the same locked
+/// section: its poll can see the fence covering that very mark complete, and the
+/// `done` line must come before the free's `f` line (what the pool learnt during a
+/// call comes before the call's line) but after no other call's line. Appended
+/// separately, another thread's line written outside the lock (an allocation's, a
+/// thread cache's free) could come between the two, and the file then named a mark
+/// before the line that makes it (issue 34: a four-thread recording refused by the
+/// parser in most runs).
+#[derive(Debug, Default)]
+pub(super) struct Held {
+    /// Whether `done` lines are held now.
+    holding: bool,
+    /// The held lines.
+    lines: Vec<u8>,
+}
+
+impl Held {
+    /// Starts holding `done` lines (until [`Recorder::free_after`]).
+    pub(super) fn hold(&mut self) {
+        self.holding = true;
+    }
+}
+
+/// Appends `done STREAM MARK`.
+fn done_line(b: &mut Vec<u8>, stream: Stream, mark: u64) {
+    b.extend_from_slice(b"done ");
+    hex(b, stream.raw());
+    b.push(b' ');
+    dec(b, mark);
+    b.push(b'\n');
+}
+
+/// Appends `f ID [STREAM]`.
+#[inline]
+fn free_line(b: &mut Vec<u8>, ptr: DevicePtr, stream: Option<Stream>) {
+    b.extend_from_slice(b"f ");
+    hex(b, ptr);
+    if let Some(s) = stream {
+        b.push(b' ');
+        hex(b, s.raw());
+    }
+    b.push(b'\n');
 }
 
 /// The calling thread's allocation got an out-of-memory answer from the driver
@@ -356,40 +431,42 @@ impl Pool {
     }
 }
 
-/// The writer thread: writes what it is sent, and what the buffer holds every
-/// [`FLUSH_EVERY`], until the recorder closes or a write fails.
+/// The writer thread: writes what is queued when told, and the buffer too every
+/// [`FLUSH_EVERY`], until the recorder closes (then everything left) or a write
+/// fails. Buffers are taken under the lock they are appended and queued under, in
+/// order, and written by this thread alone: the file holds the lines in append
+/// order.
 fn write_loop(mut file: File, rx: mpsc::Receiver<Msg>, shared: Arc<Shared>) {
-    let write = |file: &mut File, data: &[u8]| {
-        if shared.stopped.load(Ordering::Acquire) {
-            return;
-        }
-        if let Err(e) = file.write_all(data) {
-            shared.fail("write failed", &e);
+    let write = |file: &mut File, all: bool| {
+        let buffers = shared.buf.lock().take(all);
+        for mut d in buffers {
+            if !shared.stopped.load(Ordering::Acquire) {
+                if let Err(e) = file.write_all(&d) {
+                    shared.fail("write failed", &e);
+                }
+            }
+            d.clear();
+            let mut spare = shared.spare.lock();
+            if spare.len() < 2 && d.capacity() >= FLUSH_AT {
+                spare.push(d);
+            }
         }
     };
     loop {
         match rx.recv_timeout(FLUSH_EVERY) {
-            Ok(Msg::Data(mut d)) => {
-                write(&mut file, &d);
-                d.clear();
-                let mut spare = shared.spare.lock();
-                if spare.len() < 2 && d.capacity() >= FLUSH_AT {
-                    spare.push(d);
-                }
-            }
+            Ok(Msg::Queued) => write(&mut file, false),
             Ok(Msg::Flush(ack)) => {
+                write(&mut file, false);
                 if let Err(e) = file.flush() {
                     shared.fail("flush failed", &e);
                 }
                 let _ = ack.send(());
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                let data = std::mem::take(&mut *shared.buf.lock());
-                if !data.is_empty() {
-                    write(&mut file, &data);
-                }
+            Err(mpsc::RecvTimeoutError::Timeout) => write(&mut file, true),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                write(&mut file, true);
+                break;
             }
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
     if !shared.stopped.load(Ordering::Acquire) {
@@ -484,7 +561,55 @@ impl Pool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failed step is their failure
 mod tests {
+    /// Lines appended by several threads at once reach the file in the order they
+    /// were appended: each thread's lines in its own order. Three threads append
+    /// lines of 100 KiB (a buffer is queued for the writer every three lines), one
+    /// appends short lines every 30 ms (the writer takes the buffer itself every
+    /// 200 ms). Before the fix a thread that filled the buffer sent it to the writer
+    /// after letting the buffer's lock go: delayed there (descheduled), a later
+    /// buffer, or the writer's own take of the next one, reached the file first
+    /// (seen with a delay of 300 ms put there; without one the window is a few
+    /// instructions wide, which a loaded machine's scheduler opens at times).
+    #[test]
+    fn buffers_reach_the_file_in_the_order_they_were_filled() {
+        const THREADS: usize = 4;
+        const LINES: usize = 30;
+        let path =
+            std::env::temp_dir().join(format!("flare-record-order-{}.trace", std::process::id()));
+        let rec = super::Recorder::open(&path, "# header\n");
+        let pad = "x".repeat(100 << 10);
+        std::thread::scope(|sc| {
+            for t in 0..THREADS {
+                let (rec, pad) = (&rec, &pad);
+                sc.spawn(move || {
+                    for i in 0..LINES {
+                        if t == 0 {
+                            rec.line(&format!("# {t} {i}"));
+                            std::thread::sleep(super::Duration::from_millis(30));
+                        } else {
+                            rec.line(&format!("# {t} {i} {pad}"));
+                        }
+                    }
+                });
+            }
+        });
+        rec.close();
+        assert_eq!(rec.error(), None);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let mut next = [0usize; THREADS];
+        for line in text.lines().skip(1) {
+            let mut f = line.split(' ').skip(1);
+            let t: usize = f.next().unwrap().parse().unwrap();
+            let i: usize = f.next().unwrap().parse().unwrap();
+            assert_eq!(i, next[t], "thread {t}'s lines out of order");
+            next[t] += 1;
+        }
+        assert_eq!(next, [LINES; THREADS]);
+    }
+
     #[test]
     fn integers_format_as_std_does() {
         for v in [0u64, 1, 9, 10, 15, 16, 255, 4096, 1 << 40, u64::MAX] {

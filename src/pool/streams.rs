@@ -333,6 +333,10 @@ impl Pool {
         {
             let mut st = lock(&self.state);
             let (slot, recorded) = st.free_live(ptr, id)?;
+            if self.rec.is_some() {
+                // What this section's poll learns is written with this free's line.
+                st.rec_held.hold();
+            }
             let freed_on = st.stream_bucket_unmarked(stream);
             st.mapping_mut(slot).freed_on = Some(freed_on);
             let capture = match capture {
@@ -341,7 +345,7 @@ impl Pool {
                     // Unknown order: keep it from everyone until a device synchronize.
                     count_stream_failure(&mut st, e);
                     st.index_insert(slot, HELD);
-                    self.record_free_async(ptr, stream);
+                    self.record_free_async(&mut st, ptr, stream);
                     return Ok(());
                 }
             };
@@ -362,7 +366,7 @@ impl Pool {
                     Some(others) => self.defer(&mut st, slot, b, stream, &others),
                     None => st.index_insert(slot, b),
                 }
-                self.record_free_async(ptr, stream);
+                self.record_free_async(&mut st, ptr, stream);
                 return Ok(());
             }
             let own = st.stream_bucket(stream);
@@ -389,28 +393,31 @@ impl Pool {
                 st.start_release(&mut batch);
             }
             // Recorded under the lock, before the memory can be handed out again,
-            // and after what this free's poll saw complete (its `done` lines).
-            self.record_free_async(ptr, stream);
+            // and after what this free's poll saw complete (its `done` lines, held
+            // until now and appended with it: nothing comes between).
+            self.record_free_async(&mut st, ptr, stream);
         }
         let _ = self.release_batch(batch);
         Ok(())
     }
 
-    /// Records a stream-ordered free (`f ID STREAM`), when recording.
-    fn record_free_async(&self, ptr: DevicePtr, stream: Stream) {
+    /// Records a stream-ordered free (`f ID STREAM`) after the `done` lines its
+    /// locked section held, when recording.
+    fn record_free_async(&self, st: &mut State, ptr: DevicePtr, stream: Stream) {
         if let Some(rec) = &self.rec {
-            rec.free(ptr, Some(stream));
+            rec.free_after(&mut st.rec_held, ptr, stream);
         }
     }
 
     /// Records that bucket `b`'s stream completed through mark `covers`
-    /// (`done STREAM MARK`), when recording and `advanced`.
-    fn record_done(&self, st: &State, b: u32, covers: u64, advanced: bool) {
+    /// (`done STREAM MARK`), when recording and `advanced`: held for the line of a
+    /// stream-ordered free whose locked section this is.
+    fn record_done(&self, st: &mut State, b: u32, covers: u64, advanced: bool) {
         // A forgotten stream's handle names another stream in the trace from its
         // `forget` line on: what completes of it is not written (not reproduced).
         if let (Some(rec), true, false) = (&self.rec, advanced, st.buckets[b as usize].forgotten) {
             if let BucketKind::Stream(s) = st.buckets[b as usize].kind {
-                rec.done(s, covers);
+                rec.done(&mut st.rec_held, s, covers);
             }
         }
     }
@@ -875,7 +882,7 @@ impl Pool {
                 match r {
                     Ok(()) => {
                         let advanced = complete_through(&mut st, b, f.covers);
-                        self.record_done(&st, b, f.covers, advanced);
+                        self.record_done(&mut st, b, f.covers, advanced);
                     }
                     Err(e) => {
                         count_stream_failure(&mut st, e);

@@ -1,18 +1,23 @@
 //! flare-trace v1: the parser of allocation traces and their replay on a [`Pool`](crate::Pool).
-//! One concern in one file (the format: its events, its errors and their excerpts, the
-//! parser and the reference figures); the replay is in `replay.rs`.
+//! This file holds the format (its events, its errors and their excerpts), the parser
+//! of each line's form and the reference figures; `check.rs` the keywords
+//! ([`KEYWORDS`]) and the rules the lines keep together; `recorded.rs` the header of
+//! recorded traces; the replay is in `replay.rs`.
 //!
-//! The format is described in `docs/trace-format.md`: one event per line
-//! (`a ID BYTES`, `f ID`, `begin`, `finish`, `abort`, `trim`), `#` comment lines,
-//! blank lines, fields separated by spaces or tabs; a UTF-8 byte-order mark at the
-//! start of the file is ignored.
+//! The format is described in `docs/trace-format.md`: one event per line (a keyword
+//! of [`KEYWORDS`] and its fields: `a ID BYTES`, `f ID`, `begin`, `finish`, `abort`,
+//! `trim`, and in recorded traces `r`, `done`, `oom`, `x`, `sleep`, `wake`), `#`
+//! comment lines, blank lines, fields separated by spaces or tabs; a UTF-8
+//! byte-order mark at the start of the file is ignored.
 //!
 //! - [`parse`] / [`parse_str`] / [`parse_reader`] read a trace into a [`Trace`]:
 //!   every event with its
 //!   line number, allocation ids interned to dense `u32` indices (so a replay keeps
 //!   its pointers in a `Vec`, not a map of strings). Every rule of the format is
-//!   checked at parse time; a broken one is a [`TraceError::Parse`] naming the file,
-//!   the line and the [`Problem`]. A problem quotes the offending token as an
+//!   checked at parse time, with the state a replay would be in followed line after
+//!   line (a trace whose replay would fail for a reason its text shows is refused);
+//!   a broken rule is a [`TraceError::Parse`] naming the file, the line and the
+//!   [`Problem`]. A problem quotes the offending token as an
 //!   [`Excerpt`] (at most [`EXCERPT_CHARS`] characters and the token's length), so a
 //!   huge line never makes a huge message.
 //! - [`Trace::lower_bound_bytes`] and [`Trace::no_reuse_bytes`] are the two reference
@@ -25,8 +30,10 @@ use std::fmt;
 use std::io::Read;
 use std::path::Path;
 
+mod check;
 mod recorded;
 mod replay;
+pub use check::{keyword, Keyword, KeywordSpec, KEYWORDS};
 pub use recorded::{RecordedConfig, RECORDED_HEADER, RECORDED_KEYS};
 pub use replay::{replay, replay_as_recorded, replay_census, ReplayError, ReplayReport, TagReplay};
 
@@ -124,8 +131,10 @@ impl fmt::Display for Excerpt {
 }
 
 /// The largest count of an `oom N` line: the out-of-memory answers one allocation
-/// of a pool can get from the driver are a few (see the parser).
-pub const MAX_OOM_ANSWERS: u64 = 64;
+/// of a pool gets from the driver, its create and (outside a retention scope, after
+/// releasing idle memory) one retry (`Pool::allocate_raw`). An allocation that
+/// succeeded got one at most: a second answer fails it (an `x` line).
+pub const MAX_OOM_ANSWERS: u64 = 2;
 
 /// One event of a trace. Allocation ids are dense indices `0..Trace::id_count()`,
 /// one per distinct id token of the file (an id reused after its free keeps its
@@ -201,7 +210,8 @@ pub enum Event {
         /// Dense index of the stream's name, before the line.
         stream: u32,
     },
-    /// `oom N` (N from 1 to [`MAX_OOM_ANSWERS`]): during the next allocation, the recorded pool's driver answered
+    /// `oom N` (N from 1 to [`MAX_OOM_ANSWERS`]; 1 before an `a` line, and before an
+    /// `x` inside a retention scope): during the next allocation, the recorded pool's driver answered
     /// out-of-memory `count` times (the replay makes its next `count` handle
     /// creations fail so).
     Oom {
@@ -263,9 +273,49 @@ pub enum Problem {
         /// Number of fields after the keyword.
         found: usize,
     },
-    /// The first field is not a keyword of the format (quoted as an [`Excerpt`]).
-    #[error("unknown keyword {0} (expected a, f, r, done, oom, forget, begin, finish, abort, trim or a # comment)")]
+    /// The first field is not a keyword of the format ([`KEYWORDS`]; quoted as an
+    /// [`Excerpt`]).
+    #[error("unknown keyword {0} (keywords: {list})", list = check::keyword_list())]
     UnknownKeyword(Excerpt),
+    /// A line only a recorded trace may have (a keyword of [`KEYWORDS`] marked
+    /// `recorded_only`, or a stream on an `a` or `f` line) in a trace with no
+    /// `# flare-pool` header line before it.
+    #[error("{what} is a line of recorded traces only, and this trace has no `# flare-pool` header line before it (docs/trace-format.md, \"Recorded traces\")")]
+    RecordedOnly {
+        /// What the line is (`` `done` ``, ``a stream on an `a` line``).
+        what: String,
+    },
+    /// An allocation, free or record-stream of a tag that sleeps: the pool refuses
+    /// it until the tag's `wake` (tag 0 is the untagged allocations').
+    #[error("{what} of tag {tag}, which is asleep (since line {sleep_line}): the pool refuses it until the tag's wake")]
+    TagAsleep {
+        /// What the line is (`"a free (f)"`).
+        what: &'static str,
+        /// The tag.
+        tag: u32,
+        /// The line of the tag's `sleep`.
+        sleep_line: usize,
+    },
+    /// A `sleep` while a retention scope is open: the pool refuses it there.
+    #[error("sleep inside a retention scope (opened on line {open_line}): the pool refuses a sleep there")]
+    SleepInScope {
+        /// The line of the `begin` that opened the scope.
+        open_line: usize,
+    },
+    /// An `oom N` with more answers than its allocation can have got: one for an
+    /// allocation that succeeded (`a`), and for a refused one (`x`) one inside a
+    /// retention scope (no retry there), else [`MAX_OOM_ANSWERS`].
+    #[error("oom {count} (line {oom_line}) before an `{keyword}` line: that allocation gets at most {most} out-of-memory answer(s) from the driver")]
+    OomTooMany {
+        /// The line of the `oom`.
+        oom_line: usize,
+        /// Its count.
+        count: u64,
+        /// The allocation's keyword (`a` or `x`).
+        keyword: &'static str,
+        /// The most it can have got.
+        most: u64,
+    },
     /// A `forget STREAM` of a default stream (`0x0`, `0x1`, `0x2`: the legacy and
     /// per-thread streams, never destroyed; a pool refuses to forget them).
     #[error("forget of the default stream {0}, which is never destroyed")]
@@ -495,7 +545,8 @@ pub fn parse_str(name: &str, text: &str) -> Result<Trace, TraceError> {
     parse_bytes(name.to_string(), text.as_bytes())
 }
 
-/// The parser's state: ids interned so far and which are live.
+/// The parser's state: ids interned so far and which are live, and the rules the
+/// lines keep together (`check.rs`).
 struct Parser {
     trace: Trace,
     ids: HashMap<String, u32>,
@@ -503,23 +554,8 @@ struct Parser {
     streams: HashMap<String, u32>,
     /// For each id index: the line of the `a` that made it live, 0 when not live.
     live_since: Vec<usize>,
-    /// The line of the `begin` of the open scope, 0 when none is open.
-    open_scope: usize,
-    /// Per stream key ([`Parser::mark_key`]): marks so far (as the replay counts
-    /// them) and the last `done` mark.
-    marks: HashMap<u32, (u64, u64)>,
-    /// The streams each live id was recorded on (`r` lines), by id index.
-    recorded: HashMap<u32, Vec<u32>>,
-    /// `done` lines beyond their stream's marks, checked after the next call's line:
-    /// (stream key, stream index, mark, line).
-    pending_done: Vec<(u32, u32, u64, usize)>,
-    /// The line of an `oom` whose allocation has not come yet.
-    pending_oom: usize,
-    /// Tags asleep (`sleep` lines without their `wake` yet).
-    sleeping: std::collections::HashSet<u32>,
-    /// Stream indices whose name a `forget` line gave to a new index: they get no
-    /// marks (the pool no longer fences a forgotten stream).
-    forgotten: std::collections::HashSet<u32>,
+    /// The replay's state as the text shows it (scope, tags asleep, marks, `oom`).
+    checks: check::Checks,
 }
 
 /// The UTF-8 byte-order mark, ignored at the start of a trace.
@@ -543,13 +579,7 @@ fn parse_bytes(name: String, bytes: &[u8]) -> Result<Trace, TraceError> {
         ids: HashMap::new(),
         streams: HashMap::new(),
         live_since: Vec::new(),
-        open_scope: 0,
-        marks: HashMap::new(),
-        recorded: HashMap::new(),
-        pending_done: Vec::new(),
-        pending_oom: 0,
-        sleeping: std::collections::HashSet::new(),
-        forgotten: std::collections::HashSet::new(),
+        checks: check::Checks::default(),
     };
     for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
         let line = i + 1;
@@ -567,11 +597,7 @@ fn parse_bytes(name: String, bytes: &[u8]) -> Result<Trace, TraceError> {
         }
     }
     // A `done` or an `oom` with no call after it.
-    let dangling_oom = match p.pending_oom {
-        0 => Ok(()),
-        oom_line => Err(Problem::OomWithoutAllocation { oom_line }),
-    };
-    if let Err(problem) = p.check_pending_done().and(dangling_oom) {
+    if let Err(problem) = p.checks.end(&p.trace.stream_names) {
         return Err(TraceError::Parse {
             file: p.trace.name,
             line: p.trace.lines.last().copied().unwrap_or(0),
@@ -622,7 +648,7 @@ impl Parser {
             return Ok(());
         }
         let mut fields = text.split(is_sep).filter(|f| !f.is_empty());
-        let keyword = fields.next().unwrap_or("");
+        let token = fields.next().unwrap_or("");
         let mut args: [&str; 4] = ["", "", "", ""];
         let mut found = 0;
         for f in fields {
@@ -631,28 +657,43 @@ impl Parser {
             }
             found += 1;
         }
-        let arity = |want: usize, expected: &'static str| {
-            if found == want {
+        let spec =
+            check::keyword(token).ok_or_else(|| Problem::UnknownKeyword(Excerpt::new(token)))?;
+        let recording = self.trace.recorded.is_some();
+        if spec.recorded_only && !recording {
+            return Err(Problem::RecordedOnly {
+                what: format!("`{}`", spec.name),
+            });
+        }
+        let arity = |ok: bool| {
+            if ok {
                 Ok(())
             } else {
                 Err(Problem::Malformed {
-                    keyword: keyword.to_string(),
-                    expected,
+                    keyword: spec.name.to_string(),
+                    expected: spec.fields,
                     found,
                 })
             }
         };
-        let event = match keyword {
-            "a" => {
-                if found != 3 && found != 4 {
-                    arity(
-                        2,
-                        "an id, a size in bytes, optionally a tag and then a stream",
-                    )?;
-                }
+        // A stream field (on `a` and `f`) makes a line stream-ordered: recorded
+        // traces only.
+        let stream_field = |at: usize| {
+            if recording {
+                Ok(())
+            } else {
+                Err(Problem::RecordedOnly {
+                    what: format!("a stream (field {}) on an `{}` line", at + 1, spec.name),
+                })
+            }
+        };
+        let event = match spec.keyword {
+            Keyword::A => {
+                arity((2..=4).contains(&found))?;
                 let bytes = parse_size(args[1])?;
                 let tag = if found >= 3 { parse_tag(args[2])? } else { 0 };
                 let stream = if found == 4 {
+                    stream_field(3)?;
                     Some(self.stream(args[3])?)
                 } else {
                     None
@@ -669,30 +710,25 @@ impl Parser {
                 if let Some(s) = self.live_since.get_mut(slot) {
                     *s = line;
                 }
-                self.recorded.remove(&id);
                 self.trace.allocations += 1;
                 if tag != 0 {
                     self.trace.has_tags = true;
                 }
-                if let Some(stream) = stream {
-                    Event::AllocAsync {
+                match stream {
+                    Some(stream) => Event::AllocAsync {
                         id,
                         bytes,
                         tag,
                         stream,
-                    }
-                } else if tag == 0 {
-                    Event::Alloc { id, bytes }
-                } else {
-                    self.trace.has_tags = true;
-                    Event::AllocTagged { id, bytes, tag }
+                    },
+                    None if tag == 0 => Event::Alloc { id, bytes },
+                    None => Event::AllocTagged { id, bytes, tag },
                 }
             }
-            "f" => {
-                if found != 2 {
-                    arity(1, "an id and optionally a stream")?;
-                }
+            Keyword::F => {
+                arity(found == 1 || found == 2)?;
                 let stream = if found == 2 {
+                    stream_field(1)?;
                     Some(self.stream(args[1])?)
                 } else {
                     None
@@ -701,41 +737,21 @@ impl Parser {
                 if let Some(since) = self.live_since.get_mut(id as usize) {
                     *since = 0;
                 }
-                let recorded = self.recorded.remove(&id).unwrap_or_default();
-                if let Some(own) = stream {
-                    let own = self.mark_key(own);
-                    self.marks.entry(own).or_default().0 += 1;
-                    for other in recorded {
-                        if self.forgotten.contains(&other) {
-                            continue;
-                        }
-                        let other = self.mark_key(other);
-                        if other != own {
-                            self.marks.entry(other).or_default().0 += 1;
-                        }
-                    }
-                }
                 match stream {
                     Some(stream) => Event::FreeAsync { id, stream },
                     None => Event::Free { id },
                 }
             }
-            "r" => {
-                arity(2, "an id and a stream")?;
+            Keyword::R => {
+                arity(found == 2)?;
                 let stream = self.stream(args[1])?;
                 let id = self.live_id(args[0]).map_err(|_| Problem::RecordNotLive {
                     id: Excerpt::new(args[0]),
                 })?;
-                let list = self.recorded.entry(id).or_default();
-                if !list.contains(&stream) {
-                    list.push(stream);
-                }
                 Event::RecordStream { id, stream }
             }
-            "x" => {
-                if found != 2 && found != 3 {
-                    arity(1, "a size in bytes, optionally a tag and then a stream")?;
-                }
+            Keyword::X => {
+                arity((1..=3).contains(&found))?;
                 let bytes = parse_size(args[0])?;
                 let tag = if found >= 2 { parse_tag(args[1])? } else { 0 };
                 let stream = if found == 3 {
@@ -745,8 +761,8 @@ impl Parser {
                 };
                 Event::AllocFailed { bytes, tag, stream }
             }
-            "sleep" => {
-                arity(2, "a tag and offload or discard")?;
+            Keyword::Sleep => {
+                arity(found == 2)?;
                 let tag = parse_tag(args[0])?;
                 let offload = match args[1] {
                     "offload" => true,
@@ -755,120 +771,61 @@ impl Parser {
                         return Err(Problem::SleepMode(Excerpt::new(other)));
                     }
                 };
-                if !self.sleeping.insert(tag) {
-                    return Err(Problem::SleepState {
-                        tag,
-                        sleeping: true,
-                    });
-                }
                 self.trace.has_sleep = true;
                 Event::Sleep { tag, offload }
             }
-            "wake" => {
-                arity(1, "a tag")?;
-                let tag = parse_tag(args[0])?;
-                if !self.sleeping.remove(&tag) {
-                    return Err(Problem::SleepState {
-                        tag,
-                        sleeping: false,
-                    });
+            Keyword::Wake => {
+                arity(found == 1)?;
+                Event::Wake {
+                    tag: parse_tag(args[0])?,
                 }
-                Event::Wake { tag }
             }
-            "done" => {
-                arity(2, "a stream and a mark")?;
+            Keyword::Done => {
+                arity(found == 2)?;
                 let stream = self.stream(args[0])?;
                 let mark = parse_decimal("mark", args[1], 1, u64::MAX)?;
-                let key = self.mark_key(stream);
-                let (count, last) = self.marks.entry(key).or_default();
-                if mark <= *last {
-                    return Err(Problem::DoneNotIncreasing {
-                        stream: Excerpt::new(args[0]),
-                        mark,
-                        previous: *last,
-                    });
-                }
-                *last = mark;
-                if mark > *count {
-                    self.pending_done.push((key, stream, mark, line));
-                }
                 Event::Done { stream, mark }
             }
-            "forget" => {
-                arity(1, "a stream")?;
+            Keyword::Forget => {
+                arity(found == 1)?;
                 if is_default_stream_name(args[0]) {
                     return Err(Problem::ForgetDefaultStream(Excerpt::new(args[0])));
                 }
                 let stream = self.stream(args[0])?;
                 // The name's next use is a new stream: a new index, new marks.
                 self.streams.remove(args[0]);
-                self.forgotten.insert(stream);
                 Event::Forget { stream }
             }
-            "oom" => {
-                arity(1, "a count")?;
-                // An allocation asks the driver for a handle a few times at most (a
-                // create, a retry after releasing, a growth's retries): a larger count
-                // was not recorded by a pool, and replaying it would inject that many
-                // failures.
+            Keyword::Oom => {
+                arity(found == 1)?;
+                // An allocation asks the driver for a handle twice at most (a create,
+                // a retry after releasing): a larger count was not recorded by a
+                // pool, and replaying it would inject that many failures.
                 let count = parse_decimal("count", args[0], 1, MAX_OOM_ANSWERS)?;
                 Event::Oom {
                     count: u32::try_from(count).unwrap_or(u32::MAX),
                 }
             }
-            "begin" => {
-                arity(0, "no fields")?;
-                if self.open_scope != 0 {
-                    return Err(Problem::BeginInScope {
-                        open_line: self.open_scope,
-                    });
-                }
-                self.open_scope = line;
+            Keyword::Begin => {
+                arity(found == 0)?;
                 Event::Begin
             }
-            "finish" | "abort" => {
-                arity(0, "no fields")?;
-                let (kw, event) = if keyword == "finish" {
-                    ("finish", Event::Finish)
-                } else {
-                    ("abort", Event::Abort)
-                };
-                if self.open_scope == 0 {
-                    return Err(Problem::CloseWithoutScope { keyword: kw });
-                }
-                self.open_scope = 0;
-                event
+            Keyword::Finish => {
+                arity(found == 0)?;
+                Event::Finish
             }
-            "trim" => {
-                arity(0, "no fields")?;
-                if self.open_scope != 0 {
-                    return Err(Problem::TrimInScope {
-                        open_line: self.open_scope,
-                    });
-                }
+            Keyword::Abort => {
+                arity(found == 0)?;
+                Event::Abort
+            }
+            Keyword::Trim => {
+                arity(found == 0)?;
                 Event::Trim
             }
-            other => return Err(Problem::UnknownKeyword(Excerpt::new(other))),
         };
+        self.checks.event(line, event, &self.trace.stream_names)?;
         if matches!(event, Event::Begin | Event::Finish | Event::Abort) {
             self.trace.has_scope_events = true;
-        }
-        match event {
-            Event::Done { .. } => {}
-            Event::Oom { .. } if self.pending_oom == 0 => self.pending_oom = line,
-            Event::Alloc { .. }
-            | Event::AllocTagged { .. }
-            | Event::AllocAsync { .. }
-            | Event::AllocFailed { .. } => self.pending_oom = 0,
-            _ if self.pending_oom != 0 => {
-                return Err(Problem::OomWithoutAllocation {
-                    oom_line: self.pending_oom,
-                })
-            }
-            _ => {}
-        }
-        if !matches!(event, Event::Done { .. } | Event::Oom { .. }) {
-            self.check_pending_done()?;
         }
         self.trace.events.push(event);
         self.trace.lines.push(line);
@@ -886,37 +843,6 @@ impl Parser {
             })
     }
 
-    /// The key marks are counted under for stream index `s`: the replay's (every
-    /// legacy-stream name, `0x0` or `0x1`, is one stream).
-    fn mark_key(&self, s: u32) -> u32 {
-        match self.trace.stream_names.get(s as usize) {
-            Some(name) if is_legacy_stream_name(name) => u32::MAX,
-            _ => s,
-        }
-    }
-
-    /// After a call's line: every `done` beyond its stream's marks before it is
-    /// reached now.
-    fn check_pending_done(&mut self) -> Result<(), Problem> {
-        for (key, stream, mark, done_line) in std::mem::take(&mut self.pending_done) {
-            let marks = self.marks.get(&key).map_or(0, |m| m.0);
-            if mark > marks {
-                let name = self
-                    .trace
-                    .stream_names
-                    .get(stream as usize)
-                    .map_or("", String::as_str);
-                return Err(Problem::DoneBeyondMarks {
-                    stream: Excerpt::new(name),
-                    mark,
-                    marks,
-                    done_line,
-                });
-            }
-        }
-        Ok(())
-    }
-
     /// The dense index of stream name `token`, interning it on first sight.
     fn stream(&mut self, token: &str) -> Result<u32, Problem> {
         if let Some(&s) = self.streams.get(token) {
@@ -925,6 +851,7 @@ impl Parser {
         let s = u32::try_from(self.trace.stream_names.len()).map_err(|_| Problem::TooManyIds)?;
         self.streams.insert(token.to_string(), s);
         self.trace.stream_names.push(token.to_string());
+        self.checks.stream_named(s, token);
         Ok(s)
     }
 

@@ -92,7 +92,10 @@ impl RecordedConfig {
     /// missing or given twice, a granularity that is not a power of two or below
     /// [`SIM_MIN_GRANULARITY_BYTES`](crate::backend::SIM_MIN_GRANULARITY_BYTES), a
     /// `device_total` below one granule (the recording pool writes `u64::MAX` when
-    /// its query failed), a negative device or peer ordinal.
+    /// its query failed), a negative device or peer ordinal, and a configuration
+    /// the simulated backend refuses (a device or peer ordinal of
+    /// [`SIM_MAX_DEVICES`](crate::driver::sim::SIM_MAX_DEVICES) or more, a
+    /// granularity above the simulated device's memory).
     pub fn parse(fields: &str) -> Result<RecordedConfig, Problem> {
         let mut c = RecordedConfig::default();
         let mut seen = [false; RECORDED_KEYS.len()];
@@ -159,6 +162,15 @@ impl RecordedConfig {
             return Err(Problem::RecordedConfig(
                 "a negative device or peer ordinal".into(),
             ));
+        }
+        // The replay's pool must be one the simulated backend makes (a device or
+        // peer ordinal beyond the machine it can simulate, say): checked by the
+        // backend's own rules, so that a replay never fails to start for it.
+        let config = c.pool_config();
+        if let Backend::Simulated(sim) = &config.backend {
+            crate::backend::validate_sim(&config, sim).map_err(|e| {
+                Problem::RecordedConfig(format!("no simulated pool replays it: {e}"))
+            })?;
         }
         Ok(c)
     }

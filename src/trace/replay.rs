@@ -186,6 +186,14 @@ fn replay_inner(
     // the clock starts (a new user saw the first replay of a large trace timed 3x
     // slower than a second one, from this allocation).
     let mut ptrs: Vec<Option<u64>> = vec![None; trace.id_count()];
+    // The tag of each id's allocation, and the tags asleep: what a tag still asleep
+    // at the end holds is freed after waking it.
+    let mut tag_of: Vec<u32> = if trace.has_sleep() {
+        vec![0; trace.id_count()]
+    } else {
+        Vec::new()
+    };
+    let mut asleep: Vec<u32> = Vec::new();
     let started = Instant::now();
     if implicit_scope {
         pool.retention_begin()
@@ -201,6 +209,9 @@ fn replay_inner(
     // `x` lines whose request the replay served.
     let mut failed_served: u64 = 0;
     let mut failure: Option<(usize, Error)> = None;
+    // Whether an `oom` line injected failures for the next allocation: what that
+    // allocation did not take is dropped after it, never left for a later call.
+    let mut injected = false;
 
     for (i, (&event, &line)) in trace.events.iter().zip(&trace.lines).enumerate() {
         if let Some(report) = progress {
@@ -218,20 +229,28 @@ fn replay_inner(
                 if let Some(ss) = streams.as_mut() {
                     ss.recorded_clear(id);
                 }
+                if let (Some(t), Event::AllocTagged { tag, .. } | Event::AllocAsync { tag, .. }) =
+                    (tag_of.get_mut(id as usize), event)
+                {
+                    *t = tag;
+                }
                 match ptrs.get_mut(id as usize) {
-                    Some(slot @ None) => match allocate(pool, event, bytes, streams.as_mut()) {
-                        Ok(ptr) => {
-                            *slot = Some(ptr);
-                            live += 1;
-                            allocations += 1;
-                            Ok(())
+                    Some(slot @ None) => {
+                        match allocate_settled(pool, event, bytes, streams.as_mut(), &mut injected)
+                        {
+                            Ok(ptr) => {
+                                *slot = Some(ptr);
+                                live += 1;
+                                allocations += 1;
+                                Ok(())
+                            }
+                            Err(Error::OutOfMemory { .. } | Error::RequestTooLarge { .. }) => {
+                                oom_line = Some(line);
+                                break;
+                            }
+                            Err(e) => Err(e),
                         }
-                        Err(Error::OutOfMemory { .. } | Error::RequestTooLarge { .. }) => {
-                            oom_line = Some(line);
-                            break;
-                        }
-                        Err(e) => Err(e),
-                    },
+                    }
                     // Unreachable for a parsed trace: the parser rejects both.
                     _ => Err(Error::InvalidArgument(format!(
                         "allocation id index {id} is live or out of range"
@@ -299,7 +318,7 @@ fn replay_inner(
                     None if tag != 0 => Event::AllocTagged { id: 0, bytes, tag },
                     None => Event::Alloc { id: 0, bytes },
                 };
-                match allocate(pool, as_event, bytes, streams.as_mut()) {
+                match allocate_settled(pool, as_event, bytes, streams.as_mut(), &mut injected) {
                     Ok(ptr) => {
                         failed_served += 1;
                         pool.free_raw(ptr)
@@ -308,20 +327,23 @@ fn replay_inner(
                     Err(e) => Err(e),
                 }
             }
-            Event::Sleep { tag, offload } => pool.sleep(
-                tag,
-                if offload {
-                    crate::SleepMode::Offload
-                } else {
-                    crate::SleepMode::Discard
-                },
-            ),
-            Event::Wake { tag } => pool.wake(tag),
+            Event::Sleep { tag, offload } => pool
+                .sleep(
+                    tag,
+                    if offload {
+                        crate::SleepMode::Offload
+                    } else {
+                        crate::SleepMode::Discard
+                    },
+                )
+                .map(|()| asleep.push(tag)),
+            Event::Wake { tag } => pool.wake(tag).map(|()| asleep.retain(|&t| t != tag)),
             Event::Oom { count } => {
                 if let Some(sim) = pool.sim_driver() {
                     for _ in 0..count {
                         sim.inject_failure(DriverCall::Create, 1, CuResult::OUT_OF_MEMORY);
                     }
+                    injected = true;
                 }
                 Ok(())
             }
@@ -370,8 +392,14 @@ fn replay_inner(
             release_error.get_or_insert(e);
         }
     };
-    for ptr in ptrs.iter_mut().filter_map(Option::take) {
-        note(pool.free_raw(ptr));
+    let tag = |id: usize| tag_of.get(id).copied().unwrap_or(0);
+    for (id, slot) in ptrs.iter_mut().enumerate() {
+        if asleep.contains(&tag(id)) {
+            continue;
+        }
+        if let Some(ptr) = slot.take() {
+            note(pool.free_raw(ptr));
+        }
     }
     if scope_open {
         if oom_line.is_some() || failure.is_some() {
@@ -381,6 +409,22 @@ fn replay_inner(
         }
     }
     if !pool.snapshot().scope_open {
+        note(pool.trim());
+    }
+    // A tag still asleep (a recording of a pool destroyed while it slept): its
+    // allocations cannot be freed asleep (`Pool::free_raw` refuses them). With
+    // everything else released, the tag is woken (it maps no more than it held when
+    // it went to sleep, so the peak stays the recorded one) and they are freed.
+    asleep.sort_unstable();
+    for &t in &asleep {
+        note(pool.wake(t));
+        for (id, slot) in ptrs.iter_mut().enumerate() {
+            if tag(id) == t {
+                if let Some(ptr) = slot.take() {
+                    note(pool.free_raw(ptr));
+                }
+            }
+        }
         note(pool.trim());
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -415,6 +459,26 @@ fn replay_inner(
         seconds,
         failed_requests_served: failed_served,
     })
+}
+
+/// [`allocate`]; then, when an `oom` line injected failures for this allocation
+/// (`injected`), the injections it did not take are dropped: a replay that went
+/// another way (its allocation served from idle memory) would otherwise fail a later
+/// call with them.
+fn allocate_settled(
+    pool: &Pool,
+    event: Event,
+    bytes: u64,
+    streams: Option<&mut SimStreams>,
+    injected: &mut bool,
+) -> crate::Result<DevicePtr> {
+    let r = allocate(pool, event, bytes, streams);
+    if std::mem::take(injected) {
+        if let Some(sim) = pool.sim_driver() {
+            sim.clear_failures();
+        }
+    }
+    r
 }
 
 /// The pool call of an allocation event (`a` line).

@@ -13,6 +13,9 @@ type Hook = Box<dyn FnOnce() + Send>;
 pub struct Hooked {
     pub sim: Arc<SimDriver>,
     armed: Mutex<Option<(DriverCall, Hook, Option<CuResult>)>>,
+    /// Run at the next [`Driver::note_handoff`] (the pool's last step of a
+    /// stream-ordered allocation, after its locked section).
+    handoff: Mutex<Option<Hook>>,
 }
 
 impl Hooked {
@@ -20,6 +23,7 @@ impl Hooked {
         Arc::new(Hooked {
             sim,
             armed: Mutex::new(None),
+            handoff: Mutex::new(None),
         })
     }
 
@@ -32,6 +36,11 @@ impl Hooked {
         hook: impl FnOnce() + Send + 'static,
     ) {
         *self.armed.lock().unwrap() = Some((call, Box::new(hook), fail));
+    }
+
+    /// Runs `hook` at the next [`Driver::note_handoff`].
+    pub fn arm_handoff(&self, hook: impl FnOnce() + Send + 'static) {
+        *self.handoff.lock().unwrap() = Some(Box::new(hook));
     }
 
     fn at(&self, call: DriverCall) -> Result<(), DriverError> {
@@ -125,6 +134,10 @@ impl Driver for Hooked {
         Driver::stream_destroy(&*self.sim, s)
     }
     fn note_handoff(&self, stream: Stream, ptr: DevicePtr, size: u64) {
+        let hook = self.handoff.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook();
+        }
         Driver::note_handoff(&*self.sim, stream, ptr, size);
     }
 }

@@ -45,10 +45,13 @@ const AFTER_LONG_HELP: &str = "\
 Traces (flare-trace v1, described in docs/trace-format.md in the flare-package
 source): one event per line, `a ID BYTES` (allocate; `a ID BYTES TAG` for a tagged
 allocation, TAG 0 to 4294967295), `f ID` (free), `begin`,
-`finish` and `abort` (a retention scope), `trim`; `#` starts a comment line. `-`
-reads a trace from standard input (once; it is called <stdin> in the output). Every
-trace is parsed before any is replayed. A trace with no scope lines is replayed
-inside one retention scope.
+`finish` and `abort` (a retention scope), `trim`; `#` starts a comment line. A
+recorded trace (one with a `# flare-pool` header line) also has `r`, `done`, `oom`,
+`x`, `sleep`, `wake` lines and streams on `a` and `f` lines. `-` reads a trace from
+standard input (once; it is called <stdin> in the output). Every trace is parsed
+before any is replayed, and one whose replay would fail for a reason its text shows
+(a free of a sleeping tag's allocation, say) is refused: bad input replays nothing.
+A trace with no scope lines is replayed inside one retention scope.
 
 PyTorch memory snapshots (the pickle of torch.cuda.memory._dump_snapshot after
 torch.cuda.memory._record_memory_history): an input whose first byte is 0x80 (a
@@ -474,6 +477,20 @@ fn run(args: &Args) -> Result<(), Stop> {
     }
     if args.as_recorded {
         return run_as_recorded(args, &traces);
+    }
+    // Stream-ordered lines replay on the simulated driver only: refused before any
+    // trace replays, not after those before it.
+    if args.backend == BackendArg::Cuda {
+        if let Some(t) = traces.iter().find(|i| i.trace.has_streams()) {
+            return Err(Stop::Failed(
+                EXIT_BAD_INPUT,
+                format!(
+                    "{}: stream-ordered lines (a stream on an `a` or `f` line, `r`, `done`) \
+                     replay on the simulated backend only, not with --backend cuda",
+                    t.trace.name()
+                ),
+            ));
+        }
     }
     let config = match args.backend {
         BackendArg::Sim => PoolConfig::simulated(SimConfig {

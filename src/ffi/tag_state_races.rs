@@ -100,7 +100,10 @@ fn snap(pool: usize) -> FlareSnapshot {
         ..FlareSnapshot::default()
     };
     // SAFETY: `pool` is live; `s` is a whole FlareSnapshot.
-    ok(unsafe { flare_pool_snapshot(pool_at(pool), &mut s) }, "snapshot");
+    ok(
+        unsafe { flare_pool_snapshot(pool_at(pool), &mut s) },
+        "snapshot",
+    );
     s
 }
 
@@ -110,7 +113,10 @@ fn census(pool: usize, tag: u32) -> FlareTagCensus {
         ..FlareTagCensus::default()
     };
     // SAFETY: `pool` is live; `c` is a whole FlareTagCensus.
-    ok(unsafe { flare_pool_tag_census(pool_at(pool), tag, &mut c) }, "census");
+    ok(
+        unsafe { flare_pool_tag_census(pool_at(pool), tag, &mut c) },
+        "census",
+    );
     c
 }
 
@@ -119,9 +125,11 @@ fn ok(status: FlareStatus, what: &str) {
     assert_eq!(status, OK, "{what}: {}", last_error());
 }
 
-/// Runs `a` and `b` on two threads released together (both spin until both are
-/// there), and returns their results.
+/// Runs `a` and `b` on two threads released together (each yields until both are
+/// there), `b` after a short busy wait of `jitter % 32` steps (so that over many
+/// rounds `b` falls at every point of `a`), and returns their results.
 fn race<RA: Send, RB: Send>(
+    jitter: u64,
     a: impl FnOnce() -> RA + Send,
     b: impl FnOnce() -> RB + Send,
 ) -> (RA, RB) {
@@ -129,7 +137,7 @@ fn race<RA: Send, RB: Send>(
     let go = |ready: &AtomicUsize| {
         ready.fetch_add(1, Ordering::AcqRel);
         while ready.load(Ordering::Acquire) < 2 {
-            std::hint::spin_loop();
+            std::thread::yield_now();
         }
     };
     std::thread::scope(|s| {
@@ -139,10 +147,17 @@ fn race<RA: Send, RB: Send>(
         });
         let tb = s.spawn(|| {
             go(&ready);
+            for _ in 0..(jitter % 32) * 64 {
+                std::hint::spin_loop();
+            }
             b()
         });
-        let ra = ta.join().unwrap_or_else(|_| panic!("racing thread a panicked"));
-        let rb = tb.join().unwrap_or_else(|_| panic!("racing thread b panicked"));
+        let ra = ta
+            .join()
+            .unwrap_or_else(|_| panic!("racing thread a panicked"));
+        let rb = tb
+            .join()
+            .unwrap_or_else(|_| panic!("racing thread b panicked"));
         (ra, rb)
     })
 }
@@ -197,7 +212,11 @@ impl Rig {
         if let Err(e) = rust.check_invariants() {
             panic!("{what}: snapshot invariant broken: {e}\n{rust:#?}");
         }
-        assert!(self.sim.faults().is_empty(), "{what}: {:?}", self.sim.faults());
+        assert!(
+            self.sim.faults().is_empty(),
+            "{what}: {:?}",
+            self.sim.faults()
+        );
     }
 
     /// Trims, then destroys the pool: nothing live, nothing held, nothing refused;
@@ -211,7 +230,12 @@ impl Rig {
         let (st, r) = destroy_report(self.pool);
         assert_eq!(st, OK, "{what}: destroy: {}", last_error());
         assert_eq!(
-            (r.live_count, r.live_mapped_bytes, r.physical_bytes, r.scope_was_open),
+            (
+                r.live_count,
+                r.live_mapped_bytes,
+                r.physical_bytes,
+                r.scope_was_open
+            ),
             (0, 0, 0, 0),
             "{what}: destroy report {r:?}"
         );
@@ -220,7 +244,11 @@ impl Rig {
             crate::driver::sim::SimState::default(),
             "{what}: the driver still holds memory"
         );
-        assert!(self.sim.faults().is_empty(), "{what}: {:?}", self.sim.faults());
+        assert!(
+            self.sim.faults().is_empty(),
+            "{what}: {:?}",
+            self.sim.faults()
+        );
     }
 }
 
@@ -251,7 +279,7 @@ fn sleep_races_free(rig: &Rig, what: &str, free_fn: fn(usize, u64) -> FlareStatu
     loop_race(what, &["free first", "free refused"], |i| {
         let (st, x) = alloc_tagged(p, size, TAG);
         ok(st, "allocate");
-        let (slept, freed) = race(|| sleep(p, TAG, i % 2 == 1), || free_fn(p, x));
+        let (slept, freed) = race(i, || sleep(p, TAG, i % 2 == 1), || free_fn(p, x));
         ok(slept, "sleep");
         let outcome = match freed {
             OK => {
@@ -280,6 +308,7 @@ fn sleep_races_allocate(rig: &Rig) {
     let what = "sleep vs allocate";
     loop_race(what, &["allocation first", "allocation refused"], |i| {
         let (slept, (st, x)) = race(
+            i,
             || sleep(p, TAG, i % 2 == 1),
             || alloc_tagged(p, size, TAG),
         );
@@ -313,7 +342,7 @@ fn wake_races_free(rig: &Rig) {
         let (st, x) = alloc_tagged(p, size, TAG);
         ok(st, "allocate");
         ok(sleep(p, TAG, i % 2 == 1), "sleep");
-        let (woke, freed) = race(|| wake(p, TAG), || free(p, x));
+        let (woke, freed) = race(i, || wake(p, TAG), || free(p, x));
         ok(woke, "wake");
         let outcome = match freed {
             TAG_STATE => {
@@ -338,7 +367,7 @@ fn wake_races_allocate(rig: &Rig) {
         let (st, x) = alloc_tagged(p, size, TAG);
         ok(st, "allocate");
         ok(sleep(p, TAG, i % 2 == 1), "sleep");
-        let (woke, (st, y)) = race(|| wake(p, TAG), || alloc_tagged(p, size, TAG));
+        let (woke, (st, y)) = race(i, || wake(p, TAG), || alloc_tagged(p, size, TAG));
         ok(woke, "wake");
         let outcome = match st {
             TAG_STATE => {
@@ -366,7 +395,7 @@ fn state_changes_race(rig: &Rig) {
     let (st, x) = alloc_tagged(p, size, TAG);
     ok(st, "allocate");
     loop_race("sleep vs sleep", &["a first", "b first"], |i| {
-        let (a, b) = race(|| sleep(p, TAG, i % 2 == 1), || sleep(p, TAG, false));
+        let (a, b) = race(i, || sleep(p, TAG, i % 2 == 1), || sleep(p, TAG, false));
         let outcome = match (a, b) {
             (OK, TAG_STATE) => 0,
             (TAG_STATE, OK) => 1,
@@ -378,7 +407,7 @@ fn state_changes_race(rig: &Rig) {
         outcome
     });
     loop_race("sleep vs wake", &["wake refused", "wake after"], |i| {
-        let (slept, woke) = race(|| sleep(p, TAG, i % 2 == 1), || wake(p, TAG));
+        let (slept, woke) = race(i, || sleep(p, TAG, i % 2 == 1), || wake(p, TAG));
         ok(slept, "sleep");
         match woke {
             TAG_STATE => {
@@ -403,16 +432,17 @@ fn state_changes_race(rig: &Rig) {
 /// cache; the thread exits with its cache full, and the next one adopts (drains) it.
 /// Each call is wholly before the sleep or refused.
 fn tag0_sleep_races_cached_calls(rig: &Rig) {
-    let (p, size) = (rig.p(), rig.size);
+    let p = rig.p();
     let what = "tag 0 sleep vs cached calls";
     let mut live: Vec<u64> = Vec::new();
     loop_race(what, &["calls first", "some refused"], |i| {
         let (slept, statuses) = race(
+            i,
             || sleep(p, 0, i % 2 == 1),
             || {
                 let mut out = Vec::new();
-                for k in 0..3 {
-                    let (st, x) = alloc(p, 4096 << k);
+                for k in 0..4 {
+                    let (st, x) = alloc(p, 4096 << ((i + k) % 6));
                     out.push((st, x, if st == OK { free(p, x) } else { OK }));
                 }
                 out
@@ -450,10 +480,7 @@ fn tag0_sleep_races_tagged_allocate(rig: &Rig) {
     let (p, size) = (rig.p(), rig.size);
     let what = "tag 0 sleep vs a tagged allocation";
     loop_race(what, &["both succeed"], |i| {
-        let (slept, (st, x)) = race(
-            || sleep(p, 0, i % 2 == 1),
-            || alloc_tagged(p, size, TAG),
-        );
+        let (slept, (st, x)) = race(i, || sleep(p, 0, i % 2 == 1), || alloc_tagged(p, size, TAG));
         ok(slept, "sleep");
         ok(st, "tagged allocation while tag 0 sleeps");
         rig.check(1, 0, 1, "the tag's allocation is awake");

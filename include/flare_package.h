@@ -951,10 +951,13 @@ enum FlareStatus flare_pool_destroy_report(struct FlarePool *pool,
  * is more than the device's total memory (refused at once, nothing counted);
  * `FLARE_STATUS_OUT_OF_MEMORY` when the device is full now;
  * `FLARE_STATUS_DRIVER_ERROR` for another failed driver call (nothing leaked; the
- * pool stays usable); `FLARE_STATUS_INTERNAL` on a poisoned pool.
+ * pool stays usable); `FLARE_STATUS_TAG_STATE` while tag 0 (the untagged functions'
+ * tag) sleeps or a `flare_pool_sleep` / `flare_pool_wake` of it runs on another
+ * thread (nothing done); `FLARE_STATUS_INTERNAL` on a poisoned pool.
  *
  * Ownership: the memory belongs to the pool; free it with `flare_package_free` on
- * the same pool, or it is released by `flare_pool_destroy`. Thread-safe.
+ * the same pool, or it is released by `flare_pool_destroy`. Thread-safe: an
+ * allocation runs wholly before or wholly after each sleep and wake of its tag.
  *
  * # Safety
  * `pool` is NULL or a live pool; `out_ptr` is NULL or writable.
@@ -975,7 +978,12 @@ enum FlareStatus flare_package_allocate(struct FlarePool *pool, size_t size, voi
  *
  * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool;
  * `FLARE_STATUS_UNKNOWN_POINTER` for a pointer this pool did not hand out, an interior
- * pointer or a second free (nothing changes). Thread-safe.
+ * pointer or a second free (nothing changes); `FLARE_STATUS_TAG_STATE` while the
+ * allocation's tag (0 for `flare_package_allocate`'s memory) sleeps, or a
+ * `flare_pool_sleep` / `flare_pool_wake` of it runs on another thread (nothing
+ * changes: free it after the wake). Thread-safe: the free runs wholly before or
+ * wholly after each sleep and wake of its tag (so a free racing the sleep of its
+ * tag either ran first or is refused, and the allocation sleeps).
  *
  * # Safety
  * `pool` is NULL or a live pool. `ptr` is only compared, never dereferenced.
@@ -1123,7 +1131,9 @@ enum FlareStatus flare_pool_snapshot(const struct FlarePool *pool, struct FlareS
  * when the device is full now (after waiting on the fences of memory freed on streams,
  * `cuEventSynchronize` on those events alone, and releasing it, outside a retention
  * scope); `FLARE_STATUS_DRIVER_ERROR` for another failed driver call (nothing leaked);
- * `FLARE_STATUS_INTERNAL` on a poisoned pool. Nothing is written on failure.
+ * `FLARE_STATUS_TAG_STATE` while tag 0 sleeps or a sleep or wake of it runs (as
+ * `flare_package_allocate`); `FLARE_STATUS_INTERNAL` on a poisoned pool. Nothing is
+ * written on failure.
  *
  * Ownership: the memory belongs to the pool; free it with `flare_package_free_async`
  * (or `flare_package_free`) on the same pool, or it is released by
@@ -1171,9 +1181,12 @@ enum FlareStatus flare_package_allocate_async(struct FlarePool *pool,
  *
  * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool;
  * `FLARE_STATUS_UNKNOWN_POINTER` for a pointer this pool did not hand out, an interior
- * pointer or a second free (nothing changes); `FLARE_STATUS_INTERNAL` on a poisoned
+ * pointer or a second free (nothing changes); `FLARE_STATUS_TAG_STATE` while the
+ * allocation's tag sleeps or a sleep or wake of it runs (nothing changes, as for
+ * `flare_package_free`); `FLARE_STATUS_INTERNAL` on a poisoned
  * pool. A stream or event call that fails is counted (`stream_call_failures`) and
- * its memory kept for a later release point: it does not fail the free. Thread-safe.
+ * its memory kept for a later release point: it does not fail the free. Thread-safe:
+ * the free runs wholly before or wholly after each sleep and wake of its tag.
  *
  * # Safety
  * `pool` is NULL or a live pool. `ptr` is only compared, never dereferenced;
@@ -1257,8 +1270,13 @@ enum FlareStatus flare_pool_forget_stream(struct FlarePool *pool, FlareStream st
  * `flare_package_free` or `flare_package_free_async` (a whole mapping freed on a
  * stream becomes the pool's shared idle memory, tag 0's; a block stays the tag's).
  *
- * Errors: `FLARE_STATUS_TAG_STATE` while the tag sleeps (nothing changes); otherwise
- * as `flare_package_allocate_async`. Nothing is written on failure. Thread-safe.
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` as `flare_package_allocate_async` (checked
+ * first); `FLARE_STATUS_TAG_STATE` while the tag sleeps or a `flare_pool_sleep` /
+ * `flare_pool_wake` of it runs on another thread (nothing changes); otherwise as
+ * `flare_package_allocate_async`. Nothing is written on failure. Thread-safe: the
+ * allocation runs wholly before (and then sleeps with the tag) or wholly after each
+ * sleep and wake of its tag. A whole mapping of a tag other than 0 passes through
+ * tag 0's books, so it waits for a sleep or wake of tag 0 that runs to end.
  *
  * # Safety
  * `pool` is NULL or a live pool; `out_ptr` is NULL or writable; `stream` as for
@@ -1281,20 +1299,29 @@ enum FlareStatus flare_package_allocate_tagged(struct FlarePool *pool,
  * of its own, and offload copies its live blocks only. Allocating or freeing with
  * the tag is refused until then; other tags are untouched.
  *
+ * Threads: the sleep first waits for the calls on the tag's memory in flight on
+ * other threads (refusing new ones with `FLARE_STATUS_TAG_STATE` from then on), so
+ * each of them runs wholly before or wholly after it: a free of the tag's pointer
+ * racing the sleep either ran first or is refused (the allocation then sleeps; free
+ * it after the wake).
+ *
  * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool or a mode that is not a
  * `FlareSleepMode`; `FLARE_STATUS_SCOPE_STATE` inside a retention scope or while one
  * of the pool's streams is captured, or any blocking stream of the context (a
  * non-blocking stream the pool has never seen cannot be detected: do not sleep while
- * capturing); `FLARE_STATUS_TAG_STATE` when the tag already sleeps (or, in
- * `FLARE_REUSE_SEGMENTS`, while its segments' memory is in flight: trim, then sleep
- * again); `FLARE_STATUS_DRIVER_ERROR` when a step is refused: the tag is then awake
+ * capturing); `FLARE_STATUS_TAG_STATE` when the tag already sleeps or a sleep or
+ * wake of it runs on another thread (or, in `FLARE_REUSE_SEGMENTS`, while a trim or
+ * an out-of-memory retry on another thread releases its segments' memory, or their
+ * blocks wait on stream work: trim, then sleep again); nothing changes then; `FLARE_STATUS_DRIVER_ERROR` when a step is refused: the tag is then awake
  * and usable, its contents intact (see the Rust `Pool::sleep` for the exceptions:
  * an undo refused as well).
  *
  * # Safety
  * `pool` is NULL or a live pool.
  */
-enum FlareStatus flare_pool_sleep(struct FlarePool *pool, uint32_t tag, FlareSleepMode mode);
+enum FlareStatus flare_pool_sleep(struct FlarePool *pool,
+                                  uint32_t tag,
+                                  FlareSleepMode mode);
 
 /**
  * Wakes tag `tag`: new handles mapped at the same addresses with the same access,
@@ -1304,8 +1331,12 @@ enum FlareStatus flare_pool_sleep(struct FlarePool *pool, uint32_t tag, FlareSle
  * is valid again: same bytes (`FLARE_SLEEP_OFFLOAD`) or unspecified contents
  * (`FLARE_SLEEP_DISCARD`).
  *
+ * Threads: as `flare_pool_sleep`, the wake refuses the tag's calls until it returns,
+ * so a free or allocation of the tag racing it is refused or runs after it.
+ *
  * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL; `FLARE_STATUS_TAG_STATE` when the
- * tag does not sleep; `FLARE_STATUS_OUT_OF_MEMORY` when the device is full and
+ * tag does not sleep, or a sleep or wake of it runs on another thread (nothing
+ * changes); `FLARE_STATUS_OUT_OF_MEMORY` when the device is full and
  * `FLARE_STATUS_DRIVER_ERROR` for another refused step: what this wake mapped is
  * undone, the tag stays asleep with nothing lost, and a later wake can succeed.
  *

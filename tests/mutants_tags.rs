@@ -9,7 +9,7 @@ mod common;
 use common::{assert_driver_empty, check, no_faults, simulated_pool, GIB, MIB};
 use flare_package::driver::sim::{SimDriver, SimStreamCall};
 use flare_package::{
-    CuResult, DevicePtr, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SleepMode,
+    CuResult, DevicePtr, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SleepMode, Stream,
 };
 use std::sync::Arc;
 
@@ -1130,75 +1130,107 @@ fn a_sleep_while_the_legacy_stream_reports_a_capture_is_refused() {
     pool.free_raw(p).unwrap();
 }
 
-/// `Pool::sleep`: `Error::TagState` "(segment mode) when its segments' memory is in
-/// flight (a growth ... running ...)", the tag awake. A sleep made while the tag's
-/// heap grows (inside the growth's `cuMemCreate`, on the pool's own thread: the
-/// pool holds no lock across driver calls) is refused, changing nothing; the growth
-/// then completes (both blocks live, two handles), and a later sleep and wake work.
+/// Starts, from the hook of a driver call made inside an allocation of tag 1 (on
+/// the allocating thread, the pool holding no lock across driver calls), a sleep of
+/// tag 1 on another thread, and returns once that sleep has closed the tag: once
+/// `record_stream` of the tag's live `probe` is refused (`Error::TagState`: the sleep
+/// runs), or it returned. The sleep cannot go on while the allocation is in flight (issue 34:
+/// `src/pool/tag_gate.rs`); it is joined after the allocation returned.
+fn sleep_from_hook(
+    pool: &Arc<Pool>,
+    driver: &hooked::Hooked,
+    call: DriverCall,
+    probe: DevicePtr,
+) -> Arc<std::sync::Mutex<Option<std::thread::JoinHandle<flare_package::Result<()>>>>> {
+    let sleeper = Arc::new(std::sync::Mutex::new(None));
+    let (weak, slot) = (Arc::downgrade(pool), sleeper.clone());
+    driver.arm(call, move || {
+        let pool = weak.upgrade().expect("the pool");
+        let p = pool.clone();
+        let t = std::thread::spawn(move || p.sleep(1, SleepMode::Discard));
+        // (Or until the sleep returned: before issue 34 it was refused at once.)
+        while !t.is_finished() && pool.record_stream(probe, Stream::LEGACY).is_ok() {
+            std::thread::yield_now();
+        }
+        *slot.lock().unwrap() = Some(t);
+    });
+    sleeper
+}
+
+/// Issue 34: a sleep of tag 1 begun while the tag's heap grows for an allocation of
+/// it (inside the growth's `cuMemCreate`) waits for the allocation, instead of being
+/// refused (as it was, `Error::TagState`, with the growth in flight) or taking the
+/// heap half-grown: the allocation completes (two handles, both blocks live), then
+/// the tag sleeps with both blocks; a wake maps them again.
 #[test]
-fn a_sleep_during_a_growth_of_the_tags_heap_is_refused() {
+fn a_sleep_during_a_growth_of_the_tags_heap_waits_for_it() {
     let (pool, driver, sim) = hooked_pool();
     let a = pool.allocate_tagged_raw(2 * MIB, None, 1).unwrap();
     assert_eq!(pool.snapshot().segment_handles, 1);
-    let during = Arc::new(std::sync::Mutex::new(None));
-    let (weak, seen) = (Arc::downgrade(&pool), during.clone());
-    driver.arm(DriverCall::Create, move || {
-        let pool = weak.upgrade().expect("the pool");
-        let r = pool.sleep(1, SleepMode::Discard);
-        *seen.lock().unwrap() = Some((r, pool.tag_census(1).sleeping));
-    });
+    let sleeper = sleep_from_hook(&pool, &driver, DriverCall::Create, a);
     let b = pool.allocate_tagged_raw(2 * MIB, None, 1).unwrap();
-    let (r, sleeping) = during.lock().unwrap().take().expect("the hook ran");
-    assert!(matches!(r, Err(Error::TagState { tag: 1, .. })), "{r:?}");
-    assert!(!sleeping);
+    let t = sleeper.lock().unwrap().take().expect("the hook ran");
+    t.join().unwrap().unwrap();
     let snap = pool.snapshot();
     snap.check_invariants().unwrap();
-    assert_eq!((snap.live_count, snap.tags_sleeping), (2, 0));
-    assert_eq!(snap.physical_bytes, sim.state().physical_bytes);
+    assert_eq!(
+        (snap.live_count, snap.sleeping_count, snap.tags_sleeping),
+        (2, 2, 1),
+        "both blocks sleep"
+    );
+    assert_eq!((snap.physical_bytes, sim.state().physical_bytes), (0, 0));
     let c = pool.tag_census(1);
-    assert_eq!((c.live_count, c.live_bytes), (2, 4 * MIB));
-    pool.sleep(1, SleepMode::Discard).unwrap();
-    assert_eq!(pool.snapshot().physical_bytes, 0);
+    assert_eq!((c.live_count, c.live_bytes, c.sleeping), (2, 4 * MIB, true));
     pool.wake(1).unwrap();
+    assert_eq!(pool.snapshot().segment_handles, 2);
     pool.free_raw(a).unwrap();
     pool.free_raw(b).unwrap();
     pool.trim().unwrap();
     assert_eq!(sim.state().physical_bytes, 0);
 }
 
-/// As [`a_sleep_during_a_growth_of_the_tags_heap_is_refused`], for the heap's first
-/// growth (a helper's finding: a segment with no handle booked yet was skipped
+/// As [`a_sleep_during_a_growth_of_the_tags_heap_waits_for_it`], for the heap's
+/// first growth (a helper's finding: a segment with no handle booked yet was skipped
 /// before its growth was seen, so the sleep succeeded and the tag slept with the
-/// growth's block live and mapped, whose free was then refused). The sleep is
-/// refused; the block completes live, the tag awake; its free and a later sleep work.
+/// growth's block live and mapped). The probe is a whole mapping of the tag (above
+/// the whole-mapping threshold), outside its heap. The sleep waits; the block is
+/// booked live, then sleeps with the tag.
 #[test]
-fn a_sleep_during_the_first_growth_of_the_tags_heap_is_refused() {
-    let (pool, driver, sim) = hooked_pool();
-    let during = Arc::new(std::sync::Mutex::new(None));
-    let (weak, seen) = (Arc::downgrade(&pool), during.clone());
-    driver.arm(DriverCall::Create, move || {
-        let pool = weak.upgrade().expect("the pool");
-        let r = pool.sleep(1, SleepMode::Discard);
-        *seen.lock().unwrap() = Some((r, pool.tag_census(1).sleeping));
-    });
+fn a_sleep_during_the_first_growth_of_the_tags_heap_waits_for_it() {
+    let sim = Arc::new(SimDriver::new(flare_package::SimConfig::default()));
+    let driver = hooked::Hooked::new(sim.clone());
+    let config = PoolConfig {
+        release_threshold_bytes: u64::MAX,
+        segment_whole_threshold_bytes: 8 * MIB,
+        ..PoolConfig::default().with_policy(ReusePolicy::Segments)
+    };
+    let pool = Arc::new(Pool::with_driver(config, driver.clone()).unwrap());
+    let whole = pool.allocate_tagged_raw(16 * MIB, None, 1).unwrap();
+    assert_eq!(pool.snapshot().segment_handles, 0, "no heap yet");
+    let sleeper = sleep_from_hook(&pool, &driver, DriverCall::Create, whole);
     let a = pool.allocate_tagged_raw(2 * MIB, None, 1).unwrap();
-    let (r, sleeping) = during.lock().unwrap().take().expect("the hook ran");
-    assert!(matches!(r, Err(Error::TagState { tag: 1, .. })), "{r:?}");
-    assert!(!sleeping);
+    let t = sleeper.lock().unwrap().take().expect("the hook ran");
+    t.join().unwrap().unwrap();
     let snap = pool.snapshot();
     snap.check_invariants().unwrap();
-    assert_eq!((snap.live_count, snap.tags_sleeping), (1, 0));
-    assert_eq!(snap.physical_bytes, 2 * MIB);
-    assert_eq!(sim.state().physical_bytes, 2 * MIB);
+    assert_eq!(
+        (
+            snap.live_count,
+            snap.sleeping_count,
+            snap.sleeping_block_count
+        ),
+        (2, 2, 1),
+        "the whole mapping and the block sleep"
+    );
+    assert_eq!((snap.physical_bytes, sim.state().physical_bytes), (0, 0));
+    pool.wake(1).unwrap();
     let c = pool.tag_census(1);
     assert_eq!(
         (c.live_count, c.live_bytes, c.sleeping),
-        (1, 2 * MIB, false)
+        (2, 18 * MIB, false)
     );
     pool.free_raw(a).unwrap();
-    pool.sleep(1, SleepMode::Discard).unwrap();
-    assert_eq!(pool.snapshot().physical_bytes, 0);
-    pool.wake(1).unwrap();
+    pool.free_raw(whole).unwrap();
     pool.trim().unwrap();
     assert_eq!(sim.state().physical_bytes, 0);
 }

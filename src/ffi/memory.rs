@@ -42,10 +42,13 @@ fn pool_call(
 /// is more than the device's total memory (refused at once, nothing counted);
 /// `FLARE_STATUS_OUT_OF_MEMORY` when the device is full now;
 /// `FLARE_STATUS_DRIVER_ERROR` for another failed driver call (nothing leaked; the
-/// pool stays usable); `FLARE_STATUS_INTERNAL` on a poisoned pool.
+/// pool stays usable); `FLARE_STATUS_TAG_STATE` while tag 0 (the untagged functions'
+/// tag) sleeps or a `flare_pool_sleep` / `flare_pool_wake` of it runs on another
+/// thread (nothing done); `FLARE_STATUS_INTERNAL` on a poisoned pool.
 ///
 /// Ownership: the memory belongs to the pool; free it with `flare_package_free` on
-/// the same pool, or it is released by `flare_pool_destroy`. Thread-safe.
+/// the same pool, or it is released by `flare_pool_destroy`. Thread-safe: an
+/// allocation runs wholly before or wholly after each sleep and wake of its tag.
 ///
 /// # Safety
 /// `pool` is NULL or a live pool; `out_ptr` is NULL or writable.
@@ -102,7 +105,12 @@ fn flare_package_allocate_inner(
 ///
 /// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool;
 /// `FLARE_STATUS_UNKNOWN_POINTER` for a pointer this pool did not hand out, an interior
-/// pointer or a second free (nothing changes). Thread-safe.
+/// pointer or a second free (nothing changes); `FLARE_STATUS_TAG_STATE` while the
+/// allocation's tag (0 for `flare_package_allocate`'s memory) sleeps, or a
+/// `flare_pool_sleep` / `flare_pool_wake` of it runs on another thread (nothing
+/// changes: free it after the wake). Thread-safe: the free runs wholly before or
+/// wholly after each sleep and wake of its tag (so a free racing the sleep of its
+/// tag either ran first or is refused, and the allocation sleeps).
 ///
 /// # Safety
 /// `pool` is NULL or a live pool. `ptr` is only compared, never dereferenced.

@@ -67,6 +67,10 @@ mod abi_tests;
 #[cfg(all(test, not(flare_loom)))]
 mod stream_lifetime_tests;
 
+// Sleep and wake racing a tag's own calls from other threads (issue 34).
+#[cfg(all(test, not(flare_loom)))]
+mod tag_state_races;
+
 pub use boundary::{flare_last_error_message, flare_status_name};
 pub use memory::{
     flare_package_allocate, flare_package_free, flare_pool_record_error, flare_pool_record_flush,

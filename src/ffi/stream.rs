@@ -88,7 +88,9 @@ pub(crate) fn allocate_on_stream(
 /// when the device is full now (after waiting on the fences of memory freed on streams,
 /// `cuEventSynchronize` on those events alone, and releasing it, outside a retention
 /// scope); `FLARE_STATUS_DRIVER_ERROR` for another failed driver call (nothing leaked);
-/// `FLARE_STATUS_INTERNAL` on a poisoned pool. Nothing is written on failure.
+/// `FLARE_STATUS_TAG_STATE` while tag 0 sleeps or a sleep or wake of it runs (as
+/// `flare_package_allocate`); `FLARE_STATUS_INTERNAL` on a poisoned pool. Nothing is
+/// written on failure.
 ///
 /// Ownership: the memory belongs to the pool; free it with `flare_package_free_async`
 /// (or `flare_package_free`) on the same pool, or it is released by
@@ -161,9 +163,12 @@ fn flare_package_allocate_async_inner(
 ///
 /// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool;
 /// `FLARE_STATUS_UNKNOWN_POINTER` for a pointer this pool did not hand out, an interior
-/// pointer or a second free (nothing changes); `FLARE_STATUS_INTERNAL` on a poisoned
+/// pointer or a second free (nothing changes); `FLARE_STATUS_TAG_STATE` while the
+/// allocation's tag sleeps or a sleep or wake of it runs (nothing changes, as for
+/// `flare_package_free`); `FLARE_STATUS_INTERNAL` on a poisoned
 /// pool. A stream or event call that fails is counted (`stream_call_failures`) and
-/// its memory kept for a later release point: it does not fail the free. Thread-safe.
+/// its memory kept for a later release point: it does not fail the free. Thread-safe:
+/// the free runs wholly before or wholly after each sleep and wake of its tag.
 ///
 /// # Safety
 /// `pool` is NULL or a live pool. `ptr` is only compared, never dereferenced;

@@ -22,8 +22,13 @@ use crate::{Error, SleepMode};
 /// `flare_package_free` or `flare_package_free_async` (a whole mapping freed on a
 /// stream becomes the pool's shared idle memory, tag 0's; a block stays the tag's).
 ///
-/// Errors: `FLARE_STATUS_TAG_STATE` while the tag sleeps (nothing changes); otherwise
-/// as `flare_package_allocate_async`. Nothing is written on failure. Thread-safe.
+/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` as `flare_package_allocate_async` (checked
+/// first); `FLARE_STATUS_TAG_STATE` while the tag sleeps or a `flare_pool_sleep` /
+/// `flare_pool_wake` of it runs on another thread (nothing changes); otherwise as
+/// `flare_package_allocate_async`. Nothing is written on failure. Thread-safe: the
+/// allocation runs wholly before (and then sleeps with the tag) or wholly after each
+/// sleep and wake of its tag. A whole mapping of a tag other than 0 passes through
+/// tag 0's books, so it waits for a sleep or wake of tag 0 that runs to end.
 ///
 /// # Safety
 /// `pool` is NULL or a live pool; `out_ptr` is NULL or writable; `stream` as for
@@ -73,13 +78,20 @@ fn flare_package_allocate_tagged_inner(
 /// of its own, and offload copies its live blocks only. Allocating or freeing with
 /// the tag is refused until then; other tags are untouched.
 ///
+/// Threads: the sleep first waits for the calls on the tag's memory in flight on
+/// other threads (refusing new ones with `FLARE_STATUS_TAG_STATE` from then on), so
+/// each of them runs wholly before or wholly after it: a free of the tag's pointer
+/// racing the sleep either ran first or is refused (the allocation then sleeps; free
+/// it after the wake).
+///
 /// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL pool or a mode that is not a
 /// `FlareSleepMode`; `FLARE_STATUS_SCOPE_STATE` inside a retention scope or while one
 /// of the pool's streams is captured, or any blocking stream of the context (a
 /// non-blocking stream the pool has never seen cannot be detected: do not sleep while
-/// capturing); `FLARE_STATUS_TAG_STATE` when the tag already sleeps (or, in
-/// `FLARE_REUSE_SEGMENTS`, while its segments' memory is in flight: trim, then sleep
-/// again); `FLARE_STATUS_DRIVER_ERROR` when a step is refused: the tag is then awake
+/// capturing); `FLARE_STATUS_TAG_STATE` when the tag already sleeps or a sleep or
+/// wake of it runs on another thread (or, in `FLARE_REUSE_SEGMENTS`, while a trim or
+/// an out-of-memory retry on another thread releases its segments' memory, or their
+/// blocks wait on stream work: trim, then sleep again); nothing changes then; `FLARE_STATUS_DRIVER_ERROR` when a step is refused: the tag is then awake
 /// and usable, its contents intact (see the Rust `Pool::sleep` for the exceptions:
 /// an undo refused as well).
 ///
@@ -115,8 +127,12 @@ fn flare_pool_sleep_inner(pool: Option<&FlarePool>, tag: u32, mode: RawSleepMode
 /// is valid again: same bytes (`FLARE_SLEEP_OFFLOAD`) or unspecified contents
 /// (`FLARE_SLEEP_DISCARD`).
 ///
+/// Threads: as `flare_pool_sleep`, the wake refuses the tag's calls until it returns,
+/// so a free or allocation of the tag racing it is refused or runs after it.
+///
 /// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL; `FLARE_STATUS_TAG_STATE` when the
-/// tag does not sleep; `FLARE_STATUS_OUT_OF_MEMORY` when the device is full and
+/// tag does not sleep, or a sleep or wake of it runs on another thread (nothing
+/// changes); `FLARE_STATUS_OUT_OF_MEMORY` when the device is full and
 /// `FLARE_STATUS_DRIVER_ERROR` for another refused step: what this wake mapped is
 /// undone, the tag stays asleep with nothing lost, and a later wake can succeed.
 ///

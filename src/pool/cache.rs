@@ -38,6 +38,7 @@ use std::sync::{Arc, OnceLock};
 use super::books::{MappingState, State, SYNC_FREED};
 use super::segments::home_of;
 use super::table::{self, Entry, Table, Tlb, IDLE, LIVE};
+use super::tag_gate::TagGate;
 use super::{Snapshot, SEGMENT_SMALL_MAX_BYTES};
 use crate::driver::DevicePtr;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -429,14 +430,20 @@ impl Caches {
     }
 
     /// An allocation from the calling thread's cache: its address and the guard's
-    /// key. No driver call, no lock but the cache's own.
-    pub(super) fn pop(&self, w: &Want, state: &Mutex<State>) -> Option<(DevicePtr, u64)> {
+    /// key. No driver call, no lock but the cache's own. None while tag 0 is closed
+    /// (`gate`, read under the cache's mutex: `tag_gate.rs`).
+    pub(super) fn pop(
+        &self,
+        w: &Want,
+        state: &Mutex<State>,
+        gate: &TagGate,
+    ) -> Option<(DevicePtr, u64)> {
         if !self.is_open() {
             return None;
         }
         self.with_local(state, |c| {
             let mut g = lock(&c.inner);
-            if !self.is_open() {
+            if !self.is_open() || gate.tag0_closed() {
                 return None;
             }
             // What other threads freed comes back first (a list left there would
@@ -551,20 +558,26 @@ impl Caches {
     /// or full) back to the books; memory the books handed out goes to the caller's
     /// cache when the caches are open, it fits and it may be held there (a whole
     /// mapping, or a block of at most 1 MiB of the synchronous API's heap, with no
-    /// stream recorded). `None`: the caches did not take it (the books free it);
-    /// `Some(Err)`: not live (nothing changed).
+    /// stream recorded). `None`: the caches did not take it (the books free it;
+    /// memory of another tag than 0 always); `Some(Err)`: not live, or (live through
+    /// a cache) refused while tag 0 is closed (`gate`, read under the cache's mutex or
+    /// the books' lock: `tag_gate.rs`); nothing changed then.
     pub(super) fn free<'a>(
         &self,
         ptr: DevicePtr,
         id: Option<u64>,
         state: &'a Mutex<State>,
         rec: Option<&super::record::Recorder>,
+        gate: &TagGate,
     ) -> Option<crate::Result<Freed<'a>>> {
         if !self.enabled || (self.used.load(Ordering::Relaxed) == 0 && !self.is_open()) {
             return None;
         }
         let on_cache = self.with_local(state, |c| {
             let mut g = lock(&c.inner);
+            if gate.tag0_closed() {
+                return self.refuse_closed(ptr, id);
+            }
             let open = self.is_open();
             let inner = &mut *g;
             let claimed = inner
@@ -589,7 +602,7 @@ impl Caches {
                 .flatten();
             let Some((e, requested, pushed)) = claimed else {
                 return if open {
-                    Some(self.free_into(c, inner, ptr, id, state, rec))
+                    self.free_into(c, inner, ptr, id, state, rec)
                 } else {
                     None
                 };
@@ -615,6 +628,9 @@ impl Caches {
             None => {
                 let entry = self.table.get(ptr)?;
                 let mut st = lock(state);
+                if gate.tag0_closed() {
+                    return self.refuse_closed(ptr, id);
+                }
                 let (e, _) = claim(entry, ptr, id)?;
                 if let Some(r) = rec {
                     r.free(ptr, None);
@@ -627,8 +643,25 @@ impl Caches {
         }
     }
 
+    /// A free of `ptr` while tag 0 is closed: refused when a cache handed it out and
+    /// it is live (tag 0's memory; `id`, if any, its key), else left to the books
+    /// (`None`), which check its tag.
+    fn refuse_closed<'a>(
+        &self,
+        ptr: DevicePtr,
+        id: Option<u64>,
+    ) -> Option<crate::Result<Freed<'a>>> {
+        let key = self.key_of(ptr)?;
+        if id.is_some_and(|id| id != key) {
+            return None;
+        }
+        Some(Err(super::tag_gate::refused0()))
+    }
+
     /// Frees books-live `ptr` into cache `c` (held as `g`; the caches are open) if
-    /// it fits and may be held there, else leaves it idle for the books' tail.
+    /// it fits and may be held there, else leaves it idle for the books' tail. Memory
+    /// of a tag other than 0, or not live, is left to the books' free (`None`), which
+    /// enters its tag (`tag_gate.rs`) or answers that it is unknown.
     fn free_into<'a>(
         &self,
         c: &ThreadCache,
@@ -637,8 +670,25 @@ impl Caches {
         id: Option<u64>,
         state: &'a Mutex<State>,
         rec: Option<&super::record::Recorder>,
+    ) -> Option<crate::Result<Freed<'a>>> {
+        let st = lock(state);
+        let tag = st.live.get(&ptr).map(|&slot| st.mref(slot).tag);
+        if tag != Some(0) {
+            return None;
+        }
+        Some(self.free_into_books_live(c, g, ptr, id, st, rec))
+    }
+
+    /// [`Caches::free_into`] of tag 0's books-live `ptr` (the books held as `st`).
+    fn free_into_books_live<'a>(
+        &self,
+        c: &ThreadCache,
+        g: &mut Inner,
+        ptr: DevicePtr,
+        id: Option<u64>,
+        mut st: MutexGuard<'a, State>,
+        rec: Option<&super::record::Recorder>,
     ) -> crate::Result<Freed<'a>> {
-        let mut st = lock(state);
         let (slot, recorded) = st.free_live(ptr, id)?;
         if let Some(r) = rec {
             r.free(ptr, None);

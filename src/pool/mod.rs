@@ -26,6 +26,7 @@ mod snapshot;
 mod stream_forget;
 mod streams;
 mod table;
+mod tag_gate;
 mod tags;
 mod wake_zero;
 
@@ -79,9 +80,9 @@ pub struct Pool {
     caches: cache::Caches,
     /// Signalled when `State::releases_running` falls to 0 (the scope barrier).
     releases_done: Condvar,
-    /// Tags asleep or in a sleep or wake (issue 15): while 0, allocations and frees
-    /// check no tag (one relaxed load).
-    tags_blocked: std::sync::atomic::AtomicU32,
+    /// The tag gate (`tag_gate.rs`): calls on a tag's memory against its sleep and
+    /// wake.
+    gate: tag_gate::TagGate,
     /// The recording ([`PoolConfig::record_path`]; `record.rs`), `None` when off.
     rec: Option<Arc<record::Recorder>>,
     /// A pool that only captures allocate from (a PyTorch graph pool,
@@ -168,7 +169,7 @@ impl Pool {
             device_total,
             state: Mutex::new(State::new(granularity)),
             releases_done: Condvar::new(),
-            tags_blocked: std::sync::atomic::AtomicU32::new(0),
+            gate: tag_gate::TagGate::new(),
             captures_only: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -247,7 +248,10 @@ impl Pool {
     /// device's total memory (at once: no driver call, nothing counted);
     /// [`Error::OutOfMemory`] when the device is full (outside a scope,
     /// after releasing idle mappings and retrying once; inside one, with nothing
-    /// retained released); [`Error::Driver`] for any other failed driver call.
+    /// retained released); [`Error::Driver`] for any other failed driver call;
+    /// [`Error::TagState`] while tag 0 (the untagged functions' tag) is asleep or a
+    /// sleep or wake of it runs (nothing done: the allocation runs wholly before or
+    /// wholly after each of them).
     pub fn allocate_raw(&self, bytes: u64) -> Result<DevicePtr> {
         self.allocate_sync(bytes).map(|(ptr, _)| ptr)
     }
@@ -269,16 +273,26 @@ impl Pool {
 
     /// [`Pool::allocate_sync`], not recorded.
     fn allocate_sync_inner(&self, bytes: u64) -> Result<(DevicePtr, Option<u64>)> {
-        if self.any_tag_blocked() {
-            self.check_tag0()?;
-        }
         let block = self.block_size(bytes)?;
         let want = self.want(bytes, block)?;
+        // A cache hit checks tag 0's gate under the cache's mutex (`tag_gate.rs`).
         if self.caches.may_hold() {
-            if let Some((ptr, key)) = self.caches.pop(&want, &self.state) {
+            if let Some((ptr, key)) = self.caches.pop(&want, &self.state, &self.gate) {
                 return Ok((ptr, Some(key)));
             }
         }
+        let entry = self.enter_untagged()?;
+        let r = self.allocate_sync_books(bytes, block);
+        self.leave(entry);
+        r
+    }
+
+    /// [`Pool::allocate_sync_inner`] in the books (tag 0 entered).
+    fn allocate_sync_books(
+        &self,
+        bytes: u64,
+        block: Option<u64>,
+    ) -> Result<(DevicePtr, Option<u64>)> {
         let ptr = match block {
             Some(size) => self.allocate_block_sync(size, bytes)?,
             None => self.allocate_whole_sync(bytes)?,
@@ -521,8 +535,14 @@ impl Pool {
     /// is retried at the next release point; it is counted in the snapshot and does
     /// not fail the free.
     ///
+    /// Concurrency: the free runs wholly before or wholly after each sleep and wake
+    /// of the pointer's tag (`docs/ARCHITECTURE.md`, "Tags: sleep and wake"): its
+    /// tag is looked up and checked in one step.
+    ///
     /// Errors: [`Error::UnknownPointer`] for a pointer this pool did not hand out, an
-    /// interior pointer, or a second free; nothing changes then.
+    /// interior pointer, or a second free; [`Error::TagState`] while the pointer's tag
+    /// (0 for the untagged functions' memory) is asleep or a sleep or wake of it runs;
+    /// nothing changes then.
     pub fn free_raw(&self, ptr: DevicePtr) -> Result<()> {
         self.free_inner(ptr, None)
     }
@@ -531,13 +551,29 @@ impl Pool {
     /// through the thread caches when they handed it out or may hold it, else in
     /// the books.
     fn free_inner(&self, ptr: DevicePtr, id: Option<u64>) -> Result<()> {
-        if self.any_tag_blocked() {
-            self.check_free_tag(ptr)?;
-        }
-        if let Some(freed) = self.caches.free(ptr, id, &self.state, self.rec.as_deref()) {
+        // Tag 0's memory through the caches: they check its gate under their mutex.
+        let gate = &self.gate;
+        if let Some(freed) = self
+            .caches
+            .free(ptr, id, &self.state, self.rec.as_deref(), gate)
+        {
             return self.after_cache_free(freed?);
         }
         let mut st = lock(&self.state);
+        // The pointer's tag is entered in the hold that frees it (`tag_gate.rs`).
+        let entry = self.enter_live(&mut st, ptr)?;
+        let r = self.free_books(st, ptr, id);
+        self.leave(entry);
+        r
+    }
+
+    /// The synchronous free of `ptr` in the books (held as `st`; its tag entered).
+    fn free_books(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        ptr: DevicePtr,
+        id: Option<u64>,
+    ) -> Result<()> {
         // Streams from `record_stream` do not matter here: the release synchronizes
         // every device.
         let (slot, _recorded) = st.free_live(ptr, id)?;

@@ -30,7 +30,7 @@ use super::release::{Batch, Captures};
 use super::{CrossStreamReuse, Pool, ReusePolicy};
 use crate::driver::{CaptureMode, DevicePtr, DriverError, Stream};
 use crate::error::{Error, Result};
-use crate::sync::lock;
+use crate::sync::{lock, MutexGuard};
 
 /// The most frees over the release threshold between two event polls (the interval
 /// doubles from 1 to this while polls find nothing complete): 1,000 frees of
@@ -91,10 +91,26 @@ impl Pool {
 
     /// [`Pool::allocate_async_raw`], not recorded.
     fn allocate_async_unrecorded(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
-        if self.any_tag_blocked() {
-            self.check_tag0()?;
+        // Bad input first (refused whatever tag 0's state), then tag 0's gate.
+        let block = self.block_size(bytes)?;
+        if block.is_none() {
+            self.rounded(bytes)?;
         }
-        if let Some(size) = self.block_size(bytes)? {
+        let entry = self.enter_untagged()?;
+        let r = self.allocate_async_entered(bytes, block, stream);
+        self.leave(entry);
+        r
+    }
+
+    /// [`Pool::allocate_async_raw`] (`block`: its block size in segment mode), tag 0
+    /// entered.
+    fn allocate_async_entered(
+        &self,
+        bytes: u64,
+        block: Option<u64>,
+        stream: Stream,
+    ) -> Result<DevicePtr> {
+        if let Some(size) = block {
             let ptr = self.allocate_block_async(stream, size, bytes)?;
             self.driver.note_handoff(stream, ptr, size);
             return Ok(ptr);
@@ -308,10 +324,10 @@ impl Pool {
     /// first, with no forget, is held, reported as idle by an out-of-memory, until
     /// trim.)
     ///
-    /// Errors: [`Error::UnknownPointer`] as [`Pool::free_raw`]; nothing changes then.
-    /// A failed stream or event call does not fail the free: the memory is kept
-    /// (not reused) until a release point that synchronizes the device, and counted
-    /// in `stream_call_failures`.
+    /// Errors: [`Error::UnknownPointer`] and [`Error::TagState`] as
+    /// [`Pool::free_raw`]; nothing changes then. A failed stream or event call does
+    /// not fail the free: the memory is kept (not reused) until a release point that
+    /// synchronizes the device, and counted in `stream_call_failures`.
     pub fn free_async_raw(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
         self.free_async_inner(ptr, stream, None)
     }
@@ -324,14 +340,29 @@ impl Pool {
         stream: Stream,
         id: Option<u64>,
     ) -> Result<()> {
-        if self.any_tag_blocked() {
-            self.check_free_tag(ptr)?;
-        }
         self.settle_if_cached(ptr);
         let capture = self.driver.stream_capture(stream);
+        let mut st = lock(&self.state);
+        // The pointer's tag is entered in the hold that frees it (`tag_gate.rs`).
+        let entry = self.enter_live(&mut st, ptr)?;
+        let r = self.free_async_locked(st, ptr, stream, id, capture);
+        self.leave(entry);
+        r
+    }
+
+    /// [`Pool::free_async_inner`] from the books' lock on (`st`, the pointer's tag
+    /// entered); `capture`: the stream's capture query.
+    fn free_async_locked(
+        &self,
+        st: MutexGuard<'_, State>,
+        ptr: DevicePtr,
+        stream: Stream,
+        id: Option<u64>,
+        capture: std::result::Result<Option<u64>, DriverError>,
+    ) -> Result<()> {
         let mut batch = Batch::default();
         {
-            let mut st = lock(&self.state);
+            let mut st = st;
             let (slot, recorded) = st.free_live(ptr, id)?;
             if self.rec.is_some() {
                 // What this section's poll learns is written with this free's line.

@@ -39,7 +39,6 @@ use super::{Pool, ReusePolicy};
 use crate::driver::{CuResult, DevicePtr, DriverError, HostBuffer, PhysicalHandle, Stream};
 use crate::error::{Error, Result};
 use crate::sync::lock;
-use std::sync::atomic::Ordering;
 
 /// What [`Pool::sleep`] does with the contents of a tag's live allocations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -103,6 +102,9 @@ pub(super) struct TagBooks {
     pub(super) sleeping: Option<SleepMode>,
     /// A sleep or wake is running: allocations and frees of the tag are refused.
     pub(super) busy: bool,
+    /// Calls on the tag's memory in flight (tags other than 0; tag 0's are counted
+    /// in the gate): a sleep or wake waits for none (`tag_gate.rs`).
+    pub(super) users: u32,
     /// Its offloaded contents, while asleep in offload mode.
     pub(super) host: Option<HostBuffer>,
     /// While asleep: each live slot put to sleep and, offloaded, its bytes' offset in
@@ -639,23 +641,38 @@ impl Pool {
     /// complete (or, stream-ordered outside segment mode, what
     /// [`Pool::allocate_async_raw`] may take), else a new one.
     ///
-    /// Errors: [`Error::TagState`] while the tag sleeps (or a sleep or wake of it
-    /// runs); otherwise as [`Pool::allocate_raw`] / [`Pool::allocate_async_raw`].
+    /// Concurrency: the allocation runs wholly before or wholly after each sleep or
+    /// wake of its tag (`docs/ARCHITECTURE.md`, "Tags: sleep and wake"); one that
+    /// finds the tag asleep or a sleep or wake of it running is refused. A whole
+    /// mapping of a tag other than 0 passes through tag 0's books, so its allocation
+    /// waits for a sleep or wake of tag 0 that runs to end (tag 0 asleep does not stop
+    /// it).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for 0 bytes or a size whose rounding
+    /// overflows (checked first); [`Error::TagState`] while the tag sleeps or a sleep
+    /// or wake of it runs (nothing done); otherwise as [`Pool::allocate_raw`] /
+    /// [`Pool::allocate_async_raw`].
     pub fn allocate_tagged_raw(
         &self,
         bytes: u64,
         stream: Option<Stream>,
         tag: u32,
     ) -> Result<DevicePtr> {
-        lock(&self.state).tag_usable(tag)?;
-        self.record_call_start();
         if tag == 0 {
+            self.record_call_start();
             return match stream {
                 Some(s) => self.allocate_async_raw(bytes, s),
                 None => self.allocate_raw(bytes),
             };
         }
+        let whole = self.block_size(bytes)?.is_none();
+        if whole {
+            self.rounded(bytes)?;
+        }
+        let entry = self.enter_tagged(tag, whole)?;
+        self.record_call_start();
         let r = self.allocate_tagged_unrecorded(bytes, stream, tag);
+        self.leave(entry);
         match &r {
             Ok(ptr) => self.record_tagged(*ptr, bytes, tag, stream),
             Err(e) => self.record_failed(e, bytes, tag, stream),
@@ -856,25 +873,6 @@ impl Pool {
         }
     }
 
-    /// Refuses a free of `ptr` while its tag sleeps (checked only while some tag
-    /// sleeps or is in transition: one relaxed load otherwise... under the lock).
-    pub(super) fn check_free_tag(&self, ptr: DevicePtr) -> Result<()> {
-        let st = lock(&self.state);
-        if st.tags.values().all(|t| !t.blocked()) {
-            return Ok(());
-        }
-        let Some(&slot) = st.live.get(&ptr) else {
-            return Ok(());
-        };
-        st.tag_usable(st.mref(slot).tag)
-    }
-
-    /// Whether tag 0 may allocate now (checked by the untagged allocation functions
-    /// while some tag sleeps).
-    pub(super) fn check_tag0(&self) -> Result<()> {
-        lock(&self.state).tag_usable(0)
-    }
-
     /// The census of tag `tag`: exact (under the lock, with every thread cache's
     /// deltas for tag 0), O(number of tags), no walk over allocations. A tag never
     /// used reads all zeros.
@@ -941,9 +939,16 @@ impl Pool {
     /// synchronous API's and the streams' heaps), and every handle released
     /// (`cuMemRelease`). The segments' reservations stay, so [`Pool::wake`] maps new
     /// handles at the same addresses. Allocating or freeing with the tag is refused
-    /// until [`Pool::wake`]; other tags are untouched. Sleep and wake must not race
-    /// allocations or frees of the same tag on other threads (they are refused once
-    /// the sleep has begun; one that began before may finish after it).
+    /// until [`Pool::wake`]; other tags are untouched.
+    ///
+    /// Concurrency (`docs/ARCHITECTURE.md`, "Tags: sleep and wake"): every call on
+    /// the tag's memory from another thread runs wholly before or wholly after the
+    /// sleep. The sleep first marks the tag busy (calls of it are refused with
+    /// [`Error::TagState`] from then on) and waits until the calls of the tag in
+    /// flight have returned; so a free of the tag's allocation racing the sleep either
+    /// ran first or is refused (the allocation sleeps), and an allocation either ran
+    /// first (it sleeps with the tag) or is refused. Another sleep or wake of the tag
+    /// meanwhile is refused.
     ///
     /// Failures: a failed synchronize, idle release, host allocation or copy changes
     /// nothing (the host buffer is freed); a failed unmap maps what was already
@@ -968,10 +973,12 @@ impl Pool {
     /// cannot be detected (no driver call reports it without breaking it): sleeping
     /// during one makes the device synchronize fail (`Error::Driver`, the tag awake)
     /// and invalidates that capture, so an engine must not sleep while it captures.
-    /// [`Error::TagState`] when the tag already sleeps, or (segment mode) when its
-    /// segments' memory is in flight (a growth or release running, or blocks waiting
-    /// on stream work that the release could not release: trim, then sleep again);
-    /// [`Error::Driver`] as above.
+    /// [`Error::TagState`] when the tag already sleeps or a sleep or wake of it runs
+    /// on another thread, or (segment mode) when its segments' memory is in flight
+    /// without a call of the tag (a release point on another thread, a trim or an
+    /// out-of-memory retry, releasing a handle of its heaps; or blocks waiting on
+    /// stream work that the release could not release: trim, then sleep again);
+    /// nothing changed then. [`Error::Driver`] as above.
     pub fn sleep(&self, tag: u32, mode: SleepMode) -> Result<()> {
         // Before anything: a device synchronize during a capture would break it.
         self.refuse_during_foreign_capture()?;
@@ -986,13 +993,14 @@ impl Pool {
                 tag,
                 reason: "the tag already sleeps (or a sleep or wake of it runs)",
             })?;
-            if !self.open_captures(&st).is_empty() {
-                return Err(Error::ScopeState(
-                    "sleep while one of the pool's streams is being captured",
-                ));
+            self.refuse_sleep(&st)?;
+            // The tag's calls in flight end first; none enters from now on.
+            st = self.close_tag(st, tag);
+            // A scope or a capture may have begun while this sleep waited.
+            if let Err(e) = self.refuse_sleep(&st) {
+                self.open_tag(&mut st, tag);
+                return Err(e);
             }
-            st.tags.entry(tag).or_default().busy = true;
-            self.tags_blocked.fetch_add(1, Ordering::Relaxed);
         }
         let result = self.sleep_steps(tag, mode);
         if let (Some(rec), Ok(())) = (&self.rec, &result) {
@@ -1002,13 +1010,24 @@ impl Pool {
             };
             rec.line(&format!("sleep {tag} {mode}"));
         }
-        let mut st = lock(&self.state);
-        let t = st.tags.entry(tag).or_default();
-        t.busy = false;
-        if t.sleeping.is_none() {
-            self.tags_blocked.fetch_sub(1, Ordering::Relaxed);
-        }
+        self.open_tag(&mut lock(&self.state), tag);
         result
+    }
+
+    /// [`Error::ScopeState`] inside a retention scope and while one of the pool's
+    /// streams is being captured (a sleep's device synchronize would break it).
+    fn refuse_sleep(&self, st: &State) -> Result<()> {
+        if st.counters.scope_open {
+            return Err(Error::ScopeState(
+                "sleep inside a retention scope: finish the scope first",
+            ));
+        }
+        if !self.open_captures(st).is_empty() {
+            return Err(Error::ScopeState(
+                "sleep while one of the pool's streams is being captured",
+            ));
+        }
+        Ok(())
     }
 
     /// [`Error::ScopeState`] while a blocking stream of the pool's context is being
@@ -1030,11 +1049,6 @@ impl Pool {
             )),
             _ => Ok(()),
         }
-    }
-
-    /// Whether some tag sleeps or is being put to sleep or woken.
-    pub(super) fn any_tag_blocked(&self) -> bool {
-        self.tags_blocked.load(Ordering::Relaxed) > 0
     }
 
     fn sleep_steps(&self, tag: u32, mode: SleepMode) -> Result<()> {
@@ -1487,7 +1501,12 @@ impl Pool {
     /// next wake skips it (when that mapping is the one whose copy was refused, its
     /// contents are unspecified: two refusals in a row on one mapping).
     ///
-    /// Errors: [`Error::TagState`] when the tag does not sleep (nothing done, pending kept);
+    /// Concurrency: as [`Pool::sleep`], the wake takes the tag exclusively (its calls
+    /// are refused until the wake returns, and a wake racing a free or an allocation
+    /// of the tag either refuses it or comes wholly before it).
+    ///
+    /// Errors: [`Error::TagState`] when the tag does not sleep, or a sleep or wake of
+    /// it runs on another thread (nothing done, pending kept);
     /// [`Error::OutOfMemory`] when the device is full (nothing released to make
     /// room: free memory or trim, then wake again); [`Error::Driver`] for another
     /// refused call.
@@ -1536,7 +1555,9 @@ impl Pool {
                 };
                 return (Err(e), Ok(()));
             }
-            t.busy = true;
+            // Calls of a sleeping tag are refused; those refused a moment ago leave.
+            st = self.close_tag(st, tag);
+            let t = st.tags.entry(tag).or_default();
             let (mode, host, list) = (t.sleeping, t.host, t.asleep.clone());
             let st = &*st;
             let pieces: Vec<(Piece2, u64)> = list
@@ -1596,12 +1617,7 @@ impl Pool {
             (Some(stream), Ok(())) => self.zero_dropped(tag, stream, &dropped),
             _ => Ok(()),
         };
-        let mut st = lock(&self.state);
-        let t = st.tags.entry(tag).or_default();
-        t.busy = false;
-        if t.sleeping.is_none() {
-            self.tags_blocked.fetch_sub(1, Ordering::Relaxed);
-        }
+        self.open_tag(&mut lock(&self.state), tag);
         (result, zeroed)
     }
 
@@ -1976,7 +1992,7 @@ impl Pool {
             st.counters.tags_sleeping = 0;
             st.counters.offloaded_bytes = 0;
             hosts.extend(st.take_spare_host(|_| true));
-            self.tags_blocked.store(0, Ordering::Relaxed);
+            self.reset_gate();
             hosts
         };
         for h in hosts {

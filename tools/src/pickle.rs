@@ -151,6 +151,24 @@ impl Pickle {
             .map(|&(_, v)| v)
     }
 
+    /// The values of the str keys `keys` of the dict at `id`, each its last value
+    /// (as [`Pickle::get`]), found in one pass over the dict's pairs: `N` lookups
+    /// in one dict cost one walk of it, not `N`. All `None` when `id` is not a dict.
+    pub fn get_all<const N: usize>(&self, id: ObjId, keys: [&str; N]) -> [Option<ObjId>; N] {
+        let mut found = [None; N];
+        let Some(Obj::Dict(pairs)) = self.obj(id) else {
+            return found;
+        };
+        for &(k, v) in pairs {
+            if let Some(Obj::Str(s)) = self.obj(k) {
+                if let Some(i) = keys.iter().position(|&key| key == s) {
+                    found[i] = Some(v);
+                }
+            }
+        }
+        found
+    }
+
     /// The items of the list or tuple at `id`; `None` for any other object.
     pub fn items(&self, id: ObjId) -> Option<&[ObjId]> {
         match self.obj(id) {
@@ -650,6 +668,22 @@ mod tests {
             .map(|&d| p.get(d, "k").and_then(|v| p.str(v)))
             .collect();
         assert_eq!(v, [Some("v"), Some("v"), Some("w")]);
+    }
+
+    #[test]
+    fn get_all_finds_the_last_value_of_each_key() {
+        // {'a': 1, 'b': 2, 7: None, 'a': 3} as a pickle can write it (SETITEMS
+        // with 'a' twice): 'a' is 3 and 'b' 2, as Python's dict keeps.
+        let bytes: &[u8] = b"\x80\x04}(\x8c\x01aK\x01\x8c\x01bK\x02K\x07N\x8c\x01aK\x03u.";
+        let p = read(bytes).unwrap();
+        let [a, b, c] = p.get_all(p.root(), ["a", "b", "c"]);
+        assert_eq!(a.and_then(|v| p.int(v)), Some(3));
+        assert_eq!(b.and_then(|v| p.int(v)), Some(2));
+        assert_eq!(c, None);
+        assert_eq!([a, b], [p.get(p.root(), "a"), p.get(p.root(), "b")]);
+        // not a dict: nothing
+        let list = read(b"\x80\x04].").unwrap();
+        assert_eq!(list.get_all(list.root(), ["a"]), [None]);
     }
 
     #[test]

@@ -15,6 +15,10 @@
 
 use std::fmt;
 
+// A text argument is quoted as the trace parser quotes a token: its first 40
+// characters and its length when it is longer (a 1 MB line is a one-line message).
+use flare_package::trace::Excerpt;
+
 /// The highest pickle protocol this reader takes (Python 3.8's and later's
 /// highest; `PROTO` names 2 to 5).
 pub const MAX_PROTOCOL: u8 = 5;
@@ -481,7 +485,9 @@ impl Machine<'_> {
                         {
                             Obj::BigInt
                         }
-                        Err(_) => return self.invalid(format!("{t:?} is not an int")),
+                        Err(_) => {
+                            return self.invalid(format!("{} is not an int", Excerpt::new(t)))
+                        }
                     },
                 };
                 self.push(obj);
@@ -496,7 +502,9 @@ impl Machine<'_> {
                 let text = self.line()?.to_string();
                 match text.parse::<f64>() {
                     Ok(f) => self.push(Obj::Float(f)),
-                    Err(_) => return self.invalid(format!("{text:?} is not a float")),
+                    Err(_) => {
+                        return self.invalid(format!("{} is not a float", Excerpt::new(&text)))
+                    }
                 }
             }
             0x8c => {
@@ -604,7 +612,10 @@ impl Machine<'_> {
             b'p' | b'g' => {
                 let text = self.line()?.to_string();
                 let Ok(i) = text.parse::<usize>() else {
-                    return self.invalid(format!("memo index {text:?} is not a number"));
+                    return self.invalid(format!(
+                        "memo index {} is not a number",
+                        Excerpt::new(&text)
+                    ));
                 };
                 if op == b'p' {
                     self.memo_put(i)?;
@@ -705,6 +716,25 @@ mod tests {
                 }
                 other => panic!("protocol {protocol}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_long_text_argument_is_quoted_shortly() {
+        // PROTO 2, then INT, FLOAT and PUT with a text argument of 5000 bytes that is
+        // not what the opcode takes: the message quotes its start and its length.
+        for (op, what) in [(b'I', "an int"), (b'F', "a float"), (b'p', "a number")] {
+            let mut bytes = vec![0x80, 2, b'N', op];
+            bytes.extend(std::iter::repeat_n(b'x', 5000));
+            bytes.extend_from_slice(b"\n.");
+            let Err(e @ PickleError::Invalid { at: 3, .. }) = read(&bytes) else {
+                panic!("{}: {:?}", char::from(op), read(&bytes));
+            };
+            let message = e.to_string();
+            let start = &message[..message.len().min(100)];
+            assert!(message.len() < 200, "{} bytes: {start}...", message.len());
+            assert!(message.contains("(5000 bytes)"), "{message}");
+            assert!(message.contains(what), "{message}");
         }
     }
 

@@ -26,6 +26,7 @@ mod snapshot;
 mod streams;
 mod table;
 mod tags;
+mod too_large;
 
 pub(crate) use config::cross_stream_modes;
 pub(crate) use config::reuse_policies;
@@ -267,7 +268,7 @@ impl Pool {
         if self.any_tag_blocked() {
             self.check_tag0()?;
         }
-        let block = self.block_size(bytes)?;
+        let block = self.checked_request(bytes)?;
         let want = self.want(bytes, block)?;
         if self.caches.may_hold() {
             if let Some((ptr, key)) = self.caches.pop(&want, &self.state) {

@@ -94,7 +94,7 @@ impl Pool {
         if self.any_tag_blocked() {
             self.check_tag0()?;
         }
-        if let Some(size) = self.block_size(bytes)? {
+        if let Some(size) = self.checked_request(bytes)? {
             let ptr = self.allocate_block_async(stream, size, bytes)?;
             self.driver.note_handoff(stream, ptr, size);
             return Ok(ptr);

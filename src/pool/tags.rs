@@ -660,7 +660,7 @@ impl Pool {
         stream: Option<Stream>,
         tag: u32,
     ) -> Result<DevicePtr> {
-        if let Some(size) = self.block_size(bytes)? {
+        if let Some(size) = self.checked_request(bytes)? {
             return self.allocate_tag_block(tag, size, bytes, stream);
         }
         let (rounded, max_size) = self.sizes(bytes)?;

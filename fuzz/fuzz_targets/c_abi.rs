@@ -152,15 +152,67 @@ impl Model {
 
 /// What no call may return (beyond the rules checked at each call):
 /// `FLARE_STATUS_INTERNAL`, a panic caught at the boundary or a poisoned pool.
+///
+/// A failure is a clear error: the thread's last error message names the function,
+/// on one line of at most 1 KiB.
 fn check_status(call: &str, s: Status) {
-    assert_ne!(s, INTERNAL, "{call}: {}", last_error());
+    if tracing() {
+        eprintln!("  {call} -> {s:?}");
+    }
+    LAST_STATUS.set(Some(s));
+    if s == SUCCESS {
+        return;
+    }
+    let message = last_error();
+    assert_ne!(s, INTERNAL, "{call}: {message}");
+    assert!(
+        message.starts_with("flare_") && !message.contains('\n') && message.len() <= 1024,
+        "{call}: {s:?} with the message {message:?}"
+    );
+}
+
+thread_local! {
+    /// The status of the last call checked.
+    static LAST_STATUS: std::cell::Cell<Option<Status>> = const { std::cell::Cell::new(None) };
+}
+
+/// Statuses after which nothing changed (the header's `FlareStatus`).
+const NOTHING_CHANGED: [Status; 5] = [
+    INVALID,
+    UNKNOWN_POINTER,
+    SCOPE_STATE,
+    TAG_STATE,
+    FlareStatus::FLARE_STATUS_REQUEST_TOO_LARGE,
+];
+
+/// The pool's counters (`None` for a NULL pool).
+fn counters(pool: *mut FlarePool) -> Option<FlareSnapshot> {
+    if pool.is_null() {
+        return None;
+    }
+    let mut buf = Buf::versioned(size_of::<FlareSnapshot>() as u32);
+    // SAFETY: a live pool; a buffer larger than the struct.
+    let s = unsafe { flare_pool_snapshot(pool, buf.0.as_mut_ptr().cast()) };
+    assert_eq!(s, SUCCESS);
+    Some(buf.read())
+}
+
+/// Whether `FLARE_FUZZ_TRACE` is set: each call and its status are printed (to
+/// read a finding: `FLARE_FUZZ_TRACE=1 c_abi fuzz/artifacts/c_abi/crash-...`).
+fn tracing() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("FLARE_FUZZ_TRACE").is_some())
 }
 
 fn last_error() -> String {
-    let mut buf = [0u8; 512];
-    // SAFETY: `buf` has 512 writable bytes.
+    let mut buf = [0u8; 2048];
+    // SAFETY: `buf` has 2048 writable bytes.
     let n = unsafe { flare_last_error_message(buf.as_mut_ptr().cast::<c_char>(), buf.len()) };
-    String::from_utf8_lossy(&buf[..n.min(buf.len() - 1)]).into_owned()
+    let mut text = String::from_utf8_lossy(&buf[..n.min(buf.len() - 1)]).into_owned();
+    if n >= buf.len() {
+        text.push_str(&format!("... ({n} bytes)"));
+    }
+    text
 }
 
 /// A caller's configuration: `flare_pool_config_init` with an arbitrary size, then
@@ -528,6 +580,15 @@ fn census(run: &mut Run, input: &mut Input<'_>, slot: Option<usize>) {
     }
 }
 
+/// Whether tag `tag` of `pool` sleeps, as its census says.
+fn census_sleeping(pool: *mut FlarePool, tag: u32) -> bool {
+    let mut buf = Buf::versioned(size_of::<FlareTagCensus>() as u32);
+    // SAFETY: a live pool; a buffer larger than the struct.
+    let s = unsafe { flare_pool_tag_census(pool, tag, buf.0.as_mut_ptr().cast()) };
+    assert_eq!(s, SUCCESS, "census: {}", last_error());
+    buf.read::<FlareTagCensus>().sleeping == 1
+}
+
 /// A tag: mostly a few small ones (so that they meet), sometimes any.
 fn pick_tag(input: &mut Input<'_>) -> u32 {
     match input.u8() % 8 {
@@ -643,6 +704,9 @@ fn allocate(run: &mut Run, input: &mut Input<'_>, slot: Option<usize>, kind: u8)
         }
     };
     check_status("allocate", s);
+    if tracing() {
+        eprintln!("  kind {kind}, {size} bytes, tag {tag}: {:#x}", out_slot[0]);
+    }
     if s != SUCCESS {
         assert_eq!(
             out_slot, [SLOT_CANARY; 2],
@@ -670,6 +734,16 @@ fn step(run: &mut Run, input: &mut Input<'_>) -> bool {
     }
     let slot = run.pick_pool(input);
     let pool = run.handle(slot);
+    if tracing() {
+        eprintln!("op {op} on pool {slot:?}");
+    }
+    // What a refused call must leave as it was.
+    let before = if matches!(op, 1 | 2) {
+        None
+    } else {
+        counters(pool)
+    };
+    LAST_STATUS.set(None);
     match op {
         1 | 2 => {
             if let Some(i) = slot {
@@ -690,6 +764,9 @@ fn step(run: &mut Run, input: &mut Input<'_>) -> bool {
                 }
             };
             check_status("free", s);
+            if tracing() {
+                eprintln!("  {addr:#x}");
+            }
             run.freed(&format!("call {op}"), slot, addr, s, op != 8);
         }
         9..=11 => {
@@ -745,6 +822,9 @@ fn step(run: &mut Run, input: &mut Input<'_>) -> bool {
                 }
             };
             check_status("sleep/wake", s);
+            if tracing() {
+                eprintln!("  tag {tag}, mode {mode}");
+            }
             if let Some(m) = run.model(slot) {
                 let asleep = m.sleeping.contains(&tag);
                 if s == SUCCESS {
@@ -753,6 +833,12 @@ fn step(run: &mut Run, input: &mut Input<'_>) -> bool {
                         m.sleeping.insert(tag);
                     } else {
                         m.sleeping.remove(&tag);
+                    }
+                } else if op == 17 && s == FlareStatus::FLARE_STATUS_DRIVER_ERROR {
+                    // A refused step whose undo was refused too may leave the tag
+                    // asleep (the Rust `Pool::sleep`'s exceptions): the census says.
+                    if census_sleeping(m.pool, tag) {
+                        m.sleeping.insert(tag);
                     }
                 }
                 if op == 18 {
@@ -767,6 +853,9 @@ fn step(run: &mut Run, input: &mut Input<'_>) -> bool {
             // SAFETY: `pool` NULL or live.
             let s = unsafe { flare_sim_inject_failure(pool, RawDriverCall(call), nth, error) };
             check_status("inject_failure", s);
+            if tracing() {
+                eprintln!("  call {call}, nth {nth}, error {error}");
+            }
             if let Some(m) = run.model(slot) {
                 m.injected += u32::from(s == SUCCESS);
             }
@@ -846,6 +935,13 @@ fn step(run: &mut Run, input: &mut Input<'_>) -> bool {
             // SAFETY: the function returns a NUL-terminated static string.
             let name = unsafe { CStr::from_ptr(flare_status_name(status)) };
             assert!(name.to_bytes().starts_with(b"FLARE_STATUS_"));
+        }
+    }
+    if let (Some(before), Some(s)) = (before, LAST_STATUS.get()) {
+        if NOTHING_CHANGED.contains(&s) {
+            if let Some(after) = counters(pool) {
+                assert_eq!(before, after, "op {op} returned {s:?} and changed the pool");
+            }
         }
     }
     true

@@ -55,7 +55,9 @@ stdcxx_dir=$(dirname "$(${CXX:-g++} -print-file-name=libstdc++.a)")
 export RUSTFLAGS="$RUSTFLAGS -Lnative=$stdcxx_dir"
 export CXXSTDLIB="static:-bundle=stdc++"
 echo "== building the fuzz targets (fuzz/, $host)"
-cargo build --release --locked --manifest-path fuzz/Cargo.toml --target "$host" \
+# Not --locked: fuzz/Cargo.lock pins what it has, and a dependency the package
+# gains later is added to it rather than failing the build.
+cargo build --release --manifest-path fuzz/Cargo.toml --target "$host" \
   $(printf -- '--bin %s ' "${targets[@]}")
 bin=fuzz/target/$host/release
 if [ "${FUZZ_BUILD_ONLY:-0}" = 1 ]; then
@@ -93,7 +95,12 @@ for t in "${targets[@]}"; do
   echo "== fuzzing $t for $seconds s"
   log=fuzz/artifacts/$t/last-run.log
   if "$bin/$t" "${args[@]}" >"$log" 2>&1; then
+    # The count of inputs run: the final stats line, or with -fork the last
+    # progress line ("#N: cov: ...").
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+    if [ -z "$runs" ]; then
+      runs=$(sed -n 's/^#\([0-9][0-9]*\): .*/\1/p' "$log" | tail -n 1)
+    fi
     echo "$t: no finding in $seconds s (${runs:-?} inputs run; log $log)"
   else
     status=1

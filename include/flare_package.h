@@ -1061,10 +1061,11 @@ enum FlareStatus flare_pool_record_flush(const struct FlarePool *pool);
  * Copies the first error of this pool's recording (the file could not be created,
  * or a write failed, e.g. a full disk; UTF-8) into `buf` as a NUL-terminated string
  * truncated to `len - 1` bytes, and returns its full length in bytes without the
- * NUL (a return `>= len`: call again with a larger buffer). Returns 0 while the
- * recording works, for a pool that does not record, and for a NULL pool. After an
- * error the recording has stopped (the file holds what was written before it); no
- * pool call ever failed for it. `buf` NULL or `len` 0: only the length.
+ * NUL (a return `>= len`: call again with a larger buffer). Returns 0, and writes
+ * the empty string (a NUL in `buf[0]`), while the recording works, for a pool that
+ * does not record, and for a NULL pool. After an error the recording has stopped
+ * (the file holds what was written before it); no pool call ever failed for it.
+ * `buf` NULL or `len` 0: only the length, nothing written.
  * Thread-safe.
  *
  * # Safety

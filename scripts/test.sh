@@ -3,9 +3,10 @@
 # unit and integration tests (simulated driver, property tests, header check), the
 # loom models, the C and C++ programs against the static library (plain, under
 # AddressSanitizer + UndefinedBehaviorSanitizer, under valgrind, and through CMake),
-# the Python package's tests (unittest, no PyTorch, no GPU) and the replay of every
-# shipped trace. Installs the system tools it needs
-# (cmake, valgrind) with apt-get when they are missing and it runs as root.
+# the Python package's tests (unittest, no PyTorch, no GPU), the replay of every
+# shipped trace and a short pass of each fuzz target (scripts/fuzz.sh). Installs the
+# system tools it needs (cmake, valgrind) with apt-get when they are missing and it
+# runs as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +28,7 @@ fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 echo "== cargo clippy -D warnings (the workspace; the library alone, without the testing feature)"
 cargo clippy --release --workspace --all-targets -- -D warnings
 cargo clippy --release -p flare-package --lib -- -D warnings
@@ -52,4 +54,6 @@ cargo build --release -p flare-package
 python3 -m unittest discover -s python/tests -v
 echo "== flare-replay on every shipped trace"
 cargo run --release --quiet --bin flare-replay -- tests/data/*.trace
+echo "== fuzzing, a short pass: 20 s per target (the README's Development table has the long run)"
+bash scripts/fuzz.sh all 20
 echo "all tests passed"

@@ -1248,6 +1248,38 @@ fn record_flush_and_record_error() {
     );
 }
 
+/// `flare_pool_record_error` with no error to copy (a pool whose recording works,
+/// one that does not record, NULL) still leaves `buf` a C string: the empty one,
+/// its NUL in `buf[0]`, nothing after it written (found by the `c_abi` fuzz target:
+/// the buffer was left as it was, so a caller printing it read what was there).
+#[test]
+#[allow(clippy::unwrap_used)] // a test: a failed step is its failure
+fn record_error_without_an_error_writes_the_empty_string() {
+    let path =
+        std::env::temp_dir().join(format!("flare-abi-record-ok-{}.trace", std::process::id()));
+    let path_c = CString::new(path.to_str().unwrap()).unwrap();
+    let mut recording = config();
+    recording.record_path = path_c.as_ptr();
+    let recording = create(&recording);
+    let plain = create(&config());
+    for pool in [recording.cast_const(), plain.cast_const(), ptr::null()] {
+        let mut buf = [0x55 as c_char; 16];
+        // SAFETY: `pool` is NULL or live; `buf` has 16 writable bytes.
+        let n = unsafe { flare_pool_record_error(pool, buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(n, 0);
+        assert_eq!(buf[0], 0, "the empty string");
+        assert!(buf[1..].iter().all(|&b| b == 0x55), "{buf:?}");
+        // `len` 0: nothing written.
+        let mut untouched = [0x55 as c_char; 4];
+        // SAFETY: as above; `len` 0.
+        let n = unsafe { flare_pool_record_error(pool, untouched.as_mut_ptr(), 0) };
+        assert_eq!((n, untouched), (0, [0x55 as c_char; 4]));
+    }
+    destroy(recording);
+    destroy(plain);
+    let _ = std::fs::remove_file(&path);
+}
+
 /// A sleep whose `cuMemRelease` the driver refuses keeps the handle (the tag's
 /// allocation sleeps with its physical memory held, `sleeping_held_bytes`): the
 /// destroy report still counts that allocation's bytes among the live bytes it

@@ -241,10 +241,11 @@ fn flare_pool_record_flush_inner(pool: Option<&FlarePool>) -> FlareStatus {
 /// Copies the first error of this pool's recording (the file could not be created,
 /// or a write failed, e.g. a full disk; UTF-8) into `buf` as a NUL-terminated string
 /// truncated to `len - 1` bytes, and returns its full length in bytes without the
-/// NUL (a return `>= len`: call again with a larger buffer). Returns 0 while the
-/// recording works, for a pool that does not record, and for a NULL pool. After an
-/// error the recording has stopped (the file holds what was written before it); no
-/// pool call ever failed for it. `buf` NULL or `len` 0: only the length.
+/// NUL (a return `>= len`: call again with a larger buffer). Returns 0, and writes
+/// the empty string (a NUL in `buf[0]`), while the recording works, for a pool that
+/// does not record, and for a NULL pool. After an error the recording has stopped
+/// (the file holds what was written before it); no pool call ever failed for it.
+/// `buf` NULL or `len` 0: only the length, nothing written.
 /// Thread-safe.
 ///
 /// # Safety
@@ -269,8 +270,9 @@ fn flare_pool_record_error_inner(
     buf: Option<&mut [MaybeUninit<std::ffi::c_char>]>,
 ) -> usize {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        pool.and_then(|p| p.pool.record_error())
-            .map_or(0, |e| super::boundary::copy_c_string(e.as_bytes(), buf))
+        // No error: the empty string (`buf` is a C string after every call).
+        let error = pool.and_then(|p| p.pool.record_error()).unwrap_or_default();
+        super::boundary::copy_c_string(error.as_bytes(), buf)
     }))
     .unwrap_or(0)
 }

@@ -28,6 +28,7 @@ mod streams;
 mod table;
 mod tag_gate;
 mod tags;
+mod too_large;
 mod wake_zero;
 
 pub(crate) use config::cross_stream_modes;
@@ -273,7 +274,7 @@ impl Pool {
 
     /// [`Pool::allocate_sync`], not recorded.
     fn allocate_sync_inner(&self, bytes: u64) -> Result<(DevicePtr, Option<u64>)> {
-        let block = self.block_size(bytes)?;
+        let block = self.checked_request(bytes)?;
         let want = self.want(bytes, block)?;
         // A cache hit checks tag 0's gate under the cache's mutex (`tag_gate.rs`).
         if self.caches.may_hold() {

@@ -92,10 +92,7 @@ impl Pool {
     /// [`Pool::allocate_async_raw`], not recorded.
     fn allocate_async_unrecorded(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
         // Bad input first (refused whatever tag 0's state), then tag 0's gate.
-        let block = self.block_size(bytes)?;
-        if block.is_none() {
-            self.rounded(bytes)?;
-        }
+        let block = self.checked_request(bytes)?;
         let entry = self.enter_untagged()?;
         let r = self.allocate_async_entered(bytes, block, stream);
         self.leave(entry);

@@ -665,10 +665,8 @@ impl Pool {
                 None => self.allocate_raw(bytes),
             };
         }
-        let whole = self.block_size(bytes)?.is_none();
-        if whole {
-            self.rounded(bytes)?;
-        }
+        // Bad input first (refused whatever the tag's state), then the tag's gate.
+        let whole = self.checked_request(bytes)?.is_none();
         let entry = self.enter_tagged(tag, whole)?;
         self.record_call_start();
         let r = self.allocate_tagged_unrecorded(bytes, stream, tag);
@@ -687,7 +685,7 @@ impl Pool {
         stream: Option<Stream>,
         tag: u32,
     ) -> Result<DevicePtr> {
-        if let Some(size) = self.block_size(bytes)? {
+        if let Some(size) = self.checked_request(bytes)? {
             return self.allocate_tag_block(tag, size, bytes, stream);
         }
         let (rounded, max_size) = self.sizes(bytes)?;

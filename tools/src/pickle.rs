@@ -15,6 +15,10 @@
 
 use std::fmt;
 
+// A text argument is quoted as the trace parser quotes a token: its first 40
+// characters and its length when it is longer (a 1 MB line is a one-line message).
+use flare_package::trace::Excerpt;
+
 /// The highest pickle protocol this reader takes (Python 3.8's and later's
 /// highest; `PROTO` names 2 to 5).
 pub const MAX_PROTOCOL: u8 = 5;
@@ -149,6 +153,24 @@ impl Pickle {
             .rev()
             .find(|&&(k, _)| matches!(self.obj(k), Some(Obj::Str(s)) if s == key))
             .map(|&(_, v)| v)
+    }
+
+    /// The values of the str keys `keys` of the dict at `id`, each its last value
+    /// (as [`Pickle::get`]), found in one pass over the dict's pairs: `N` lookups
+    /// in one dict cost one walk of it, not `N`. All `None` when `id` is not a dict.
+    pub fn get_all<const N: usize>(&self, id: ObjId, keys: [&str; N]) -> [Option<ObjId>; N] {
+        let mut found = [None; N];
+        let Some(Obj::Dict(pairs)) = self.obj(id) else {
+            return found;
+        };
+        for &(k, v) in pairs {
+            if let Some(Obj::Str(s)) = self.obj(k) {
+                if let Some(i) = keys.iter().position(|&key| key == s) {
+                    found[i] = Some(v);
+                }
+            }
+        }
+        found
     }
 
     /// The items of the list or tuple at `id`; `None` for any other object.
@@ -463,7 +485,9 @@ impl Machine<'_> {
                         {
                             Obj::BigInt
                         }
-                        Err(_) => return self.invalid(format!("{t:?} is not an int")),
+                        Err(_) => {
+                            return self.invalid(format!("{} is not an int", Excerpt::new(t)))
+                        }
                     },
                 };
                 self.push(obj);
@@ -478,7 +502,9 @@ impl Machine<'_> {
                 let text = self.line()?.to_string();
                 match text.parse::<f64>() {
                     Ok(f) => self.push(Obj::Float(f)),
-                    Err(_) => return self.invalid(format!("{text:?} is not a float")),
+                    Err(_) => {
+                        return self.invalid(format!("{} is not a float", Excerpt::new(&text)))
+                    }
                 }
             }
             0x8c => {
@@ -586,7 +612,10 @@ impl Machine<'_> {
             b'p' | b'g' => {
                 let text = self.line()?.to_string();
                 let Ok(i) = text.parse::<usize>() else {
-                    return self.invalid(format!("memo index {text:?} is not a number"));
+                    return self.invalid(format!(
+                        "memo index {} is not a number",
+                        Excerpt::new(&text)
+                    ));
                 };
                 if op == b'p' {
                     self.memo_put(i)?;
@@ -653,6 +682,22 @@ mod tests {
     }
 
     #[test]
+    fn get_all_finds_the_last_value_of_each_key() {
+        // {'a': 1, 'b': 2, 7: None, 'a': 3} as a pickle can write it (SETITEMS
+        // with 'a' twice): 'a' is 3 and 'b' 2, as Python's dict keeps.
+        let bytes: &[u8] = b"\x80\x04}(\x8c\x01aK\x01\x8c\x01bK\x02K\x07N\x8c\x01aK\x03u.";
+        let p = read(bytes).unwrap();
+        let [a, b, c] = p.get_all(p.root(), ["a", "b", "c"]);
+        assert_eq!(a.and_then(|v| p.int(v)), Some(3));
+        assert_eq!(b.and_then(|v| p.int(v)), Some(2));
+        assert_eq!(c, None);
+        assert_eq!([a, b], [p.get(p.root(), "a"), p.get(p.root(), "b")]);
+        // not a dict: nothing
+        let list = read(b"\x80\x04].").unwrap();
+        assert_eq!(list.get_all(list.root(), ["a"]), [None]);
+    }
+
+    #[test]
     fn protocols_2_to_5_only() {
         // pickle.dumps(None, P) for P in 2..=5 is b'\x80' P b'N.' (protocol 4 and 5
         // add a FRAME only for larger pickles).
@@ -671,6 +716,25 @@ mod tests {
                 }
                 other => panic!("protocol {protocol}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_long_text_argument_is_quoted_shortly() {
+        // PROTO 2, then INT, FLOAT and PUT with a text argument of 5000 bytes that is
+        // not what the opcode takes: the message quotes its start and its length.
+        for (op, what) in [(b'I', "an int"), (b'F', "a float"), (b'p', "a number")] {
+            let mut bytes = vec![0x80, 2, b'N', op];
+            bytes.extend(std::iter::repeat_n(b'x', 5000));
+            bytes.extend_from_slice(b"\n.");
+            let Err(e @ PickleError::Invalid { at: 3, .. }) = read(&bytes) else {
+                panic!("{}: {:?}", char::from(op), read(&bytes));
+            };
+            let message = e.to_string();
+            let start = &message[..message.len().min(100)];
+            assert!(message.len() < 200, "{} bytes: {start}...", message.len());
+            assert!(message.contains("(5000 bytes)"), "{message}");
+            assert!(message.contains(what), "{message}");
         }
     }
 

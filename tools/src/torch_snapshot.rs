@@ -29,7 +29,7 @@
 //! counted ([`Summary::skipped_frees`]).
 #![forbid(unsafe_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::fmt::Write as _;
 
@@ -471,12 +471,63 @@ pub fn decode(bytes: &[u8]) -> Result<Pickle, SnapshotError> {
     })
 }
 
+/// The keys of an event dict the importer reads: their values, if present.
+#[derive(Clone, Copy, Debug, Default)]
+struct EventKeys {
+    action: Option<ObjId>,
+    addr: Option<ObjId>,
+    size: Option<ObjId>,
+}
+
+/// [`EventKeys`] of each event dict, looked up once per dict ([`Pickle::get_all`])
+/// however many times the pickle's memo shares it.
+struct EventKeysCache<'a> {
+    p: &'a Pickle,
+    seen: HashMap<ObjId, EventKeys>,
+}
+
+impl<'a> EventKeysCache<'a> {
+    fn new(p: &'a Pickle) -> Self {
+        EventKeysCache {
+            p,
+            seen: HashMap::new(),
+        }
+    }
+
+    /// The keys of the dict at `event` (all `None` when it is not a dict).
+    fn get(&mut self, event: ObjId) -> EventKeys {
+        let p = self.p;
+        *self.seen.entry(event).or_insert_with(|| {
+            let [action, addr, size] = p.get_all(event, ["action", "addr", "size"]);
+            EventKeys { action, addr, size }
+        })
+    }
+}
+
+/// An int key of an event that the importer reads.
+#[derive(Clone, Copy, Debug)]
+enum Field {
+    /// `addr`.
+    Addr,
+    /// `size`.
+    Size,
+}
+
+impl Field {
+    fn name(self) -> &'static str {
+        match self {
+            Field::Addr => "addr",
+            Field::Size => "size",
+        }
+    }
+}
+
 /// One event as the importer needs it.
 struct Ev<'a> {
     p: &'a Pickle,
     /// Index in the device's list.
     index: usize,
-    dict: ObjId,
+    keys: EventKeys,
     action: &'a str,
     device: usize,
 }
@@ -489,8 +540,13 @@ impl Ev<'_> {
     /// 2^62: an address plus a size (rounded up to 512 bytes) never overflows, and a
     /// size stays within the flare-trace limit of 2^63 (real addresses and sizes are
     /// far below: 57-bit virtual addresses, devices of a few hundred GiB).
-    fn uint(&self, key: &str) -> Result<u64, SnapshotError> {
-        let v = self.p.get(self.dict, key).ok_or_else(|| {
+    fn uint(&self, field: Field) -> Result<u64, SnapshotError> {
+        let key = field.name();
+        let v = match field {
+            Field::Addr => self.keys.addr,
+            Field::Size => self.keys.size,
+        };
+        let v = v.ok_or_else(|| {
             SnapshotError::Layout(format!(
                 "event {} of device {} (`{}`) has no `{key}` (device_traces[{}][{}])",
                 self.index, self.device, self.action, self.device, self.index
@@ -571,6 +627,12 @@ pub fn import(name: &str, bytes: &[u8], options: &Options) -> Result<Imported, S
             p.type_name(traces)
         ))
     })?;
+    // Events are read through `keys`, once per event dict and once per device
+    // list: the pickle's memo shares objects, so a few bytes can name a large list
+    // or dict again and again, and walking it at each reference is quadratic work
+    // (issue 34: 70,000 devices sharing one event list, 65,000 events sharing one
+    // dict of 130,000 keys, took 11 to 18 s).
+    let mut keys = EventKeysCache::new(&p);
     let mut per_device = Vec::with_capacity(traces.len());
     for (d, &t) in traces.iter().enumerate() {
         per_device.push(p.items(t).ok_or_else(|| {
@@ -583,16 +645,24 @@ pub fn import(name: &str, bytes: &[u8], options: &Options) -> Result<Imported, S
     // A device whose only events are PyTorch's own markers (a `snapshot` taken, an
     // `oom` reported) allocated nothing: a snapshot from a two-GPU machine that used
     // one has a `snapshot` event on the other.
-    let allocating: Vec<bool> = per_device
-        .iter()
-        .map(|t| {
-            t.iter().any(|&e| {
-                p.get(e, "action")
-                    .and_then(|a| p.str(a))
-                    .is_none_or(|a| a != "snapshot" && a != "oom")
-            })
-        })
-        .collect();
+    let mut list_allocates: HashMap<ObjId, bool> = HashMap::new();
+    let mut allocating = Vec::with_capacity(traces.len());
+    for (&t, events) in traces.iter().zip(&per_device) {
+        let allocates = match list_allocates.get(&t) {
+            Some(&a) => a,
+            None => {
+                let a = events.iter().any(|&e| {
+                    keys.get(e)
+                        .action
+                        .and_then(|a| p.str(a))
+                        .is_none_or(|a| a != "snapshot" && a != "oom")
+                });
+                list_allocates.insert(t, a);
+                a
+            }
+        };
+        allocating.push(allocates);
+    }
     let device = choose_device(&allocating, options.device)?;
     let events = per_device.get(device).copied().unwrap_or(&[]);
     let mut parsed = Vec::with_capacity(events.len());
@@ -605,7 +675,8 @@ pub fn import(name: &str, bytes: &[u8], options: &Options) -> Result<Imported, S
                 p.type_name(e)
             )));
         }
-        let action = match p.get(e, "action") {
+        let found = keys.get(e);
+        let action = match found.action {
             Some(a) => p.str(a).ok_or_else(|| {
                 SnapshotError::Layout(format!(
                     "event {index} of device {device}: `action` is a {}, not a str \
@@ -624,7 +695,7 @@ pub fn import(name: &str, bytes: &[u8], options: &Options) -> Result<Imported, S
         parsed.push(Ev {
             p: &p,
             index,
-            dict: e,
+            keys: found,
             action,
             device,
         });
@@ -694,14 +765,17 @@ fn choose_device(per_device: &[bool], asked: Option<usize>) -> Result<usize, Sna
              torch.cuda.memory._record_memory_history on while the program allocated?",
             per_device.len()
         ))),
-        several => Err(SnapshotError::Device(format!(
-            "devices {} have events: choose one with --device",
-            several
-                .iter()
-                .map(usize::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))),
+        several => {
+            // At most 8 named: a message, not a list of every device.
+            let mut named: Vec<String> = several.iter().take(8).map(usize::to_string).collect();
+            if several.len() > 8 {
+                named.push(format!("... ({} devices)", several.len()));
+            }
+            Err(SnapshotError::Device(format!(
+                "devices {} have events: choose one with --device",
+                named.join(", ")
+            )))
+        }
     }
 }
 
@@ -781,8 +855,8 @@ fn tensor_events(events: &[Ev<'_>], s: &Settings, w: &mut Writer) -> Result<(), 
     for ev in events {
         match ev.action {
             "alloc" => {
-                let addr = ev.uint("addr")?;
-                let size = ev.uint("size")?;
+                let addr = ev.uint(Field::Addr)?;
+                let size = ev.uint(Field::Size)?;
                 let block = if modelled {
                     layout.alloc(addr, size)
                 } else {
@@ -798,11 +872,11 @@ fn tensor_events(events: &[Ev<'_>], s: &Settings, w: &mut Writer) -> Result<(), 
                 w.alloc(ev, addr, bytes)?;
             }
             "free_requested" => {
-                w.free(ev.uint("addr")?);
+                w.free(ev.uint(Field::Addr)?);
             }
-            "free_completed" => layout.free(ev.uint("addr")?),
-            "segment_alloc" => layout.segment_alloc(ev.uint("addr")?, ev.uint("size")?),
-            "segment_free" => layout.segment_free(ev.uint("addr")?),
+            "free_completed" => layout.free(ev.uint(Field::Addr)?),
+            "segment_alloc" => layout.segment_alloc(ev.uint(Field::Addr)?, ev.uint(Field::Size)?),
+            "segment_free" => layout.segment_free(ev.uint(Field::Addr)?),
             _ => {}
         }
     }
@@ -817,8 +891,8 @@ fn segment_events(events: &[Ev<'_>], w: &mut Writer) -> Result<(), SnapshotError
     for ev in events {
         match ev.action {
             "segment_alloc" | "segment_map" => {
-                let addr = ev.uint("addr")?;
-                let size = ev.uint("size")?;
+                let addr = ev.uint(Field::Addr)?;
+                let size = ev.uint(Field::Size)?;
                 if size == 0 {
                     return Err(SnapshotError::Unsupported(format!(
                         "{}: a segment of 0 bytes",
@@ -831,11 +905,11 @@ fn segment_events(events: &[Ev<'_>], w: &mut Writer) -> Result<(), SnapshotError
                 }
             }
             "segment_free" => {
-                w.free(ev.uint("addr")?);
+                w.free(ev.uint(Field::Addr)?);
             }
             "segment_unmap" => {
-                let addr = ev.uint("addr")?;
-                let end = addr.saturating_add(ev.uint("size")?);
+                let addr = ev.uint(Field::Addr)?;
+                let end = addr.saturating_add(ev.uint(Field::Size)?);
                 // The mappings that overlap [addr, end): each must lie inside it.
                 let mut inside = Vec::new();
                 let before = mapped.range(..addr).next_back().map(|(&a, &s)| (a, s));

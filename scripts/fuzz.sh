@@ -11,6 +11,7 @@
 # than FUZZ_TIMEOUT seconds, more than 2 GiB of memory) stops the run, is written to
 # fuzz/artifacts/TARGET/ and fails the script. Reproduce one with
 #   fuzz/target/HOST/release/TARGET fuzz/artifacts/TARGET/crash-...
+# (FLARE_FUZZ_TRACE=1 makes c_abi print each call it makes and its status).
 #
 # Environment: FUZZ_JOBS=N runs N processes per target (libFuzzer's -fork);
 # FUZZ_TIMEOUT (default 10) seconds per input; FUZZ_BUILD_ONLY=1 builds only.

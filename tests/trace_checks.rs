@@ -251,3 +251,21 @@ fn a_recorded_only_line_in_a_plain_trace_is_refused() {
     assert_eq!(line, 1);
     assert!(trace::parse_str("t", &recorded("a 1 4096\nx 2\n")).is_ok());
 }
+
+/// A `# flare-pool` header whose value cannot be read is refused with a message of
+/// bounded length: the value is quoted by its start and its length (a fuzzer's
+/// 100,000-byte value gave a 100 KB message before).
+#[test]
+fn an_unreadable_header_value_is_quoted_shortly() {
+    let long = "x".repeat(100_000);
+    let text = format!("# flare-pool policy=exact segment_whole_threshold={long}\na 1 4096\n");
+    let err = trace::parse_str("t", &text).unwrap_err().to_string();
+    assert!(
+        err.len() < 400,
+        "{} bytes: {}",
+        err.len(),
+        &err[..400.min(err.len())]
+    );
+    assert!(err.contains("segment_whole_threshold="), "{err}");
+    assert!(err.contains("(100000 bytes)"), "{err}");
+}

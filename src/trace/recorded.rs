@@ -2,7 +2,7 @@
 //! comment line a recording pool writes first (`docs/trace-format.md`, "Recorded
 //! traces"), read back so that a replay runs with the recorded pool's settings.
 
-use super::Problem;
+use super::{Excerpt, Problem};
 use crate::driver::sim::SimConfig;
 use crate::pool::{Backend, CrossStreamReuse, PoolConfig, ReusePolicy};
 
@@ -73,8 +73,11 @@ impl Default for RecordedConfig {
     }
 }
 
+/// A header field that cannot be read, quoted as an [`Excerpt`] (a value of any
+/// length gives a message of bounded length).
 fn bad(key: &str, value: &str) -> Problem {
-    Problem::RecordedConfig(format!("{key}={value:?} cannot be read"))
+    // `key` is one of the names this file matches on; `value` is the trace's.
+    Problem::RecordedConfig(format!("{key}={} cannot be read", Excerpt::new(value)))
 }
 
 fn number<T: std::str::FromStr>(key: &str, value: &str) -> Result<T, Problem> {

@@ -393,15 +393,26 @@ impl BlockLayout {
     }
 }
 
-/// Up to 8 of a dict's str keys, for a message (`its keys: "a", "b"`).
+/// The most bytes [`some_keys`] spends on quoted keys: a message stays one short
+/// line whatever the keys hold (an excerpt of escaped control characters is up to
+/// about 250 bytes; 8 of them made a message of 1.9 KB, a fuzz finding).
+const SOME_KEYS_BYTES: usize = 400;
+
+/// Up to 8 of a dict's str keys, for a message (`its keys: "a", "b"`), no more of
+/// them than [`SOME_KEYS_BYTES`] hold (at least one).
 fn some_keys(p: &Pickle, dict: ObjId) -> String {
     let keys = p.str_keys(dict);
-    let mut names: Vec<String> = keys
-        .iter()
-        .take(8)
-        .map(|k| Excerpt::new(k).to_string())
-        .collect();
-    if keys.len() > 8 {
+    let mut names: Vec<String> = Vec::new();
+    let mut used = 0;
+    for k in keys.iter().take(8) {
+        let name = Excerpt::new(k).to_string();
+        if !names.is_empty() && used + name.len() > SOME_KEYS_BYTES {
+            break;
+        }
+        used += name.len() + 2;
+        names.push(name);
+    }
+    if keys.len() > names.len() {
         names.push(format!("... ({} keys)", keys.len()));
     }
     if names.is_empty() {

@@ -196,3 +196,34 @@ fn events_sharing_one_dict_of_many_keys_are_read_once() {
         assert_eq!(imported.summary.skipped_frees, skipped);
     }
 }
+
+/// A refusal's message stays short whatever the pickle's text: a dict without
+/// `device_traces` whose keys are 9 strings of 50 control characters (each escaped
+/// to 6 bytes in a message) is refused in at most 1,024 bytes, one line (a fuzz
+/// finding: 8 quoted keys of escaped bytes made a message of about 2 KB).
+#[test]
+fn a_refusal_naming_keys_of_escaped_text_is_short() {
+    let mut p = vec![PROTO, 4, EMPTY_DICT, MARK];
+    for k in 0..9u8 {
+        let mut key = "\u{1}".repeat(49);
+        key.push(char::from(b'a' + k));
+        short_str(&mut p, &key);
+        p.push(NONE);
+    }
+    p.extend_from_slice(&[SETITEMS, STOP]);
+    let options = Options {
+        level: Level::Tensor,
+        device: None,
+    };
+    let message = match import("keys.pickle", &p, &options) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a dict without device_traces was imported"),
+    };
+    assert!(message.contains("device_traces"), "{message}");
+    assert!(!message.contains('\n'), "{message:?}");
+    assert!(
+        message.len() <= 1024,
+        "{} bytes: {message:?}",
+        message.len()
+    );
+}

@@ -102,7 +102,7 @@ pub(crate) fn config(input: &mut Input<'_>) -> Config {
     if c.backend == FlareBackend::FLARE_BACKEND_CUDA as u32 {
         c.backend = FlareBackend::FLARE_BACKEND_SIMULATED as u32;
     }
-    // A simulated device of at most 1 GiB (0, the default, would be 140 GiB): the
+    // A simulated device of at most 256 MiB (0, the default, would be 140 GiB): the
     // simulated driver's copies (an offload sleep, its wake) take time linear in the
     // bytes copied, a page of 4 KiB at a time, so a sleep of 100 GiB takes seconds,
     // a time no input's length bounds.

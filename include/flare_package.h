@@ -375,7 +375,9 @@ typedef struct FlarePoolConfig {
      * on Windows; any bytes elsewhere); NULL (the default) records nothing. Read
      * during `flare_pool_create` only (the caller keeps ownership). The file is
      * created or truncated then; lines are buffered and written by a thread of
-     * the pool's; `flare_pool_destroy` writes the rest. A file that cannot be
+     * the pool's; `flare_pool_destroy` writes the rest. A recording pool runs its
+     * calls one at a time (the file is the order they ran in; for diagnosis,
+     * not production). A file that cannot be
      * created or written (a missing directory, no permission, a full disk) stops
      * the recording and never fails a call, `flare_pool_create` included: the
      * error is printed once on standard error and kept

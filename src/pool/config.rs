@@ -275,6 +275,9 @@ pub struct PoolConfig {
     /// created (or truncated) when the pool is created, with a header naming this
     /// configuration; lines are buffered and written by a thread of the pool's, and
     /// the pool's drop (or [`Pool::destroy`](crate::Pool::destroy)) writes the rest.
+    /// A recording pool runs its calls one at a time (the file is the order they
+    /// ran in, so a replay decides as they did: issue 34), a cost for diagnosis,
+    /// not for production.
     /// A file that cannot be created or written (a missing directory, no
     /// permission, a full disk) stops the recording and never fails a pool call,
     /// creation included: the error is reported once on standard error and kept

@@ -259,6 +259,7 @@ impl Pool {
 
     /// [`Pool::allocate_raw`]; with the guard's key when a thread cache served it.
     fn allocate_sync(&self, bytes: u64) -> Result<(DevicePtr, Option<u64>)> {
+        let _order = self.record_order();
         self.record_call_start();
         let r = self.allocate_sync_inner(bytes);
         match &r {
@@ -552,6 +553,7 @@ impl Pool {
     /// through the thread caches when they handed it out or may hold it, else in
     /// the books.
     fn free_inner(&self, ptr: DevicePtr, id: Option<u64>) -> Result<()> {
+        let _order = self.record_order();
         // Tag 0's memory through the caches: they check its gate under their mutex.
         let gate = &self.gate;
         if let Some(freed) = self
@@ -706,6 +708,7 @@ impl Pool {
 
     /// Opens the scope; returns its epoch.
     fn begin_scope(&self) -> Result<u64> {
+        let _order = self.record_order();
         let mut st = lock(&self.state);
         if st.counters.scope_open {
             return Err(Error::ScopeState("a retention scope is already open"));
@@ -760,6 +763,7 @@ impl Pool {
 
     /// Closes the open scope; with `epoch`, only if it is that scope.
     fn close_scope(&self, aborted: bool, epoch: Option<u64>) -> Result<()> {
+        let _order = self.record_order();
         let epoch = {
             let mut st = lock(&self.state);
             if !st.counters.scope_open {
@@ -803,6 +807,7 @@ impl Pool {
     /// Errors: [`Error::ScopeState`] inside a retention scope (nothing retained is
     /// released there); [`Error::Driver`] with the first step the driver refused.
     pub fn trim(&self) -> Result<()> {
+        let _order = self.record_order();
         let r = self.release_idle(true);
         if !matches!(r, Err(Error::ScopeState(_))) {
             // The pinned host buffer a wake kept for the next offload: host memory

@@ -17,11 +17,12 @@
 //! ([`Pool::record_error`](super::Pool::record_error)) and reported once on standard
 //! error.
 //!
-//! Ordering: a free is recorded once it has won the allocation and before the memory
-//! can be handed out again, an allocation once it succeeded, so a free of an address
-//! comes before the allocation that reuses it, from any thread. What the pool learns
-//! from outside (a stream's work seen complete, an out-of-memory from the driver) is
-//! recorded where it is learnt, before the line of the call that learnt it.
+//! Ordering: while recording, the calls that change the pool run one at a time, each
+//! holding [`Pool::record_order`] from its start to its last line, so the file is
+//! the order the calls ran in, from any thread, and a replay in one thread makes the
+//! decisions the recorded calls made. What the pool learns from outside (a stream's
+//! work seen complete, an out-of-memory from the driver) is recorded where it is
+//! learnt, before the line of the call that learnt it.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -115,6 +116,8 @@ impl Shared {
 
 /// A pool's recording (see the module documentation).
 pub(super) struct Recorder {
+    /// Held by each recorded call from its start to its last line ([`Pool::record_order`]).
+    order: parking_lot::ReentrantMutex<()>,
     shared: Arc<Shared>,
     tx: Mutex<Option<mpsc::Sender<Msg>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -152,6 +155,7 @@ impl Recorder {
                 .ok()
         });
         let r = Recorder {
+            order: parking_lot::ReentrantMutex::new(()),
             shared,
             tx: Mutex::new(writer.as_ref().map(|_| tx)),
             writer: Mutex::new(writer),
@@ -419,6 +423,25 @@ impl Pool {
                 forget_ooms();
             }
         }
+    }
+
+    /// While recording, the order of the calls that change the pool: each holds the
+    /// returned guard from before its first locked section to after its last line,
+    /// so the file lists the calls in the order they ran, and a replay in one
+    /// thread decides as each call did. `None` (nothing held) when not recording.
+    ///
+    /// Why the whole call: an allocation decides to create memory in one locked
+    /// section and knows its address only after the driver calls outside the lock;
+    /// a call of another thread that learnt a fence complete meanwhile (a `done`
+    /// line) would otherwise come first in the file, and the replay would reuse the
+    /// memory that fence frees where the recorded call created new memory (issue
+    /// 34: a four-thread recording replayed 4 MiB under its recorded peak once in
+    /// forty). Reentrant: a recorded call made inside another (a tag-0 allocation
+    /// through the tagged function) takes it again. Recording is for diagnosis: a
+    /// pool that records runs its calls one at a time.
+    #[inline]
+    pub(super) fn record_order(&self) -> Option<parking_lot::ReentrantMutexGuard<'_, ()>> {
+        self.rec.as_ref().map(|r| r.order.lock())
     }
 
     /// An allocation call starts: out-of-memory answers counted by an earlier call

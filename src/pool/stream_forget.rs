@@ -75,6 +75,7 @@ impl Pool {
     /// on it must end before it is destroyed; the driver refuses to destroy a
     /// capturing stream too).
     pub fn forget_stream(&self, stream: Stream) -> Result<()> {
+        let _order = self.record_order();
         check_forgettable(stream)?;
         let mut st = lock(&self.state);
         let key = stream_key(stream);

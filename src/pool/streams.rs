@@ -76,6 +76,7 @@ impl Pool {
     /// stream while a blocking stream is captured: `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`),
     /// or on a backend without streams (`CUDA_ERROR_NOT_SUPPORTED`).
     pub fn allocate_async_raw(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
+        let _order = self.record_order();
         self.record_call_start();
         let r = self.allocate_async_unrecorded(bytes, stream);
         match &r {
@@ -337,6 +338,7 @@ impl Pool {
         stream: Stream,
         id: Option<u64>,
     ) -> Result<()> {
+        let _order = self.record_order();
         self.settle_if_cached(ptr);
         let capture = self.driver.stream_capture(stream);
         let mut st = lock(&self.state);
@@ -460,6 +462,7 @@ impl Pool {
     /// of this pool; [`Error::TagState`] while its tag sleeps (its memory is
     /// unmapped).
     pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
+        let _order = self.record_order();
         self.settle_if_cached(ptr);
         let mut st = lock(&self.state);
         let slot = *st.live.get(&ptr).ok_or(Error::UnknownPointer { ptr })?;

@@ -658,6 +658,7 @@ impl Pool {
         stream: Option<Stream>,
         tag: u32,
     ) -> Result<DevicePtr> {
+        let _order = self.record_order();
         if tag == 0 {
             self.record_call_start();
             return match stream {
@@ -978,6 +979,7 @@ impl Pool {
     /// stream work that the release could not release: trim, then sleep again);
     /// nothing changed then. [`Error::Driver`] as above.
     pub fn sleep(&self, tag: u32, mode: SleepMode) -> Result<()> {
+        let _order = self.record_order();
         // Before anything: a device synchronize during a capture would break it.
         self.refuse_during_foreign_capture()?;
         {
@@ -1516,6 +1518,7 @@ impl Pool {
     /// stream ([`Pool::wake_zeroed`]). Recorded once the tag is awake (a failed
     /// memset leaves it awake).
     pub(super) fn wake_zeroing(&self, tag: u32, zero: Option<Stream>) -> Result<()> {
+        let _order = self.record_order();
         let (woken, zeroed) = self.wake_unrecorded(tag, zero);
         if let (Some(rec), Ok(())) = (&self.rec, &woken) {
             rec.line(&format!("wake {tag}"));

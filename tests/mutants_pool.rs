@@ -2062,9 +2062,11 @@ fn recording_hooked_pool(
 
 /// Recording (`docs/trace-format.md`): "`done STREAM MARK`: the pool saw STREAM's
 /// work complete through its MARK-th mark ... a stream's `done` marks increase". Two
-/// trims that wait on the same fence (the second runs while the first waits on it,
-/// outside the lock) learn the same completion; it is written once, and the recorded
-/// trace parses.
+/// trims that wait on the same fence learn the same completion; it is written once,
+/// and the recorded trace parses. A recording pool runs its calls one at a time
+/// (`Pool::record_order`, issue 34), so the second trim, started on another thread
+/// while the first waits on the fence outside the books' lock, waits for the first
+/// (without the order lock, it ran then and learnt the completion too).
 #[test]
 fn a_completion_two_release_points_learn_is_recorded_once() {
     let (path, pool, driver, sim) = recording_hooked_pool("done-once.trace");
@@ -2075,14 +2077,18 @@ fn a_completion_two_release_points_learn_is_recorded_once() {
     pool.free_async_raw(p, s).unwrap();
     assert_eq!(pool.snapshot().events_outstanding, 0);
     let weak = Arc::downgrade(&pool);
+    let second = Arc::new(std::sync::Mutex::new(None));
+    let started = second.clone();
     driver.arm(DriverCall::EventSynchronize, None, move || {
         let other = weak.upgrade().expect("the pool");
-        std::thread::spawn(move || other.trim())
-            .join()
-            .unwrap()
-            .expect("the second trim");
+        let t = std::thread::spawn(move || other.trim());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!t.is_finished(), "the second trim ran during the first");
+        *started.lock().unwrap() = Some(t);
     });
     pool.trim().unwrap();
+    let t = second.lock().unwrap().take().expect("the hook ran");
+    t.join().unwrap().expect("the second trim");
     let snap = pool.snapshot();
     assert_eq!((snap.physical_bytes, snap.events_outstanding), (0, 0));
     assert_eq!(pool.record_error(), None);

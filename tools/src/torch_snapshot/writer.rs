@@ -27,12 +27,7 @@ impl Writer {
     /// overlaps a live allocation (two live blocks or segments never share a byte;
     /// a block's size here is at most the real block's: the layout's, or the
     /// request rounded as the caching allocator rounds it at least).
-    fn alloc(
-        &mut self,
-        ev: &Ev<'_>,
-        addr: u64,
-        bytes: u64,
-    ) -> Result<(), SnapshotError> {
+    fn alloc(&mut self, ev: &Ev<'_>, addr: u64, bytes: u64) -> Result<(), SnapshotError> {
         if let Some(&(_, since)) = self.live.get(&addr) {
             return Err(SnapshotError::Unsupported(format!(
                 "{}: address {addr:#x} is live (allocated by event {since} and not freed): \

@@ -419,7 +419,7 @@ for line in open(sys.argv[2]):
   # pool take more than one session on a small machine).
   seen=$({
     git rev-parse HEAD
-    git status --porcelain -- src tests ffi-tests | sed 's/^/uncommitted: /'
+    git status --porcelain -- src tests | sed 's/^/uncommitted: /'
   })
   iterate=${MUTANTS_ITERATE:-0}
   [ "${MUTANTS_RETRY:-0}" != 0 ] && iterate=1

@@ -48,7 +48,7 @@ CARGO_PROFILE_RELEASE_OVERFLOW_CHECKS=true CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CAR
 echo "== loom models (the whole workspace's tests under --cfg flare_loom: the models run, every other test is left out, nothing fails)"
 RUSTFLAGS="--cfg flare_loom" CARGO_TARGET_DIR=target/loom cargo test --release --workspace -- --nocapture --test-threads=1
 echo "== C and C++ programs linking the static library"
-bash ffi-tests/run.sh
+bash tests/ffi/run.sh
 echo "== the Python package (python/): loading, the missing-library error, the PyTorch entry points on the simulated driver (no torch, no GPU)"
 cargo build --release -p flare-package
 python3 -m unittest discover -s python/tests -v

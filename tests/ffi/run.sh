@@ -6,7 +6,7 @@
 # (leak detection on), under valgrind (memcheck, definite leaks are errors), and the
 # CMake consumer project when cmake is present. Exits non-zero on any failure.
 #
-#   bash ffi-tests/run.sh
+#   bash tests/ffi/run.sh
 #
 # Needs: cargo, gcc, g++ (with libasan/libubsan, as Debian's gcc ships them),
 # valgrind, and optionally cmake (>= 3.18). On Debian/Ubuntu:
@@ -18,7 +18,7 @@
 # allocations included) is freed by exit.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/.." && pwd)
+root=$(cd "$here/../.." && pwd)
 build="$here/build"
 mkdir -p "$build"
 cd "$root"
@@ -165,11 +165,11 @@ else
   echo "== CMake consumer: SKIPPED (cmake not installed: apt-get install -y cmake)"
 fi
 
-echo "== GPU smoke program compiles (run it on a GPU machine with ffi-tests/gpu/run.sh)"
+echo "== GPU smoke program compiles (run it on a GPU machine with tests/ffi/gpu/run.sh)"
 gcc -std=c11 "${warn[@]}" -I"$root/include" -c "$here/gpu/cuda_smoke.c" -o "$build/cuda_smoke.o"
 
 if [ ${#failures[@]} -ne 0 ]; then
-  echo "ffi-tests FAILED: ${failures[*]}"
+  echo "tests/ffi FAILED: ${failures[*]}"
   exit 1
 fi
-echo "ffi-tests: all passed"
+echo "tests/ffi: all passed"

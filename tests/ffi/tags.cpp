@@ -13,7 +13,7 @@
 // its addresses; offload keeps each live allocation's requested bytes in host memory
 // (the snapshot's offloaded_bytes); wake maps new handles at the same addresses.
 //
-// The last line printed is "N passed, 0 failed" (ffi-tests/run.sh checks it).
+// The last line printed is "N passed, 0 failed" (tests/ffi/run.sh checks it).
 #include "flare_package.h"
 
 #include <cstdint>

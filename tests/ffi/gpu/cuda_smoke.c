@@ -3,7 +3,7 @@
  * cuMemcpyDtoH, free, and reuse inside a retention scope (the retained mapping keeps
  * its bytes). Needs a GPU and libcuda.so.1; prints "N passed, N failed" last.
  *
- *   ffi-tests/gpu/run.sh [path/to/libflare_package.a] [device]
+ *   tests/ffi/gpu/run.sh [path/to/libflare_package.a] [device]
  *
  * The CUDA driver API is loaded with dlopen, so building needs no CUDA toolkit. The
  * test's own driver calls need a current context: it retains the device's primary

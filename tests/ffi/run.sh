@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the release static library, then compiles and runs the C11 and C++17 ABI
 # tests, the C++17 tag program (tags.cpp), the out-of-memory path of flare_torch_alloc
-# (torch_oom.cpp with a stand-in for PyTorch's torchCheckFail, fake_c10.cpp) and the C program of README.md (extracted from it, so that the README cannot
-# drift) against it: plainly, under AddressSanitizer + UndefinedBehaviorSanitizer
+# (torch_oom.cpp with a stand-in for PyTorch's torchCheckFail, fake_c10.cpp) and the
+# C and C++ examples (examples/c/warmup.c, examples/cpp/warmup.cpp; README.md's C
+# lines must be lines of the C example, so that the README cannot drift) against it:
+# plainly, under AddressSanitizer + UndefinedBehaviorSanitizer
 # (leak detection on), under valgrind (memcheck, definite leaks are errors), and the
 # CMake consumer project when cmake is present. Exits non-zero on any failure.
 #
@@ -50,7 +52,7 @@ run() {
   fi
 }
 
-# run_exit0 NAME COMMAND...: runs a program that must exit 0 (the README example).
+# run_exit0 NAME COMMAND...: runs a program that must exit 0 (the examples).
 run_exit0() {
   local name=$1; shift
   echo "-- $name"
@@ -98,29 +100,38 @@ printf '#include "flare_package.h"\n#include "flare_package.h"\nint main(void) {
 gcc -std=c11 "${warn[@]}" -I"$root/include" -fsyntax-only "$build/header_only.c"
 g++ -std=c++17 "${warn[@]}" -I"$root/include" -fsyntax-only -x c++ "$build/header_only.c"
 
-echo "== README.md's C program (the first \`\`\`c block under \"## Using it from C or C++\")"
-awk '/^## Using it from C or C\+\+/ { section = 1; next }
-     /^## / { section = 0 }
-     section && !done && /^```c$/ { inside = 1; next }
-     inside && /^```$/ { inside = 0; done = 1; next }
-     inside { print }' "$root/README.md" > "$build/readme_example.c"
-grep -q 'int main' "$build/readme_example.c" || { echo "no C program found in README.md" >&2; exit 1; }
-# The README's own build line, with the paths of this checkout.
-compile_readme() { # compile_readme OUT EXTRA_FLAGS...
-  local out=$1; shift
-  gcc -std=c11 "${warn[@]}" "$@" -I"$root/include" "$build/readme_example.c" "$lib" "${syslibs[@]}" -o "$out"
+echo "== README.md's C lines (its first \`\`\`c block) are lines of examples/c/warmup.c"
+awk '/^```c$/ { inside = 1; next }
+     inside && /^```$/ { exit }
+     inside { print }' "$root/README.md" > "$build/readme_lines.c"
+[ -s "$build/readme_lines.c" ] || { echo "no \`\`\`c block found in README.md" >&2; exit 1; }
+while IFS= read -r line; do
+  [ -z "$line" ] && continue
+  grep -Fxq -- "$line" "$root/examples/c/warmup.c" ||
+    { echo "README.md's C line is not a line of examples/c/warmup.c: $line" >&2; exit 1; }
+done < "$build/readme_lines.c"
+# The examples' own build lines (their first comment), with the paths of this checkout.
+compile_example() { # compile_example OUT c|cpp EXTRA_FLAGS...
+  local out=$1 lang=$2; shift 2
+  if [ "$lang" = c ]; then
+    gcc -std=c11 "${warn[@]}" "$@" -I"$root/include" "$root/examples/c/warmup.c" "$lib" "${syslibs[@]}" -o "$out"
+  else
+    g++ -std=c++17 "${warn[@]}" "$@" -I"$root/include" "$root/examples/cpp/warmup.cpp" "$lib" "${syslibs[@]}" -o "$out"
+  fi
 }
 
 echo "== plain"
 compile "$build/lifecycle_c" c -O2
 compile "$build/lifecycle_cpp" cpp -O2
 compile "$build/tags_cpp" tags -O2
-compile_readme "$build/readme_example" -O2
+compile_example "$build/example_c" c -O2
+compile_example "$build/example_cpp" cpp -O2
 build_torch_oom "" -O2
 run "C11" "$build/lifecycle_c"
 run "C++17" "$build/lifecycle_cpp"
 run "C++17 tags" "$build/tags_cpp"
-run_exit0 "README example" "$build/readme_example"
+run_exit0 "C example" "$build/example_c"
+run_exit0 "C++ example" "$build/example_cpp"
 run_torch_oom "" ""
 
 if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
@@ -129,14 +140,16 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   compile "$build/lifecycle_c_asan" c "${san[@]}"
   compile "$build/lifecycle_cpp_asan" cpp "${san[@]}"
   compile "$build/tags_cpp_asan" tags "${san[@]}"
-  compile_readme "$build/readme_example_asan" -g "${san[@]}"
+  compile_example "$build/example_c_asan" c -g "${san[@]}"
+  compile_example "$build/example_cpp_asan" cpp -g "${san[@]}"
   build_torch_oom _asan "${san[@]}"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   run "C11 asan+ubsan" "$build/lifecycle_c_asan"
   run "C++17 asan+ubsan" "$build/lifecycle_cpp_asan"
   run "C++17 tags asan+ubsan" "$build/tags_cpp_asan"
-  run_exit0 "README example asan+ubsan" "$build/readme_example_asan"
+  run_exit0 "C example asan+ubsan" "$build/example_c_asan"
+  run_exit0 "C++ example asan+ubsan" "$build/example_cpp_asan"
   run_torch_oom " asan+ubsan" _asan
   unset ASAN_OPTIONS UBSAN_OPTIONS
 fi
@@ -148,7 +161,8 @@ if [ "${SKIP_VALGRIND:-0}" != 1 ]; then
   run "C11 valgrind" "${vg[@]}" "$build/lifecycle_c"
   run "C++17 valgrind" "${vg[@]}" "$build/lifecycle_cpp"
   run "C++17 tags valgrind" "${vg[@]}" "$build/tags_cpp"
-  run_exit0 "README example valgrind" "${vg[@]}" "$build/readme_example"
+  run_exit0 "C example valgrind" "${vg[@]}" "$build/example_c"
+  run_exit0 "C++ example valgrind" "${vg[@]}" "$build/example_cpp"
   # The process-wide PyTorch allocator is never destroyed: its tables show as
   # "possibly lost" (interior pointers); definite leaks are still errors.
   run_torch_oom " valgrind" "" "${vg[@]}" --show-possibly-lost=no

@@ -1,7 +1,7 @@
 //! Passes the loom switch on to rustdoc. `RUSTFLAGS="--cfg flare_loom"` reaches
-//! rustc but not rustdoc, so without this the README's doctest would be collected in
-//! the loom build and run against loom's locks outside a loom model (which panics).
-//! Re-emitting the cfg from here gives it to both.
+//! rustc but not rustdoc, so without this the crate documentation's doctests would
+//! be collected in the loom build and run against loom's locks outside a loom model
+//! (which panics). Re-emitting the cfg from here gives it to both.
 
 fn main() {
     // Only this file decides what the script prints (cfgs come from RUSTFLAGS, which

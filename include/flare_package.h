@@ -122,7 +122,7 @@ typedef enum FlareReusePolicy {
      * The smallest idle mapping at least as large as the rounded request whose
      * excess over it is at most the best-fit waste bound, a percentage of the
      * request (`best_fit_max_waste_percent`, default 30%, chosen by replaying
-     * real traces, see BENCHMARKS.md). The default policy.
+     * real traces, see docs/benchmarks.md). The default policy.
      */
     FLARE_REUSE_BEST_FIT = 0,
     /**
@@ -312,7 +312,7 @@ typedef struct FlarePoolConfig {
      * `FLARE_REUSE_BEST_FIT` only: the largest excess of an idle mapping over the
      * rounded request that a reuse accepts, percent of the request (100: up to twice
      * the size). `flare_pool_config_init` writes the default, 30 (chosen by
-     * replaying real traces, BENCHMARKS.md); 0 is also taken as that default (a
+     * replaying real traces, docs/benchmarks.md); 0 is also taken as that default (a
      * bound of 0% is `FLARE_REUSE_EXACT`). Added in 0.1.0 after `sim_device_count`,
      * in what was the struct's tail padding (`sizeof` stayed 64): a caller compiled
      * with an older header must have initialised or zeroed the whole struct.

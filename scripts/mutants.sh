@@ -46,8 +46,8 @@
 #
 # Not part of .ci/run (too slow); run it before resolving an issue that changes
 # these files. Results: mutants.out/<area>/ (cargo-mutants' own output; its lists,
-# *.txt, and commit.txt, the commit it ran on, are committed) and
-# mutants.out/summary.txt. Where an area's source changed since a run, the summary
+# *.txt, and commit.txt, the commit it ran on) and mutants.out/summary.txt, run
+# output that git ignores (docs/mutation-testing.md is the record of the scores). Where an area's source changed since a run, the summary
 # says STALE and does not count that run's results on the changed lines (a change only
 # to a file's trailing test module, which is not mutated and can only catch more,
 # leaves it current); those mutants count as not run until a run sees them.
@@ -415,11 +415,11 @@ for line in open(sys.argv[2]):
     out=mutants.out/$area
     rm -rf "mutants.out/$area"-shard-* "mutants.out/$area"-retry
   fi
-  # The commit the run sees (its lists, *.txt, are committed: the shards of the pool
-  # take more than one session on a small machine).
+  # The commit the run sees (its lists, *.txt, are kept beside it: the shards of the
+  # pool take more than one session on a small machine).
   seen=$({
     git rev-parse HEAD
-    git status --porcelain -- src tests ffi-tests | sed 's/^/uncommitted: /'
+    git status --porcelain -- src tests | sed 's/^/uncommitted: /'
   })
   iterate=${MUTANTS_ITERATE:-0}
   [ "${MUTANTS_RETRY:-0}" != 0 ] && iterate=1

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test of the project that needs no GPU: formatting and lints, the Rust
 # unit and integration tests (simulated driver, property tests, header check), the
-# loom models, the C and C++ programs against the static library (plain, under
-# AddressSanitizer + UndefinedBehaviorSanitizer, under valgrind, and through CMake),
-# the Python package's tests (unittest, no PyTorch, no GPU), the replay of every
-# shipped trace and a short pass of each fuzz target (scripts/fuzz.sh). Installs the
-# system tools it needs (cmake, valgrind) with apt-get when they are missing and it
-# runs as root.
+# loom models, the C and C++ programs and examples against the static library (plain,
+# under AddressSanitizer + UndefinedBehaviorSanitizer, under valgrind, and through
+# CMake), the Python package's tests (unittest, no PyTorch, no GPU), the Rust and
+# Python examples (examples/), the replay of every shipped trace and a short pass of
+# each fuzz target (scripts/fuzz.sh). Installs the system tools it needs (cmake,
+# valgrind) with apt-get when they are missing and it runs as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,13 +47,16 @@ CARGO_PROFILE_RELEASE_OVERFLOW_CHECKS=true CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CAR
   cargo test --release -p flare-package
 echo "== loom models (the whole workspace's tests under --cfg flare_loom: the models run, every other test is left out, nothing fails)"
 RUSTFLAGS="--cfg flare_loom" CARGO_TARGET_DIR=target/loom cargo test --release --workspace -- --nocapture --test-threads=1
-echo "== C and C++ programs linking the static library"
-bash ffi-tests/run.sh
+echo "== C and C++ programs and examples (examples/c, examples/cpp) linking the static library"
+bash tests/ffi/run.sh
 echo "== the Python package (python/): loading, the missing-library error, the PyTorch entry points on the simulated driver (no torch, no GPU)"
 cargo build --release -p flare-package
 python3 -m unittest discover -s python/tests -v
+echo "== the Rust and Python examples on the simulated driver (examples/warmup.rs, examples/python/warmup.py)"
+cargo run --release --quiet -p flare-package --example warmup
+python3 examples/python/warmup.py --simulated
 echo "== flare-replay on every shipped trace"
 cargo run --release --quiet --bin flare-replay -- tests/data/*.trace
-echo "== fuzzing, a short pass: 20 s per target (the README's Development table has the long run)"
+echo "== fuzzing, a short pass: 20 s per target (docs/development.md has the long run)"
 bash scripts/fuzz.sh all 20
 echo "all tests passed"

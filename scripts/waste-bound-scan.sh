@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Replays the shipped traces under best-fit with a range of waste bounds and prints
 # the peak physical GiB of each (the measurement behind the default bound; see
-# BENCHMARKS.md). Usage: bash scripts/waste-bound-scan.sh [PERCENT...]
+# docs/benchmarks.md). Usage: bash scripts/waste-bound-scan.sh [PERCENT...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin flare-replay

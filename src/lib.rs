@@ -1,6 +1,8 @@
-// The README is the crate's documentation, and its Rust snippet a doctest. The loom
-// build (`--cfg flare_loom`) leaves it out: its locks work only inside a loom model.
-#![cfg_attr(not(flare_loom), doc = include_str!("../README.md"))]
+// The Rust guide (docs/rust-guide.md) is the crate's documentation, and its Rust
+// blocks doctests; README.md's Rust block is a doctest too (`ReadmeDoctests`, below).
+// The loom build (`--cfg flare_loom`) leaves them out: its locks work only inside a
+// loom model.
+#![cfg_attr(not(flare_loom), doc = include_str!("../docs/rust-guide.md"))]
 #![cfg_attr(flare_loom, doc = "flare-package, built for the loom models.")]
 #![deny(missing_docs)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
@@ -15,6 +17,12 @@ pub mod torch;
 pub mod trace;
 
 pub(crate) mod sync;
+
+// README.md's code blocks, compiled and run by `cargo test --doc` only (never built
+// into the library, never rendered).
+#[cfg(all(doctest, not(flare_loom)))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 pub use driver::sim::{SimConfig, SimDriver};
 pub use driver::{

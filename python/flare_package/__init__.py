@@ -24,7 +24,7 @@ The package is pure Python over the shared library the Rust crate builds
 ``scripts/install-python.sh``, then ``target/release`` of the checkout this file
 is in) and raises ``LibraryNotFound`` naming every path it tried. The pools are
 configured with ``FLARE_TORCH_*`` environment variables, read at the first
-allocation (README, "PyTorch"). ``FLARE_TORCH_RECORD=PATH`` records every pool's
+allocation (docs/pytorch-guide.md). ``FLARE_TORCH_RECORD=PATH`` records every pool's
 calls as flare-trace v1, one file per pool (``PATH.dev0.tensor.trace``,
 ``PATH.dev0.mempool.trace``, ``PATH.dev0.graph-1.trace``, ...); ``load()``
 registers an exit handler that writes what is buffered (``record_flush()``), and

@@ -26,7 +26,7 @@ macro_rules! reuse_policies {
             /// The smallest idle mapping at least as large as the rounded request whose
             /// excess over it is at most the best-fit waste bound, a percentage of the
             /// request (`best_fit_max_waste_percent`, default 30%, chosen by replaying
-            /// real traces, see BENCHMARKS.md). The default policy.
+            /// real traces, see docs/benchmarks.md). The default policy.
             BestFit = 0, FLARE_REUSE_BEST_FIT, "best-fit";
             /// Only an idle mapping of exactly the rounded size.
             Exact = 1, FLARE_REUSE_EXACT, "exact";
@@ -107,7 +107,7 @@ pub const SEGMENT_SMALL_MAX_BYTES: u64 = 1 << 20;
 pub const SEGMENT_BLOCK_ROUND_BYTES: u64 = 512;
 
 /// The default of `segment_whole_threshold_bytes`: no request takes a whole mapping
-/// in segment mode (chosen on the shipped traces, see BENCHMARKS.md).
+/// in segment mode (chosen on the shipped traces, see docs/benchmarks.md).
 pub const DEFAULT_SEGMENT_WHOLE_THRESHOLD_BYTES: u64 = u64::MAX;
 
 impl Default for ReusePolicy {
@@ -139,7 +139,7 @@ impl std::str::FromStr for ReusePolicy {
 /// The default waste bound of [`ReusePolicy::BestFit`], percent of the rounded
 /// request. Chosen by replaying the four shipped real traces
 /// (`flare-replay --policy best-fit --best-fit-waste-percent N tests/data/*.trace`,
-/// table in BENCHMARKS.md): every bound from 20% to 37% keeps best-fit at or below
+/// table in docs/benchmarks.md): every bound from 20% to 37% keeps best-fit at or below
 /// `exact` on every trace (above 37% the graph-warmup segment trace peaks 0.8 GiB
 /// higher than `exact`), while the tensor traces' peaks fall with the bound; 30% is
 /// the middle of that band.
@@ -316,7 +316,7 @@ pub const DEFAULT_THREAD_CACHE_ENTRIES: u32 = 32;
 /// Default [`PoolConfig::thread_cache_bytes`]: 1 GiB per thread. It bounds what one
 /// thread keeps idle, not what the pool holds: a miss drains every cache before the
 /// pool creates memory. 64 MiB spilled to the books in the cross-thread benchmark
-/// (2 to 8 MiB allocations, 16 in flight per thread: BENCHMARKS.md).
+/// (2 to 8 MiB allocations, 16 in flight per thread: docs/benchmarks.md).
 pub const DEFAULT_THREAD_CACHE_BYTES: u64 = 1 << 30;
 
 impl PoolConfig {

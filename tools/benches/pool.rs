@@ -27,7 +27,7 @@
 //!   each policy (best-fit, segments; parsing and the pool's creation outside the
 //!   timed loop, its drop too); throughput in events per second.
 //!
-//! Run: `cargo bench --bench pool` (see BENCHMARKS.md).
+//! Run: `cargo bench --bench pool` (see docs/benchmarks.md).
 
 use std::hint::black_box;
 use std::path::PathBuf;

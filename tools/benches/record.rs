@@ -7,7 +7,7 @@
 //!
 //! Recording appends two lines per pair (`a 0x... 1048576`, `f 0x...`) to one
 //! buffer under a mutex; a writer thread writes it out. The ratio on/off is the
-//! figure in BENCHMARKS.md (issue 17 asks at most 2x).
+//! figure in docs/benchmarks.md (issue 17 asks at most 2x).
 //!
 //! Run: `cargo bench -p flare-tools --bench record`.
 

@@ -1,0 +1,2 @@
+# Empty compiler generated dependencies file for flare_cmake_smoke_cpp.
+# This may be replaced when dependencies are built.

@@ -1,0 +1,3 @@
+#include "flare_package.h"
+#include "flare_package.h"
+int main(void) { return 0; }

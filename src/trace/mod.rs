@@ -3,7 +3,7 @@
 //! excerpts they quote; `parse.rs` the parser of each line's form; `parsed.rs` a
 //! parsed trace and its reference figures; `check.rs` the keywords ([`KEYWORDS`]) and
 //! the rules the lines keep together; `recorded.rs` the header of recorded traces;
-//! the replay is in `replay.rs`.
+//! the replay is in `replay/`.
 //!
 //! The format is described in `docs/trace-format.md`: one event per line (a keyword
 //! of [`KEYWORDS`] and its fields: `a ID BYTES`, `f ID`, `begin`, `finish`, `abort`,
@@ -23,7 +23,7 @@
 //!   huge line never makes a huge message.
 //! - [`Trace::lower_bound_bytes`] and [`Trace::no_reuse_bytes`] are the two reference
 //!   figures of a trace that any replay can be judged against.
-//! - [`replay`] runs a trace on a pool and returns a [`ReplayReport`] (`replay.rs`).
+//! - [`replay`] runs a trace on a pool and returns a [`ReplayReport`] (`replay/`).
 #![forbid(unsafe_code)]
 
 mod check;

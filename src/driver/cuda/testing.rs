@@ -11,7 +11,9 @@ use std::ptr;
 
 use cudarc::driver::sys;
 
-use super::{code, cu_capture_mode, cu_stream, to_usize, CudaDriver, Stage};
+use super::context::Stage;
+use super::conversions::{code, cu_capture_mode, cu_stream, to_usize};
+use super::CudaDriver;
 use crate::driver::{CaptureMode, CuResult, DevicePtr, DriverCall, DriverError, Stream};
 
 /// `sum_repeat(data, n, iters, out)`: one block; each thread walks `data[0..n)` (u32)
@@ -695,8 +697,17 @@ mod tests {
     use crate::driver::cuda::{CAPTURE_INFO_SYMBOLS, REQUIRED_SYMBOLS};
 
     fn backend_calls() -> Vec<&'static str> {
-        let mut backend = driver_functions_called(include_str!("mod.rs"));
-        backend.extend(driver_functions_called(include_str!("testing.rs")));
+        let mut backend = Vec::new();
+        for source in [
+            include_str!("mod.rs"),
+            include_str!("context.rs"),
+            include_str!("conversions.rs"),
+            include_str!("open.rs"),
+            include_str!("trait_impl.rs"),
+            include_str!("testing.rs"),
+        ] {
+            backend.extend(driver_functions_called(source));
+        }
         backend
     }
 

@@ -47,8 +47,8 @@ pub use testing::{
 /// for `cuStreamGetCaptureInfo` (one of [`CAPTURE_INFO_SYMBOLS`]).
 /// [`CudaDriver::new`] checks that libcuda exports each of them, so that no later call
 /// can hit cudarc's panic on a missing symbol (a unit test checks that every
-/// `sys::cu*` call in this file and in `testing.rs` is in one of the two lists, and
-/// every one in `cuda_baseline.rs` is here or in its own list).
+/// `sys::cu*` call in the files of this backend, `testing/` included, is in one of
+/// the two lists, and every one in `cuda_baseline.rs` is here or in its own list).
 pub const REQUIRED_SYMBOLS: [&str; 46] = [
     "cuInit",
     "cuDeviceGet",

@@ -129,9 +129,9 @@ impl fmt::Display for CuResult {
 ///
 /// Written once: [`DriverCall`] with [`DriverCall::ALL`],
 /// [`DriverCall::MEMORY_CALLS`] and [`DriverCall::cuda_name`] (here) and the C ABI's
-/// `FlareDriverCall` with its integer conversion and name table (`ffi/types.rs`) are
-/// generated from it. `driver_calls!(generator! { head })` expands to
-/// `generator! { head rows }`.
+/// `FlareDriverCall` with its integer conversion and name table
+/// (`ffi/types/driver_call.rs`) are generated from it.
+/// `driver_calls!(generator! { head })` expands to `generator! { head rows }`.
 macro_rules! driver_calls {
     ($gen:ident! { $($head:tt)* }) => {
         $gen! {

@@ -1,8 +1,10 @@
 //! PyTorch's entry points (issue 14): the functions `CUDAPluggableAllocator` and
 //! its hooks call, over one process-wide [`TorchAllocator`] made on first use from
 //! the environment ([`TorchConfig::from_env`]: `FLARE_TORCH_*`), and the functions
-//! the Python package (`python/flare_package`) calls through ctypes: stats, trim,
-//! retention, the out-of-memory handler, the simulated backend's controls.
+//! the Python package (`python/flare_package`) calls through ctypes: the
+//! out-of-memory handler and the simulated backend's choice here; stats, trim,
+//! retention and a stream's end in `torch_controls.rs`; the simulated backend's
+//! controls in `torch_sim.rs`.
 //!
 //! ABI: PyTorch stores each function as a C++ `std::function` of the type its
 //! `CUDAPluggableAllocator.h` declares and calls it with the Itanium C++ ABI, which
@@ -14,7 +16,7 @@
 //! the `std::function<bool(cudaStream_t)>` filter of `beginAllocateToPool` has a
 //! non-trivial destructor and is passed by invisible reference (a pointer), taken
 //! here as an opaque pointer and never touched (we decide which allocations belong
-//! to the pool ourselves: `torch.rs`).
+//! to the pool ourselves: `src/torch/`).
 //!
 //! Hooks return nothing, so failures are recorded: the thread's last error
 //! (`flare_last_error_message`) and a process-wide count
@@ -25,22 +27,20 @@
 //! `flare_torch_alloc` (declared `extern "C-unwind"` for that reason).
 
 use std::ffi::{c_char, c_int, c_void, CString};
-use std::mem::MaybeUninit;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use super::boundary::{boundary, c_buffer, copy_c_string, out_arg, set_last_error};
-use super::sim::{create_stream_on, end_capture_on, handle, refused};
+use super::boundary::{boundary, set_last_error};
 use super::stream::stream_of;
 use super::torch_oom::{self, OomFn};
 use super::types::{FlareStatus, FlareStream};
 use crate::driver::sim::SimConfig;
-use crate::driver::{CaptureMode, DevicePtr};
+use crate::driver::DevicePtr;
 use crate::pool::Backend;
 use crate::torch::{TorchAllocator, TorchConfig};
-use crate::{Error, SimDriver};
+use crate::Error;
 
 /// The process's allocator: made on first use from the environment, or by
 /// `flare_torch_use_simulated`. A configuration error is kept and returned by every
@@ -466,263 +466,5 @@ pub extern "C" fn flare_torch_use_simulated(capacity_bytes: u64, device_count: u
                     .into(),
             )
         })
-    })
-}
-
-/// Copies the stats of `device` as a JSON object (UTF-8; see
-/// `TorchAllocator::stats_json`: the tensor and mempool pools' snapshot counters by
-/// name, each graph pool's, and `physical_bytes` over them all) into `buf`,
-/// NUL-terminated and truncated to `len - 1` bytes, and returns its full length
-/// (a return `>= len`: call again with a larger buffer). `buf` NULL or `len` 0:
-/// only the length. A device never used: `{"device":N,...,"created":false}`. When the
-/// allocator cannot be made (a bad `FLARE_TORCH_*` variable), the JSON is
-/// `{"error": "..."}`. Thread-safe.
-///
-/// # Safety
-/// `buf` is NULL or points to at least `len` writable bytes.
-#[no_mangle]
-pub unsafe extern "C" fn flare_torch_stats(device: c_int, buf: *mut c_char, len: usize) -> usize {
-    // SAFETY: `buf` is NULL or has `len` writable bytes, by the caller's contract.
-    flare_torch_stats_inner(device, unsafe { c_buffer(buf, len) })
-}
-
-/// `flare_torch_stats` into the caller's buffer.
-fn flare_torch_stats_inner(device: c_int, buf: Option<&mut [MaybeUninit<c_char>]>) -> usize {
-    catch_unwind(AssertUnwindSafe(|| {
-        let json = match allocator() {
-            Ok(a) => a.stats_json(device),
-            Err(e) => format!("{{\"error\":{:?}}}", e.to_string()),
-        };
-        copy_c_string(json.as_bytes(), buf)
-    }))
-    .unwrap_or(0)
-}
-
-/// Releases what `device`'s tensor and mempool pools hold idle now (`trim()` in
-/// Python; `flare_torch_reset` does it for every device).
-///
-/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a device outside `0..64` or a bad
-/// `FLARE_TORCH_*` variable; `FLARE_STATUS_SCOPE_STATE` while a retention scope is
-/// open on the device; `FLARE_STATUS_DRIVER_ERROR` when a release step failed (kept
-/// and retried later). Thread-safe.
-#[no_mangle]
-pub extern "C" fn flare_torch_trim(device: c_int) -> FlareStatus {
-    boundary("flare_torch_trim", || allocator()?.trim(device))
-}
-
-/// Opens a retention scope on `device`'s tensor pool (`retention()` in Python):
-/// nothing freed is released until `flare_torch_retention_finish`.
-///
-/// Errors: `FLARE_STATUS_SCOPE_STATE` when one is open; `FLARE_STATUS_INVALID_ARGUMENT`
-/// for a bad device or variable; `FLARE_STATUS_NO_DRIVER` without a driver.
-/// Thread-safe.
-#[no_mangle]
-pub extern "C" fn flare_torch_retention_begin(device: c_int) -> FlareStatus {
-    boundary("flare_torch_retention_begin", || {
-        allocator()?.retention_begin(device)
-    })
-}
-
-/// Closes `device`'s retention scope (`abort` non-zero: counted as aborted) and
-/// releases what is idle (one synchronize).
-///
-/// Errors: `FLARE_STATUS_SCOPE_STATE` with none open; `FLARE_STATUS_DRIVER_ERROR`
-/// when a release step failed. Thread-safe.
-#[no_mangle]
-pub extern "C" fn flare_torch_retention_finish(device: c_int, abort: c_int) -> FlareStatus {
-    boundary("flare_torch_retention_finish", || {
-        allocator()?.retention_finish(device, abort != 0)
-    })
-}
-
-/// Forgets everything the pools of every device keep under `stream`'s handle
-/// (`forget_stream()` in Python): call it before destroying a stream that PyTorch
-/// did not create (one wrapped by `torch.cuda.ExternalStream`), so that a stream
-/// created later with the same handle value starts with no history (see
-/// `flare_pool_forget_stream`). PyTorch's own streams come from per-device pools that
-/// are never destroyed, and PyTorch has no allocator hook for a stream's end.
-///
-/// Errors (nothing changes): `FLARE_STATUS_INVALID_ARGUMENT` for NULL, 1 or 2 (the
-/// default streams, never destroyed) or a bad `FLARE_TORCH_*` variable;
-/// `FLARE_STATUS_STREAM_STATE` while `stream` is being captured. Thread-safe.
-#[no_mangle]
-pub extern "C" fn flare_torch_forget_stream(stream: FlareStream) -> FlareStatus {
-    boundary("flare_torch_forget_stream", || {
-        allocator()?.forget_stream(stream_of(stream))
-    })
-}
-
-/// The simulated driver of `device`.
-pub(super) fn sim(device: c_int) -> Result<Arc<SimDriver>, Error> {
-    allocator()?.sim_driver(device)
-}
-
-/// Simulated backend only: creates a non-blocking stream on `device` and writes its
-/// handle to `*out_stream` (as `flare_sim_stream_create` does for a pool).
-///
-/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL `out_stream` or a bad device;
-/// `FLARE_STATUS_NOT_SUPPORTED` on the CUDA backend. Thread-safe.
-///
-/// # Safety
-/// `out_stream` is NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn flare_torch_sim_stream_create(
-    device: c_int,
-    out_stream: *mut FlareStream,
-) -> FlareStatus {
-    // SAFETY: `out_stream` is NULL or writable, by the caller's contract.
-    flare_torch_sim_stream_create_inner(device, unsafe { out_arg(out_stream, "out_stream") })
-}
-
-/// `flare_torch_sim_stream_create` into the caller's output.
-fn flare_torch_sim_stream_create_inner(
-    device: c_int,
-    out_stream: Result<&mut MaybeUninit<FlareStream>, Error>,
-) -> FlareStatus {
-    boundary("flare_torch_sim_stream_create", || {
-        let out_stream = out_stream?;
-        let stream = create_stream_on(&*sim(device)?, device, || ())?;
-        out_stream.write(stream);
-        Ok(())
-    })
-}
-
-/// Simulated backend only: destroys `stream` of `device` (see
-/// `flare_sim_stream_destroy`): the next `flare_torch_sim_stream_create` on the
-/// device gets its handle again.
-///
-/// Errors: as `flare_torch_sim_launch` (a handle that is not a live stream, a stream
-/// in an open capture). Thread-safe.
-#[no_mangle]
-pub extern "C" fn flare_torch_sim_stream_destroy(
-    device: c_int,
-    stream: FlareStream,
-) -> FlareStatus {
-    boundary("flare_torch_sim_stream_destroy", || {
-        let code = sim(device)?.stream_destroy(handle(stream));
-        refused("cuStreamDestroy", stream, code)
-    })
-}
-
-/// Simulated backend only: queues work on `stream` of `device` that touches
-/// `[ptr, ptr + bytes)` until the stream completes (see `flare_sim_launch`).
-///
-/// Errors: `FLARE_STATUS_INVALID_ARGUMENT` when the simulated driver refuses (a
-/// range not mapped, a stream not of this device); `FLARE_STATUS_NOT_SUPPORTED` on
-/// the CUDA backend. Thread-safe.
-///
-/// # Safety
-/// `ptr` is a device address, never dereferenced.
-#[no_mangle]
-pub unsafe extern "C" fn flare_torch_sim_launch(
-    device: c_int,
-    stream: FlareStream,
-    ptr: *const c_void,
-    bytes: usize,
-) -> FlareStatus {
-    // No pointer is read: `ptr` is a device address, never dereferenced.
-    flare_torch_sim_launch_inner(device, stream, ptr, bytes)
-}
-
-/// `flare_torch_sim_launch`; `ptr` is never dereferenced.
-fn flare_torch_sim_launch_inner(
-    device: c_int,
-    stream: FlareStream,
-    ptr: *const c_void,
-    bytes: usize,
-) -> FlareStatus {
-    boundary("flare_torch_sim_launch", || {
-        let code = sim(device)?.launch(handle(stream), ptr as usize as u64, bytes as u64);
-        refused("cuLaunchKernel", stream, code)
-    })
-}
-
-/// Simulated backend only: the device completes the work queued on `stream` (see
-/// `flare_sim_stream_complete`).
-///
-/// Errors: as `flare_torch_sim_launch`. Thread-safe.
-#[no_mangle]
-pub extern "C" fn flare_torch_sim_stream_complete(
-    device: c_int,
-    stream: FlareStream,
-) -> FlareStatus {
-    boundary("flare_torch_sim_stream_complete", || {
-        let code = sim(device)?.stream_complete(handle(stream));
-        refused("stream completion", stream, code)
-    })
-}
-
-/// Simulated backend only: begins capturing `stream` on the calling thread, global
-/// mode (see `flare_sim_begin_capture`).
-///
-/// Errors: as `flare_torch_sim_launch`. Thread-safe.
-#[no_mangle]
-pub extern "C" fn flare_torch_sim_begin_capture(device: c_int, stream: FlareStream) -> FlareStatus {
-    boundary("flare_torch_sim_begin_capture", || {
-        let code = sim(device)?.stream_begin_capture(handle(stream), CaptureMode::Global);
-        refused("cuStreamBeginCapture", stream, code)
-    })
-}
-
-/// Simulated backend only: ends the capture of `stream` and writes 1 to
-/// `*out_valid` when it ended valid, 0 when something invalidated it (see
-/// `flare_sim_end_capture`).
-///
-/// Errors: as `flare_torch_sim_launch`, and a NULL `out_valid`. Thread-safe.
-///
-/// # Safety
-/// `out_valid` is NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn flare_torch_sim_end_capture(
-    device: c_int,
-    stream: FlareStream,
-    out_valid: *mut c_int,
-) -> FlareStatus {
-    // SAFETY: `out_valid` is NULL or writable, by the caller's contract.
-    flare_torch_sim_end_capture_inner(device, stream, unsafe { out_arg(out_valid, "out_valid") })
-}
-
-/// `flare_torch_sim_end_capture` into the caller's output.
-fn flare_torch_sim_end_capture_inner(
-    device: c_int,
-    stream: FlareStream,
-    out_valid: Result<&mut MaybeUninit<c_int>, Error>,
-) -> FlareStatus {
-    boundary("flare_torch_sim_end_capture", || {
-        let out_valid = out_valid?;
-        let valid = end_capture_on(&*sim(device)?, stream, || ())?;
-        out_valid.write(valid);
-        Ok(())
-    })
-}
-
-/// Simulated backend only: writes to `*out_faults` the contract faults `device`'s
-/// simulated driver has seen (unmapping memory queued work touches, handing memory
-/// to a stream while another's work still touches it, breaking a capture); a
-/// correct allocator keeps it at 0.
-///
-/// Errors: as `flare_torch_sim_launch`, and a NULL `out_faults`. Thread-safe.
-///
-/// # Safety
-/// `out_faults` is NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn flare_torch_sim_faults(
-    device: c_int,
-    out_faults: *mut u64,
-) -> FlareStatus {
-    // SAFETY: `out_faults` is NULL or writable, by the caller's contract.
-    flare_torch_sim_faults_inner(device, unsafe { out_arg(out_faults, "out_faults") })
-}
-
-/// `flare_torch_sim_faults` into the caller's output.
-fn flare_torch_sim_faults_inner(
-    device: c_int,
-    out_faults: Result<&mut MaybeUninit<u64>, Error>,
-) -> FlareStatus {
-    boundary("flare_torch_sim_faults", || {
-        let out_faults = out_faults?;
-        let faults = sim(device)?.contract_faults();
-        out_faults.write(faults);
-        Ok(())
     })
 }

@@ -10,7 +10,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use super::boundary::{boundary, c_buffer, copy_c_string};
 use super::stream::stream_of;
-use super::torch::{allocator, sim};
+use super::torch::allocator;
+use super::torch_sim::sim;
 use super::types::{FlareSleepMode, FlareStatus, FlareStream, RawSleepMode};
 use crate::driver::CuResult;
 use crate::{Error, SleepMode};

@@ -6,8 +6,9 @@
 //! (offload) or, for a discard sleep, zeroed on request ([`Pool::wake_zeroed`]). The
 //! mempool and graph pools are not touched.
 
-use super::{Error, Result, TorchAllocator};
+use super::TorchAllocator;
 use crate::driver::Stream;
+use crate::error::{Error, Result};
 use crate::pool::{Pool, SleepMode, TagCensus};
 
 impl TorchAllocator {

@@ -5,7 +5,9 @@
 // for library code).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use super::*;
-use crate::{CuResult, SimDriver};
+use crate::{
+    Backend, CrossStreamReuse, CuResult, Error, ReusePolicy, SimConfig, SimDriver, Stream,
+};
 
 const MIB: u64 = 1 << 20;
 

@@ -10,9 +10,10 @@
 //! stream capture.
 //!
 //! It also models streams, the work queued on them, events and stream captures per
-//! calling thread (`stream_calls.rs`, the model in `streams.rs`): the rows of the
-//! sections "Stream capture" and "Events and stream queries while another stream is
-//! captured" of `docs/vmm-semantics.md`, and a contract-fault counter
+//! calling thread (`stream_calls.rs`, `event_calls.rs`, `capture_calls.rs` and
+//! `stream_controls.rs`, the model in `streams.rs`): the rows of the sections "Stream
+//! capture" and "Events and stream queries while another stream is captured" of
+//! `docs/vmm-semantics.md`, and a contract-fault counter
 //! ([`SimDriver::contract_faults`]) for what would make work on the real device fault
 //! or a capture fail.
 //!
@@ -368,10 +369,13 @@ impl Drop for SimDriver {
 }
 
 mod calls;
+mod capture_calls;
 mod content;
 mod control;
+mod event_calls;
 mod model;
 mod stream_calls;
+mod stream_controls;
 mod streams;
 mod trait_impl;
 

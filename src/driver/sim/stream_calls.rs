@@ -1,5 +1,6 @@
-//! One concern in one file: the stream, event and capture calls of the simulated
-//! driver, each a row of docs/vmm-semantics.md.
+//! The stream calls of the simulated driver, each a row of docs/vmm-semantics.md, and
+//! the checks every wait makes; the event calls are in `event_calls.rs`, the capture
+//! calls in `capture_calls.rs`, the controls in `stream_controls.rs`.
 //!
 //! The stream, event and capture calls of the simulated driver, CUDA-shaped (raw
 //! `CUresult` answers), and the controls a test uses to stand in for the device
@@ -22,28 +23,24 @@
 //! the handle reaches the new stream.
 
 use super::model::Inner;
-use super::streams::{caller, merge, Breaks, CaptureRec, Clock, EventRec, Recorded, FIRST_STREAM};
+use super::streams::{caller, merge, Breaks, Clock, Recorded};
 use super::{
-    CaptureMode, CaptureStatus, SimCaptureInfo, SimDriver, SimFault, SimStreamCall, SimWork,
-    CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_NOT_READY,
-    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, CUDA_ERROR_STREAM_CAPTURE_MERGE,
-    CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
-    CU_STREAM_NON_BLOCKING,
+    CaptureMode, SimDriver, SimStreamCall, CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_INVALID_HANDLE,
+    CUDA_ERROR_NOT_READY, CUDA_ERROR_STREAM_CAPTURE_MERGE, CU_STREAM_NON_BLOCKING,
 };
-use crate::driver::{CuResult, DevicePtr};
+use crate::driver::CuResult;
 use crate::sync::lock;
 
 /// `Ok` as `CUDA_SUCCESS`, `Err(code)` as `code`.
-fn status(r: Result<(), CuResult>) -> CuResult {
+pub(super) fn status(r: Result<(), CuResult>) -> CuResult {
     match r {
         Ok(()) => CuResult::SUCCESS,
         Err(code) => code,
     }
 }
-
 impl Inner {
     /// Counts `call`; its injected failure, if this call is the one targeted.
-    fn begin_stream_call(&mut self, call: SimStreamCall) -> Result<(), CuResult> {
+    pub(super) fn begin_stream_call(&mut self, call: SimStreamCall) -> Result<(), CuResult> {
         match self.streams.begin(call) {
             Some(code) => Err(code),
             None => Ok(()),
@@ -59,7 +56,11 @@ impl Inner {
     /// section "Events and stream queries while another stream is captured").
     /// `Ok(None)`: nothing to wait for (never recorded, or recorded in a capture that
     /// has ended); `Ok(Some(clock))`: the work it covers.
-    fn event_gate(&mut self, event: u64, call: SimStreamCall) -> Result<Option<Clock>, CuResult> {
+    pub(super) fn event_gate(
+        &mut self,
+        event: u64,
+        call: SimStreamCall,
+    ) -> Result<Option<Clock>, CuResult> {
         self.begin_stream_call(call)?;
         let Some(e) = self.streams.events.get(&event) else {
             return Err(CUDA_ERROR_INVALID_HANDLE);
@@ -99,7 +100,11 @@ impl Inner {
     /// "Stream capture": it synchronizes with other streams, like a device-wide
     /// synchronize); else the thread-mode rule of [`CaptureMode`]. Returns the work
     /// queued on the stream so far.
-    fn stream_gate(&mut self, stream: u64, call: SimStreamCall) -> Result<Clock, CuResult> {
+    pub(super) fn stream_gate(
+        &mut self,
+        stream: u64,
+        call: SimStreamCall,
+    ) -> Result<Clock, CuResult> {
         self.begin_stream_call(call)?;
         let key = self
             .streams
@@ -136,7 +141,7 @@ impl Inner {
     /// while the capture is valid (the operation becomes a graph node),
     /// `Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)` once it is invalidated, `Ok(None)`
     /// when the stream is not being captured.
-    fn captured(&self, key: u64) -> Result<Option<u64>, CuResult> {
+    pub(super) fn captured(&self, key: u64) -> Result<Option<u64>, CuResult> {
         let Some(id) = self.streams.streams.get(&key).and_then(|s| s.capture) else {
             return Ok(None);
         };
@@ -219,113 +224,6 @@ impl Inner {
             }
         }
     }
-
-    fn event_destroy_locked(&mut self, event: u64) -> Result<(), CuResult> {
-        self.begin_stream_call(SimStreamCall::EventDestroy)?;
-        match self.streams.events.remove(&event) {
-            Some(_) => Ok(()),
-            None => Err(CUDA_ERROR_INVALID_HANDLE),
-        }
-    }
-
-    fn event_record_locked(&mut self, event: u64, stream: u64) -> Result<(), CuResult> {
-        self.begin_stream_call(SimStreamCall::EventRecord)?;
-        let key = self
-            .streams
-            .resolve(stream)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        if !self.streams.events.contains_key(&event) {
-            return Err(CUDA_ERROR_INVALID_HANDLE);
-        }
-        let recorded = match self.captured(key)? {
-            Some(capture) => Recorded::Captured { capture },
-            None => {
-                if let Some(code) = self.implicit_conflict(key, "cuEventRecord") {
-                    return Err(code);
-                }
-                let legacy = self.streams.streams.get(&key).is_some_and(|s| s.legacy);
-                Recorded::Work {
-                    frontier: self.streams.commit_frontier(key),
-                    legacy,
-                }
-            }
-        };
-        if let Some(e) = self.streams.events.get_mut(&event) {
-            e.recorded = recorded;
-        }
-        Ok(())
-    }
-
-    fn stream_begin_capture_locked(
-        &mut self,
-        stream: u64,
-        mode: CaptureMode,
-    ) -> Result<(), CuResult> {
-        self.begin_stream_call(SimStreamCall::StreamBeginCapture)?;
-        let key = self
-            .streams
-            .resolve(stream)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        match self.streams.streams.get(&key) {
-            Some(s) if s.legacy => return Err(CuResult::STREAM_CAPTURE_UNSUPPORTED),
-            Some(s) if s.capture.is_some() => return Err(CUDA_ERROR_ILLEGAL_STATE),
-            Some(_) => {}
-            None => return Err(CUDA_ERROR_INVALID_HANDLE),
-        }
-        let id = self.streams.next_capture;
-        self.streams.next_capture += 1;
-        self.streams.captures.insert(
-            id,
-            CaptureRec {
-                origin: key,
-                thread: caller(),
-                mode,
-                invalidated: false,
-                launches: 0,
-                members: vec![key],
-            },
-        );
-        if let Some(s) = self.streams.streams.get_mut(&key) {
-            s.capture = Some(id);
-        }
-        Ok(())
-    }
-
-    /// [`SimDriver::launch`] under the lock, for the driver function `call` (the name
-    /// a broken capture's fault gives): `Ok(true)` when queued, `Ok(false)` when
-    /// recorded into the stream's capture (nothing runs now).
-    pub(super) fn launch_locked(
-        &mut self,
-        call: &'static str,
-        stream: u64,
-        ptr: DevicePtr,
-        bytes: u64,
-    ) -> Result<bool, CuResult> {
-        let key = self
-            .streams
-            .resolve(stream)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        let device = self
-            .streams
-            .streams
-            .get(&key)
-            .map(|s| s.device)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        if !self.accessible(ptr, bytes, device) {
-            return Err(CuResult::INVALID_VALUE);
-        }
-        if let Some(id) = self.captured(key)? {
-            if let Some(c) = self.streams.captures.get_mut(&id) {
-                c.launches += 1;
-            }
-            return Ok(false);
-        }
-        if let Some(code) = self.implicit_conflict(key, call) {
-            return Err(code);
-        }
-        self.streams.queue(key, ptr, bytes);
-        Ok(true)
-    }
 }
 
 impl SimDriver {
@@ -391,6 +289,8 @@ impl SimDriver {
     /// [`SimFault::HandoffWhileQueued`]. Counts as [`SimStreamCall::StreamCreate`].
     ///
     /// Errors: `CUDA_ERROR_INVALID_VALUE` for any other flag bit.
+    ///
+    /// [`SimFault::HandoffWhileQueued`]: super::SimFault::HandoffWhileQueued
     pub fn stream_create_with_flags(&self, flags: u32) -> Result<u64, CuResult> {
         let mut st = lock(&self.inner);
         st.begin_stream_call(SimStreamCall::StreamCreate)?;
@@ -434,6 +334,8 @@ impl SimDriver {
     /// mode: on a stream that is itself being captured; on the legacy stream during any
     /// capture (it synchronizes with other streams, like `cuCtxSynchronize`, row
     /// "Stream capture"; not measured for the query itself).
+    ///
+    /// [`SimFault::CaptureBroken`]: super::SimFault::CaptureBroken
     pub fn stream_query(&self, stream: u64) -> CuResult {
         let mut st = lock(&self.inner);
         match st.stream_gate(stream, SimStreamCall::StreamQuery) {
@@ -477,338 +379,5 @@ impl SimDriver {
     /// legacy stream would join a capture (the legacy stream cannot be captured).
     pub fn stream_wait_event(&self, stream: u64, event: u64) -> CuResult {
         status(lock(&self.inner).stream_wait_event_locked(stream, event))
-    }
-
-    // ------------------------------------------------------------ events
-
-    /// `cuEventCreate`: an event, never recorded (a query or synchronize of it returns
-    /// `CUDA_SUCCESS` at once, as NVIDIA documents). Returns its handle (never 0, never
-    /// reused, never a stream's). Counts as [`SimStreamCall::EventCreate`]; fails only
-    /// when injected.
-    pub fn event_create(&self) -> Result<u64, CuResult> {
-        let mut st = lock(&self.inner);
-        st.begin_stream_call(SimStreamCall::EventCreate)?;
-        let e = st.streams.next_event;
-        st.streams.next_event += 1;
-        st.streams.events.insert(
-            e,
-            EventRec {
-                recorded: Recorded::Never,
-            },
-        );
-        Ok(e)
-    }
-
-    /// `cuEventDestroy`: the handle is refused from now on; the work it covered runs
-    /// on. Counts as [`SimStreamCall::EventDestroy`].
-    ///
-    /// Errors: [`CUDA_ERROR_INVALID_HANDLE`] for a handle that is not a live event.
-    pub fn event_destroy(&self, event: u64) -> CuResult {
-        status(lock(&self.inner).event_destroy_locked(event))
-    }
-
-    /// `cuEventRecord`: `event` now covers the work queued on `stream` so far, and all
-    /// that work was ordered after (on the legacy stream, the earlier work of every
-    /// blocking stream of its device; on a blocking stream, the legacy stream's). Row
-    /// "event record": legal in every mode, on any thread, and breaks no capture. On a
-    /// stream being captured the record is a graph node: querying or synchronizing the
-    /// event while that capture is open breaks it. Counts as
-    /// [`SimStreamCall::EventRecord`].
-    ///
-    /// Errors: [`CUDA_ERROR_INVALID_HANDLE`] for a handle that is not a live event or
-    /// stream; `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` on a stream whose capture is
-    /// invalidated; [`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`] on the legacy stream while a
-    /// blocking stream of its device is captured (the record would depend on it; that
-    /// capture is invalidated and a [`SimFault::CaptureBroken`] recorded).
-    pub fn event_record(&self, event: u64, stream: u64) -> CuResult {
-        status(lock(&self.inner).event_record_locked(event, stream))
-    }
-
-    /// `cuEventQuery`: `CUDA_SUCCESS` when the work `event` covers has completed (or it
-    /// was never recorded), [`CUDA_ERROR_NOT_READY`] when not. Row "event query
-    /// (recorded before or during the capture)": during a capture in global mode it
-    /// breaks from any thread; in thread-local mode from the capturing thread only
-    /// (another thread gets NOT_READY); in relaxed mode, or with the caller switched to
-    /// relaxed first ([`SimDriver::thread_exchange_capture_mode`]), it is legal and the
-    /// capture stays valid. Counts as [`SimStreamCall::EventQuery`].
-    ///
-    /// Errors: [`CUDA_ERROR_INVALID_HANDLE`] for a handle that is not a live event;
-    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, invalidating the captures in the way
-    /// (a [`SimFault::CaptureBroken`] for a stream capture), where the row says
-    /// "breaks"; also, whatever the modes, for an event recorded on the legacy stream
-    /// while any capture is open (section "Stream capture") and for an event recorded
-    /// inside a capture still open (NVIDIA: a call that necessarily conflicts with the
-    /// capture).
-    pub fn event_query(&self, event: u64) -> CuResult {
-        let mut st = lock(&self.inner);
-        match st.event_gate(event, SimStreamCall::EventQuery) {
-            Err(code) => code,
-            Ok(Some(f)) if !st.streams.is_complete(&f) => CUDA_ERROR_NOT_READY,
-            Ok(_) => CuResult::SUCCESS,
-        }
-    }
-
-    /// `cuEventSynchronize`: waits for the work `event` covers, which completes it
-    /// (and all it was ordered after) and nothing queued later; an event never recorded
-    /// returns at once. Row "event synchronize": the columns of
-    /// [`SimDriver::event_query`] (global mode: breaks from any thread; thread-local:
-    /// from the capturing thread; relaxed or caller switched to relaxed: legal). Counts
-    /// as [`SimStreamCall::EventSynchronize`].
-    ///
-    /// Errors: as [`SimDriver::event_query`]; a refused synchronize completes nothing.
-    pub fn event_synchronize(&self, event: u64) -> CuResult {
-        let mut st = lock(&self.inner);
-        match st.event_gate(event, SimStreamCall::EventSynchronize) {
-            Err(code) => code,
-            Ok(f) => {
-                if let Some(f) = f {
-                    st.streams.complete(&f);
-                }
-                CuResult::SUCCESS
-            }
-        }
-    }
-
-    // ------------------------------------------------------------ captures
-
-    /// `cuStreamBeginCapture(stream, mode)` on the calling thread: from now on
-    /// launches, event records and waits on `stream` are graph nodes, not work. `mode`
-    /// decides which other calls the capture forbids (see [`CaptureMode`]). Every VMM
-    /// call stays legal during it (row "cuMemCreate, ... all succeed; the capture ends
-    /// fine"); [`SimDriver::ctx_synchronize`] of any device breaks it, in every mode
-    /// (row "cuCtxSynchronize: STREAM_CAPTURE_UNSUPPORTED, and the capture is
-    /// invalidated"). Independent of the stream-less capture of
-    /// [`SimDriver::begin_capture`]. Counts as [`SimStreamCall::StreamBeginCapture`].
-    ///
-    /// Errors: [`CUDA_ERROR_INVALID_HANDLE`] for a handle that is not a live stream;
-    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` for the legacy stream (it cannot be
-    /// captured, as NVIDIA documents); [`CUDA_ERROR_ILLEGAL_STATE`] when the stream is
-    /// already being captured.
-    pub fn stream_begin_capture(&self, stream: u64, mode: CaptureMode) -> CuResult {
-        status(lock(&self.inner).stream_begin_capture_locked(stream, mode))
-    }
-
-    /// `cuStreamEndCapture`: ends the capture `stream` began; every stream in it leaves
-    /// it. Counts as [`SimStreamCall::StreamEndCapture`].
-    ///
-    /// Returns `CUDA_SUCCESS` when nothing broke the capture, and
-    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` when something did (a call the table
-    /// "Events and stream queries while another stream is captured" marks "breaks",
-    /// `cuCtxSynchronize`, a legacy-stream event wait): the capture ends either way.
-    ///
-    /// Errors (the capture stays open): [`CUDA_ERROR_INVALID_HANDLE`] for a handle that
-    /// is not a live stream; [`CUDA_ERROR_ILLEGAL_STATE`] when `stream` is not being
-    /// captured; [`CUDA_ERROR_STREAM_CAPTURE_UNMATCHED`] when it joined a capture
-    /// another stream began; [`CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`] when the
-    /// capture was not begun in relaxed mode and the caller is not the thread that
-    /// began it (NVIDIA's documentation; not measured).
-    pub fn stream_end_capture(&self, stream: u64) -> CuResult {
-        let mut st = lock(&self.inner);
-        if let Err(code) = st.begin_stream_call(SimStreamCall::StreamEndCapture) {
-            return code;
-        }
-        let Some(key) = st.streams.resolve(stream) else {
-            return CUDA_ERROR_INVALID_HANDLE;
-        };
-        let Some(id) = st.streams.streams.get(&key).and_then(|s| s.capture) else {
-            return CUDA_ERROR_ILLEGAL_STATE;
-        };
-        match st.streams.captures.get(&id) {
-            Some(c) if c.origin != key => return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED,
-            Some(c) if c.mode != CaptureMode::Relaxed && c.thread != caller() => {
-                return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
-            }
-            Some(_) => {}
-            None => return CUDA_ERROR_ILLEGAL_STATE,
-        }
-        match st.streams.close_capture(id) {
-            Some(c) if c.invalidated => CuResult::STREAM_CAPTURE_INVALIDATED,
-            _ => CuResult::SUCCESS,
-        }
-    }
-
-    /// `cuStreamIsCapturing`: [`SimDriver::stream_get_capture_info`]'s status. Counts
-    /// as [`SimStreamCall::StreamGetCaptureInfo`].
-    ///
-    /// Errors: as [`SimDriver::stream_get_capture_info`].
-    pub fn stream_is_capturing(&self, stream: u64) -> Result<CaptureStatus, CuResult> {
-        self.stream_get_capture_info(stream).map(|i| i.status)
-    }
-
-    /// `cuStreamGetCaptureInfo`: whether `stream` is being captured, the capture's id,
-    /// mode and launches so far. Legal during any capture, from any thread (row
-    /// "GetCaptureInfo of A: legal"); breaks nothing. The legacy stream reports
-    /// [`CaptureStatus::None`] while only non-blocking streams are captured (row
-    /// "`cuStreamIsCapturing(CU_STREAM_LEGACY)` reports not capturing when the
-    /// capturing stream is non-blocking"), and the stream-less capture of
-    /// [`SimDriver::begin_capture`] is on no stream. Counts as
-    /// [`SimStreamCall::StreamGetCaptureInfo`].
-    ///
-    /// Errors: [`CUDA_ERROR_INVALID_HANDLE`] for a handle that is not a live stream;
-    /// [`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`] for the legacy stream while a blocking
-    /// stream of its device is captured (same row: "only for a blocking one"; the
-    /// capture stays valid).
-    pub fn stream_get_capture_info(&self, stream: u64) -> Result<SimCaptureInfo, CuResult> {
-        let mut st = lock(&self.inner);
-        st.begin_stream_call(SimStreamCall::StreamGetCaptureInfo)?;
-        let key = st
-            .streams
-            .resolve(stream)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        let s = st
-            .streams
-            .streams
-            .get(&key)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        if s.legacy && !st.streams.blocking_captures_on(s.device).is_empty() {
-            return Err(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
-        }
-        let (status, id, mode, launches) = st.streams.status_of(s.capture);
-        Ok(SimCaptureInfo {
-            status,
-            id,
-            mode,
-            launches,
-        })
-    }
-
-    // ------------------------------------------------------------ controls
-
-    /// Models a kernel launched on `stream` (`cuLaunchKernel`) that reads and writes
-    /// `[ptr, ptr + bytes)` until it completes: [`SimDriver::stream_complete`] (the
-    /// device finishing the stream's work so far), or a synchronize that covers it
-    /// ([`SimDriver::ctx_synchronize`] of the stream's device,
-    /// [`SimDriver::stream_synchronize`], [`SimDriver::event_synchronize`] of an event
-    /// recorded after it), or the completion of later work ordered after it. It runs
-    /// on the stream's device, after every earlier operation of the stream (and, on
-    /// the legacy stream, of every blocking stream of the device; on a blocking stream,
-    /// of the legacy stream). While it is queued, unmapping any of its bytes is a
-    /// [`SimFault::UnmapWhileQueued`] (section "In-flight work: unmap does not wait"),
-    /// and handing them to another stream not ordered after it a
-    /// [`SimFault::HandoffWhileQueued`]. On a stream being captured the launch is a
-    /// graph node: nothing is queued. A `bytes` of 0 touches nothing but is still work
-    /// in the stream's order. A test control, not counted.
-    ///
-    /// Errors (nothing queued): [`CUDA_ERROR_INVALID_HANDLE`] for a handle that is not
-    /// a live stream; `CUDA_ERROR_INVALID_VALUE` when a byte of the range is not mapped
-    /// with access granted to the stream's device (the real launch would succeed and
-    /// the kernel fault: row "any access before cuMemSetAccess on a new mapping");
-    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` on a stream whose capture is
-    /// invalidated; [`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`] on the legacy stream while a
-    /// blocking stream of its device is captured (that capture is invalidated and a
-    /// [`SimFault::CaptureBroken`] recorded).
-    pub fn launch(&self, stream: u64, ptr: DevicePtr, bytes: u64) -> CuResult {
-        status(
-            lock(&self.inner)
-                .launch_locked("cuLaunchKernel", stream, ptr, bytes)
-                .map(|_| ()),
-        )
-    }
-
-    /// The device finishes all the work queued on `stream` so far, and with it all that
-    /// work was ordered after (events it waited on; on the legacy stream, earlier work
-    /// of blocking streams). The test's stand-in for time passing on the GPU: no
-    /// capture rule applies, nothing is counted. A handle that names no live stream
-    /// but did (destroyed) completes the work of every destroyed stream that had it
-    /// (its work still runs); while a live stream has the handle (reused), only that
-    /// stream's work: complete a destroyed one's with [`SimDriver::ctx_synchronize`]
-    /// or an event recorded on it before its destroy.
-    ///
-    /// Errors: [`CUDA_ERROR_INVALID_HANDLE`] for a handle that was never a stream.
-    pub fn stream_complete(&self, stream: u64) -> CuResult {
-        let mut st = lock(&self.inner);
-        let keys = match st.streams.resolve(stream) {
-            Some(k) => vec![k],
-            None if (FIRST_STREAM..st.streams.next_stream).contains(&stream) => {
-                // Destroyed: its records, if their work is not finished yet.
-                st.streams.destroyed_with_handle(stream)
-            }
-            None => return CUDA_ERROR_INVALID_HANDLE,
-        };
-        let clocks: Vec<Clock> = keys
-            .iter()
-            .filter_map(|k| st.streams.streams.get(k).map(|s| s.clock.clone()))
-            .collect();
-        for f in &clocks {
-            st.streams.complete(f);
-        }
-        CuResult::SUCCESS
-    }
-
-    /// Tells the driver that `[ptr, ptr + bytes)` is handed to `stream`: work queued
-    /// on `stream` from now on may touch it (a pool's stream-ordered allocation). If
-    /// work queued on another stream still touches it and is not ordered before
-    /// `stream`'s next operation (not completed; not covered by an event `stream`
-    /// waited on; not implied by the legacy-stream ordering), the two could run at once
-    /// on the same bytes: a [`SimFault::HandoffWhileQueued`] is recorded (one per
-    /// call). Work of `stream` itself is always ordered. Busy marks
-    /// ([`SimDriver::mark_busy_on`]) have no stream and are not checked. Not counted.
-    ///
-    /// Returns `CUDA_SUCCESS` (fault or not), or [`CUDA_ERROR_INVALID_HANDLE`] for a
-    /// handle that is not a live stream.
-    pub fn note_handoff(&self, stream: u64, ptr: DevicePtr, bytes: u64) -> CuResult {
-        let mut st = lock(&self.inner);
-        let Some(key) = st.streams.resolve(stream) else {
-            return CUDA_ERROR_INVALID_HANDLE;
-        };
-        if let Some(other) = st.streams.unordered_over(key, ptr, bytes) {
-            let stream = st.streams.handle_of(key);
-            st.faults.push(SimFault::HandoffWhileQueued {
-                stream,
-                ptr,
-                size: bytes,
-                other,
-            });
-        }
-        CuResult::SUCCESS
-    }
-
-    /// Contract faults recorded so far: unmapping memory that queued work or a busy
-    /// mark still touches ([`SimFault::UnmapWhileQueued`],
-    /// [`SimFault::UnmapWhileBusy`]); handing memory to a stream while another
-    /// stream's unordered queued work still touches it
-    /// ([`SimFault::HandoffWhileQueued`]); a call that broke an open stream capture
-    /// ([`SimFault::CaptureBroken`]). Always `faults().len()`. A correct pool keeps it
-    /// at 0.
-    pub fn contract_faults(&self) -> u64 {
-        lock(&self.inner).faults.len() as u64
-    }
-
-    /// Every launch still queued (not completed), in stream creation (legacy streams
-    /// last) then launch order; a destroyed stream's work under its old handle.
-    pub fn queued_work(&self) -> Vec<SimWork> {
-        lock(&self.inner).streams.work()
-    }
-
-    /// How many calls of kind `call` were made so far, failed ones included.
-    pub fn stream_call_count(&self, call: SimStreamCall) -> u64 {
-        lock(&self.inner)
-            .streams
-            .calls
-            .get(call as usize)
-            .copied()
-            .unwrap_or(0)
-    }
-
-    /// Makes the `nth` future call of kind `call` fail with `code` (`nth` = 1: the
-    /// next one; 0 is taken as 1), changing nothing else; the same queueing as
-    /// [`SimDriver::inject_failure`]. [`SimStreamCall::ThreadExchangeCaptureMode`]
-    /// never fails: an injection for it is ignored.
-    pub fn inject_stream_failure(&self, call: SimStreamCall, nth: u32, code: CuResult) {
-        if call == SimStreamCall::ThreadExchangeCaptureMode {
-            return;
-        }
-        let mut st = lock(&self.inner);
-        let done = st.streams.calls.get(call as usize).copied().unwrap_or(0);
-        let mut at = done + u64::from(nth.max(1));
-        while st
-            .streams
-            .injections
-            .iter()
-            .any(|&(c, a, _)| c == call && a == at)
-        {
-            at += 1;
-        }
-        st.streams.injections.push((call, at, code));
     }
 }

@@ -56,20 +56,9 @@ mod torch_oom;
 mod torch_tags;
 
 // The loom build runs the loom models alone (these tests make pools outside a model).
+// One module per file of this module (`tests/pool.rs` tests `pool.rs`, ...).
 #[cfg(all(test, not(flare_loom)))]
 mod tests;
-
-// The exported functions' contracts, clause by clause (issue 16).
-#[cfg(all(test, not(flare_loom)))]
-mod abi_tests;
-
-// A stream's end (issue 34): `flare_pool_forget_stream` and `flare_sim_stream_destroy`.
-#[cfg(all(test, not(flare_loom)))]
-mod stream_lifetime_tests;
-
-// Sleep and wake racing a tag's own calls from other threads (issue 34).
-#[cfg(all(test, not(flare_loom)))]
-mod tag_state_races;
 
 pub use boundary::{flare_last_error_message, flare_status_name};
 pub use memory::{

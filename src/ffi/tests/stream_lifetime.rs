@@ -7,8 +7,8 @@ use std::ffi::c_void;
 use std::mem::size_of;
 use std::ptr;
 
-use super::tests::{config, destroy_report, last_error};
-use super::*;
+use super::{config, destroy_report, last_error};
+use crate::ffi::*;
 
 /// The simulated driver's default granularity.
 const G: usize = 2 << 20;

@@ -20,8 +20,8 @@ use std::mem::size_of;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::tests::{config, destroy_report, last_error};
-use super::*;
+use super::{config, destroy_report, last_error};
+use crate::ffi::*;
 
 const MIB: u64 = 1 << 20;
 const TAG: u32 = 7;

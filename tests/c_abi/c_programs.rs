@@ -4,7 +4,6 @@
 //! `scripts/test.sh` itself, plainly, under sanitizers and valgrind; here only the
 //! plain build, which is what catches a mutant): it builds the static library of
 //! this tree (the mutated one, in cargo-mutants' copy) and runs `ffi-tests/run.sh`.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 use std::process::Command;
 

@@ -12,7 +12,6 @@
 //! ```sh
 //! FLARE_BLESS_HEADER=1 cargo test --test header
 //! ```
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 use std::path::PathBuf;
 

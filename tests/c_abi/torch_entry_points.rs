@@ -8,7 +8,6 @@
 //! points' contracts (their doc comments) and the simulated driver's defaults (2 MiB
 //! granularity); the segment arithmetic is that of segment mode (a block is its
 //! request rounded to 512 bytes, in one 2 MiB handle for small requests).
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 use std::ffi::{c_char, c_void, CStr};
 use std::ptr;

@@ -8,7 +8,6 @@
 //! call (`flare_torch_use_simulated`), so this file is its own process and its steps
 //! run in order. Expected values come from the entry points' contracts and the
 //! simulated device (new memory holds `SIM_STALE_BYTE`).
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 use std::ffi::{c_char, c_void, CStr};
 use std::ptr;

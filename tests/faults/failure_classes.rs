@@ -5,9 +5,8 @@
 //! (docs/ARCHITECTURE.md, "Operations and their contracts" and the release ordering)
 //! says it must leave. Then every error variant's message: the call, the `CUresult`
 //! name and number, the sizes, and what to do.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::{assert_driver_empty, check, GIB, MIB};
 use flare_package::{

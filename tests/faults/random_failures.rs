@@ -18,9 +18,8 @@
 //!
 //! Cases: 2000 by default (about a minute or less in a debug build); set
 //! `FLARE_PROPTEST_CASES` for more.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::{check_with_devices, GIB, MIB};
 use flare_package::driver::sim::{CaptureMode, SimStreamCall};

@@ -4,7 +4,6 @@
 //! device that exists nowhere fails with a typed `Init` error instead of panicking,
 //! with the not-loaded code exactly when libcuda is absent. The others need a CUDA GPU and are ignored by default; run them with
 //! `cargo test --test cuda_driver -- --ignored`. They fail loudly when no GPU is there.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 use flare_package::driver::cuda::CudaDriver;
 use flare_package::driver::{CuResult, Driver, DriverCall};

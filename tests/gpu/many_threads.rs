@@ -6,9 +6,8 @@
 //!
 //! Ignored by default; run on a GPU machine with `--include-ignored` (fails loudly
 //! without a GPU). `FLARE_STRESS_OPS` sets the operations per thread (default 2 000).
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

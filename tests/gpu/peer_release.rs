@@ -8,9 +8,8 @@
 //!
 //! Ignored by default; needs two CUDA GPUs (kind `nvidia-h200-x2`) and fails loudly
 //! with fewer.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::kernels::{SumRun, PTX};
 use common::MIB;

@@ -1,9 +1,8 @@
 //! The pool's integration suite against the real CUDA driver, plus what only real
 //! hardware can answer. Every test is ignored by default (CI has no GPU); run them on
 //! the GPU machine with `--include-ignored`. Each fails loudly without a GPU.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::*;
 use flare_package::driver::cuda::CudaDriver;

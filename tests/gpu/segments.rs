@@ -7,9 +7,8 @@
 //!
 //! Every test is ignored by default (CI has no GPU); run them on the GPU machine with
 //! `--include-ignored`. Each fails loudly without a GPU.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::{check, data, MIB};
 use flare_package::driver::cuda::CudaDriver;

@@ -8,9 +8,8 @@
 //! `cargo test --release --test gpu_stream_lifetime -- --include-ignored`. Fails loudly
 //! without a GPU. The pool runs on a [`Counting`] driver, so the test checks that the
 //! pool made no `cuCtxSynchronize`.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Instant;

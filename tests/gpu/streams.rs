@@ -14,9 +14,8 @@
 //! synchronize or a synchronous copy made by any thread in global capture mode
 //! invalidates a capture open on another (`docs/vmm-semantics.md`), and the tests
 //! make such calls while the capture test's capture may be open.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};

@@ -4,9 +4,8 @@
 //! changes. Ignored by default (CI has no GPU); run on the GPU machine with
 //! `cargo test --release --features testing --test gpu_tags -- --include-ignored
 //! --nocapture`. Each test fails loudly without a GPU.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::*;
 use flare_package::driver::cuda::CudaDriver;

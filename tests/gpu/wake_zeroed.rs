@@ -6,9 +6,8 @@
 //! GPU); run on the GPU machine with `cargo test --release --features testing --test
 //! gpu_wake_zeroed -- --include-ignored --nocapture`. Each test fails loudly without
 //! a GPU.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::*;
 use flare_package::driver::cuda::CudaDriver;

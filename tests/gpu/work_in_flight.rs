@@ -3,9 +3,8 @@
 //! synchronizes before it unmaps, so the kernel finishes with the right sum and the
 //! context stays healthy. Ignored by default (CI has no GPU); fails loudly without
 //! one.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::kernels::{SumRun, PTX};
 use common::MIB;

@@ -32,7 +32,6 @@
 //! twice: the simulated driver refuses a second release, which the snapshot would
 //! count as a failure); and after the pool is dropped, the simulated driver holds
 //! nothing.
-#![cfg(flare_loom)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;

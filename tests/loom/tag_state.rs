@@ -27,7 +27,6 @@
 //! thread-cache model 4, about 4 s of it: 23 592 executions). Few executions reach
 //! the bounds: a call that meets the gate closed is refused at once, and a state
 //! change waits, so most interleavings are equivalent.
-#![cfg(flare_loom)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;

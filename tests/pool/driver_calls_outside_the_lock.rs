@@ -12,7 +12,6 @@
 //! Not probed: the calls `Drop`/`destroy` make (the pool is no longer reachable
 //! through a `Weak` then; they run the same `release_batch` as `trim` and `finish`)
 //! and the granularity query in `Pool::with_driver` (before the pool exists).
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 use std::collections::BTreeMap;
 use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};

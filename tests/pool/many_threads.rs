@@ -4,9 +4,8 @@
 //! totals reconciled at the end and the simulated driver left empty.
 //!
 //! `FLARE_STRESS_OPS` sets the operations per thread (default 100 000).
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

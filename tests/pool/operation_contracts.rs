@@ -1,8 +1,7 @@
 //! The pool's contracts on the simulated driver (runs in CI). One concern in one file:
 //! each test is one contract of docs/ARCHITECTURE.md, "Operations and their contracts".
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::*;
 use flare_package::{Backend, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimConfig};

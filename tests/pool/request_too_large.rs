@@ -6,9 +6,8 @@
 //! captured. Found by the `c_abi` fuzz target (issue 34): the size was checked only
 //! once the reuse attempts had run, which drained caches, released handles, polled
 //! fences and counted captures.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::{simulated_pool, stream, MIB};
 use flare_package::driver::sim::{SimState, SimStreamCall};

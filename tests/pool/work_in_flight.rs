@@ -3,9 +3,8 @@
 //! allocations, frees outside and inside scopes, trims, finishes, aborts and graph
 //! captures (during which a synchronize is refused), the pool never unmaps a busy
 //! range: `faults()` stays empty.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::{check, MIB};
 use flare_package::{DevicePtr, Error, Pool, PoolConfig, ReusePolicy};

@@ -6,9 +6,8 @@
 //! mapped whole, at a granularity-aligned address); the simulated driver counts a
 //! contract fault for an unmap of memory queued work touches and for a hand-off of
 //! memory that another stream's unordered work touches: every test ends with none.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::{assert_driver_empty, check, no_faults, stream, MIB};
 use flare_package::driver::sim::{CaptureMode, SimStreamCall};

@@ -10,9 +10,8 @@
 //! Each test names the row or rule it checks; expected values come from the document
 //! (or, where a test says so, from NVIDIA's documentation of the call), not from
 //! running the simulator.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::mapped_for;
 

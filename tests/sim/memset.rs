@@ -4,7 +4,6 @@
 //! fault), and follows the rows of `docs/vmm-semantics.md`, "Memset", and the
 //! stream rules of `SimDriver::launch` (captures, the legacy stream). Expected values
 //! come from the document and the call's documentation.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 use flare_package::driver::sim::{
     SimConfig, SimDriver, SimFault, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,

@@ -5,7 +5,6 @@
 //!
 //! Each test names the document row it checks. Expected values come from the
 //! document, not from running the simulator.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 use flare_package::driver::sim::{
     SimConfig, SimDriver, SimFault, SimState, SIM_VA_BASE, SIM_VA_WINDOW,

@@ -10,9 +10,8 @@
 //! Every expected value comes from the contract: the simulated driver's 2 MiB
 //! granularity, one whole mapping per allocation of at most 2 MiB (best-fit), blocks
 //! rounded to 512 bytes carved from one 2 MiB handle per heap (segments).
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -4,9 +4,8 @@
 //! simulated driver counts a contract fault for an unmap of memory queued work
 //! touches, a hand-off of memory to a stream while another stream's unordered work
 //! touches it, and anything that breaks a capture: every test ends with none.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::{check, no_faults, stream, MIB};
 use flare_package::driver::sim::{CaptureMode, SimStreamCall};

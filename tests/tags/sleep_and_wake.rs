@@ -2,9 +2,7 @@
 //! the errors, the interplay with scopes, captures, thread caches and segments, and
 //! every driver call of sleep and wake failing.
 
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
-
-mod common;
+use crate::common;
 
 use common::{check, check_with_devices, no_faults, simulated_pool, GIB, MIB};
 use flare_package::driver::sim::SimDriver;

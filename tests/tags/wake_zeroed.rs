@@ -9,9 +9,8 @@
 //! The simulated device hands out new physical memory holding stale bytes
 //! (`SIM_STALE_BYTE`, 0xFF), as a GPU may (NVIDIA documents no initial contents), so
 //! a zeroing wake that did not zero reads 0xFF here and fails these tests.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::{check, no_faults, simulated_pool, GIB, MIB};
 use flare_package::driver::sim::{SimDriver, CU_STREAM_DEFAULT, SIM_STALE_BYTE};

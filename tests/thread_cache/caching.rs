@@ -19,9 +19,8 @@
 //!
 //! The simulated driver's granularity is 2 MiB; best-fit takes a mapping up to 30 %
 //! above the rounded request (`DEFAULT_BEST_FIT_MAX_WASTE_PERCENT`).
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};

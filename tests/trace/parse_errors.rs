@@ -1,9 +1,8 @@
 //! The flare-trace v1 parser: every error rule (with its line number and problem),
 //! comments, blank lines, tabs, id reuse, and the reference figures of the shipped
 //! traces against `tests/data/README.md`.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::{data, GIB, GRANULARITY, SHIPPED};
 use flare_package::trace::{self, Event, Problem, TraceError, MAX_ALLOCATION_BYTES};

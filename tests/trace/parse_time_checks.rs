@@ -2,7 +2,6 @@
 //! `docs/trace-format.md`, "What the parser checks"): a trace whose replay would
 //! fail for a reason its text shows is refused at parse time, naming the line, so a
 //! bad trace replays nothing. And the one list of keywords.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 use flare_package::trace::{self, Problem, TraceError, KEYWORDS};
 

@@ -4,9 +4,8 @@
 //! peaks are measured (the recorded pool's snapshot, the replay's report): their
 //! equality is the claim. Also: an unwritable path or a full disk never fails an
 //! allocation, and is reported once.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::MIB;
 use flare_package::trace::{self, Event};

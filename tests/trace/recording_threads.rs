@@ -2,9 +2,8 @@
 //! is one order of the calls, and it must be a valid recorded trace that replays as
 //! recorded, every `done STREAM MARK` after the line that made the mark, from any
 //! thread (`docs/trace-format.md`, "Recorded traces").
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::MIB;
 use flare_package::trace::{self, Event};

@@ -1,8 +1,7 @@
 //! Replay of traces on pools on the simulated driver: small hand-made traces and
 //! the four shipped real traces under every policy.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use std::cell::RefCell;
 

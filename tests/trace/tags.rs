@@ -1,8 +1,7 @@
 //! Tags in flare-trace v1 (issue 15): the optional tag field of `a` lines, its
 //! errors, and the replay's census per tag.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
-mod common;
+use crate::common;
 
 use common::MIB;
 use flare_package::trace::{self, Event, Problem};

@@ -3,11 +3,12 @@
 //! drive them too, but only a Rust test runs when a mutation run mutates them.
 //!
 //! One test: the entry points share one allocator per process, made by the first
-//! call (`flare_torch_use_simulated` must be that call), so this file is its own
-//! process and its steps run in order. Every expected value comes from the entry
-//! points' contracts (their doc comments) and the simulated driver's defaults (2 MiB
-//! granularity); the segment arithmetic is that of segment mode (a block is its
-//! request rounded to 512 bytes, in one 2 MiB handle for small requests).
+//! call (`flare_torch_use_simulated` must be that call), so this test runs in a
+//! process of its own (`crate::own_process`) and its steps run in order. Every
+//! expected value comes from the entry points' contracts (their doc comments) and the
+//! simulated driver's defaults (2 MiB granularity); the segment arithmetic is that of
+//! segment mode (a block is its request rounded to 512 bytes, in one 2 MiB handle for
+//! small requests).
 
 use std::ffi::{c_char, c_void, CStr};
 use std::ptr;
@@ -114,6 +115,15 @@ unsafe extern "C-unwind" fn record_oom(
 
 #[test]
 fn pytorch_entry_points_allocate_free_and_report_failures() {
+    crate::own_process::run(
+        module_path!(),
+        "pytorch_entry_points_allocate_free_and_report_failures",
+        steps,
+    );
+}
+
+/// The steps of [`pytorch_entry_points_allocate_free_and_report_failures`], in its own process.
+fn steps() {
     // Every pool records (FLARE_TORCH_RECORD, read when the allocator is made).
     let dir = std::env::temp_dir().join(format!("flare-torch-abi-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

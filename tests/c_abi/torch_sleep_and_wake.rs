@@ -5,8 +5,8 @@
 //! arguments (a status, the thread's last error, nothing changed; never a crash).
 //!
 //! One test: the entry points share one allocator per process, made by the first
-//! call (`flare_torch_use_simulated`), so this file is its own process and its steps
-//! run in order. Expected values come from the entry points' contracts and the
+//! call (`flare_torch_use_simulated`), so this test runs in a process of its own
+//! (`crate::own_process`) and its steps run in order. Expected values come from the entry points' contracts and the
 //! simulated device (new memory holds `SIM_STALE_BYTE`).
 
 use std::ffi::{c_char, c_void, CStr};
@@ -80,6 +80,15 @@ fn read(device: i32, ptr: *mut c_void, n: usize) -> Vec<u8> {
 
 #[test]
 fn tensor_memory_sleeps_and_wakes_zeroed() {
+    crate::own_process::run(
+        module_path!(),
+        "tensor_memory_sleeps_and_wakes_zeroed",
+        steps,
+    );
+}
+
+/// The steps of [`tensor_memory_sleeps_and_wakes_zeroed`], in its own process.
+fn steps() {
     ok(flare_torch_use_simulated(64 * MIB as u64, 2));
     let (discard, offload) = (RawSleepMode(0), RawSleepMode(1));
     // A device never used: nothing sleeps; its census says so.

@@ -28,6 +28,7 @@ use flare_package::{
     SimConfig, SimDriver, SleepMode, Stream,
 };
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use std::sync::Arc;
 
 /// One step of a sequence. Kept small so that a shrunk failing case reads as a
@@ -970,6 +971,12 @@ proptest! {
     #![proptest_config(ProptestConfig {
         cases: cases(),
         max_shrink_iters: 20_000,
+        // The seeds of past failures beside this file
+        // (`random_failures.proptest-regressions`): proptest's default looks in
+        // `tests/proptest-regressions/` once the folder has a `main.rs`.
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
         ..ProptestConfig::default()
     })]
 

@@ -5,6 +5,7 @@
 //! with the not-loaded code exactly when libcuda is absent. The others need a CUDA GPU and are ignored by default; run them with
 //! `cargo test --test cuda_driver -- --ignored`. They fail loudly when no GPU is there.
 
+use crate::one_at_a_time::one_at_a_time;
 use flare_package::driver::cuda::CudaDriver;
 use flare_package::driver::{CuResult, Driver, DriverCall};
 
@@ -65,6 +66,7 @@ fn new_fails_with_a_typed_init_error_with_or_without_libcuda() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn granularity_is_2_mib_on_h200() {
+    let _serial = one_at_a_time();
     let d = gpu();
     assert_eq!(d.granularity().unwrap(), H200_GRANULARITY);
     assert_eq!(d.device(), 0);
@@ -73,6 +75,7 @@ fn granularity_is_2_mib_on_h200() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn full_lifecycle_write_and_read_back() {
+    let _serial = one_at_a_time();
     let d = gpu();
     let g = d.granularity().unwrap();
     let size = 2 * g;
@@ -124,6 +127,7 @@ fn full_lifecycle_write_and_read_back() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn mapping_a_prefix_of_a_handle_is_not_supported() {
+    let _serial = one_at_a_time();
     let d = gpu();
     let g = d.granularity().unwrap();
     let handle = d.create(2 * g).unwrap();
@@ -144,6 +148,7 @@ fn mapping_a_prefix_of_a_handle_is_not_supported() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn works_from_a_thread_without_context_and_leaves_none() {
+    let _serial = one_at_a_time();
     let d = gpu();
     let g = d.granularity().unwrap();
     std::thread::scope(|s| {
@@ -186,6 +191,7 @@ fn works_from_a_thread_without_context_and_leaves_none() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn mem_info_tracks_create_and_release() {
+    let _serial = one_at_a_time();
     let d = gpu();
     let size = 512 * d.granularity().unwrap(); // 1 GiB on an H200: well above noise
     d.synchronize(0).unwrap();

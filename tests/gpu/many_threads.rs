@@ -8,6 +8,7 @@
 //! without a GPU). `FLARE_STRESS_OPS` sets the operations per thread (default 2 000).
 
 use crate::common;
+use crate::one_at_a_time::one_at_a_time;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +21,7 @@ use flare_package::{DevicePtr, Driver, Pool, PoolConfig};
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn eight_threads_on_the_real_driver() {
+    let _serial = one_at_a_time();
     let pool = Arc::new(pool(On::Cuda, flare_package::ReusePolicy::BestFit));
     let r = hammer(
         pool.clone(),
@@ -96,6 +98,7 @@ impl Memory for GpuMemory {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn eight_threads_through_the_thread_caches_on_the_real_driver() {
+    let _serial = one_at_a_time();
     let d =
         Arc::new(CudaDriver::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}")));
     let base = d.mem_info().unwrap().free;

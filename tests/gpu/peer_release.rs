@@ -10,6 +10,7 @@
 //! with fewer.
 
 use crate::common;
+use crate::one_at_a_time::one_at_a_time;
 
 use common::kernels::{SumRun, PTX};
 use common::MIB;
@@ -21,6 +22,7 @@ use std::time::Instant;
 #[test]
 #[ignore = "needs two CUDA GPUs"]
 fn gpu_free_waits_for_a_peer_kernel_reading_it() {
+    let _serial = one_at_a_time();
     let need = |e| panic!("this test needs two CUDA GPUs: {e}");
     let d0 = Arc::new(CudaDriver::with_peers(0, &[1]).unwrap_or_else(need));
     let d1 = Arc::new(CudaDriver::new(1).unwrap_or_else(need));

@@ -3,6 +3,7 @@
 //! the GPU machine with `--include-ignored`. Each fails loudly without a GPU.
 
 use crate::common;
+use crate::one_at_a_time::one_at_a_time;
 
 use common::*;
 use flare_package::driver::cuda::CudaDriver;
@@ -15,6 +16,7 @@ fn cuda() -> CudaDriver {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_warmup_one_transient_at_a_time() {
+    let _serial = one_at_a_time();
     assert_eq!(warmup(On::Cuda, ReusePolicy::Exact, false), GIB);
     assert_eq!(warmup(On::Cuda, ReusePolicy::BestFit, false), GIB);
     assert_eq!(warmup(On::Cuda, ReusePolicy::None, false), 24 * GIB);
@@ -23,6 +25,7 @@ fn gpu_warmup_one_transient_at_a_time() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_warmup_both_transients_live() {
+    let _serial = one_at_a_time();
     assert_eq!(warmup(On::Cuda, ReusePolicy::Exact, true), 2 * GIB);
     assert_eq!(warmup(On::Cuda, ReusePolicy::BestFit, true), 2 * GIB);
     assert_eq!(warmup(On::Cuda, ReusePolicy::None, true), 24 * GIB);
@@ -31,6 +34,7 @@ fn gpu_warmup_both_transients_live() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_per_shape_sizes_stay_bounded_outside_a_scope() {
+    let _serial = one_at_a_time();
     let sizes = shape_sizes();
     let round = |b: u64| b.div_ceil(2 * MIB) * 2 * MIB;
     let mut sorted: Vec<u64> = sizes.iter().map(|&b| round(b)).collect();
@@ -54,6 +58,7 @@ fn gpu_per_shape_sizes_stay_bounded_outside_a_scope() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_driver_free_memory_returns_to_baseline_after_finish() {
+    let _serial = one_at_a_time();
     let d = cuda();
     let base = d.mem_info().unwrap();
     let pool = pool(On::Cuda, ReusePolicy::BestFit);
@@ -90,6 +95,7 @@ fn gpu_driver_free_memory_returns_to_baseline_after_finish() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_reused_memory_reads_back_what_was_written() {
+    let _serial = one_at_a_time();
     let d = cuda();
     let pool = pool(On::Cuda, ReusePolicy::BestFit);
     pool.retention_begin().unwrap();
@@ -116,6 +122,7 @@ fn gpu_reused_memory_reads_back_what_was_written() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_allocation_from_a_thread_without_a_context() {
+    let _serial = one_at_a_time();
     let pool = pool(On::Cuda, ReusePolicy::BestFit);
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -142,6 +149,7 @@ fn gpu_allocation_from_a_thread_without_a_context() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_out_of_memory_inside_a_scope_is_clean() {
+    let _serial = one_at_a_time();
     let d = cuda();
     let total = d.mem_info().unwrap().total;
     let pool = Pool::new(PoolConfig::cuda(0)).unwrap();

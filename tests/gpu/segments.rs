@@ -9,6 +9,7 @@
 //! `--include-ignored`. Each fails loudly without a GPU.
 
 use crate::common;
+use crate::one_at_a_time::one_at_a_time;
 
 use common::{check, data, MIB};
 use flare_package::driver::cuda::CudaDriver;
@@ -55,6 +56,7 @@ fn assert_holds(d: &CudaDriver, ptr: DevicePtr, tag: u64, len: u64) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_blocks_hold_their_own_data() {
+    let _serial = one_at_a_time();
     let (d, pool) = rig();
     let base = d.mem_info().unwrap().free;
     pool.retention_begin().unwrap();
@@ -117,6 +119,7 @@ fn gpu_blocks_hold_their_own_data() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_a_lent_handle_serves_through_its_new_address() {
+    let _serial = one_at_a_time();
     let (d, pool) = rig();
     let base = d.mem_info().unwrap().free;
     pool.retention_begin().unwrap();
@@ -151,6 +154,7 @@ fn gpu_a_lent_handle_serves_through_its_new_address() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_replay_of_a_tensor_trace_matches_the_simulation() {
+    let _serial = one_at_a_time();
     let t = trace::parse(data("eager-prefill-20shapes.tensor.trace")).unwrap();
     let sim = Pool::new(PoolConfig::default().with_policy(ReusePolicy::Segments)).unwrap();
     let want = trace::replay(&sim, &t, None).unwrap();
@@ -167,6 +171,7 @@ fn gpu_replay_of_a_tensor_trace_matches_the_simulation() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_stream_blocks_reuse_in_stream_order() {
+    let _serial = one_at_a_time();
     let (d, pool) = rig();
     let s = d.stream_create_non_blocking().unwrap();
     let p = pool.allocate_async_raw(64 * 1024, s).unwrap();

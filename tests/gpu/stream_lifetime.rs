@@ -10,6 +10,7 @@
 //! pool made no `cuCtxSynchronize`.
 
 use crate::common;
+use crate::one_at_a_time::one_at_a_time;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,6 +29,7 @@ const SIZE: u64 = 64 * MIB;
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_a_forgotten_and_destroyed_stream_leaves_the_next_stream_a_clean_pool() {
+    let _serial = one_at_a_time();
     let d =
         Arc::new(CudaDriver::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}")));
     let counted = Arc::new(Counting::new(d.clone()));

@@ -10,14 +10,15 @@
 //! (a device-wide wait, which would also break an open capture). The one test that
 //! runs everywhere checks that the counter does see the synchronize of a plain free.
 //!
-//! The tests take one lock and run one at a time: a stream query, a stream
-//! synchronize or a synchronous copy made by any thread in global capture mode
-//! invalidates a capture open on another (`docs/vmm-semantics.md`), and the tests
-//! make such calls while the capture test's capture may be open.
+//! The tests take one lock and run one at a time (`crate::one_at_a_time`): a stream
+//! query, a stream synchronize or a synchronous copy made by any thread in global
+//! capture mode invalidates a capture open on another (`docs/vmm-semantics.md`), and
+//! the tests make such calls while the capture test's capture may be open.
 
 use crate::common;
+use crate::one_at_a_time::one_at_a_time;
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::counting::Counting;
@@ -30,13 +31,6 @@ use flare_package::{CrossStreamReuse, DevicePtr, Driver, Pool, PoolConfig, SimDr
 /// The buffer the long kernels read: 64 MiB, a multiple of the H200's 2 MiB
 /// granularity, so the mapping behind it is exactly this size.
 const SIZE: u64 = 64 * MIB;
-
-/// The one-at-a-time lock (see the module comment).
-static GPU: Mutex<()> = Mutex::new(());
-
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    GPU.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// A pool on device 0 through a [`Counting`] driver, the `sum_repeat` kernel, and the
 /// streams a test made (destroyed by [`Rig::finish`], after the pool is dropped: the

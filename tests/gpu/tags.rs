@@ -6,6 +6,7 @@
 //! --nocapture`. Each test fails loudly without a GPU.
 
 use crate::common;
+use crate::one_at_a_time::one_at_a_time;
 
 use common::*;
 use flare_package::driver::cuda::CudaDriver;
@@ -133,12 +134,14 @@ fn sleep_round(mode: SleepMode) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_offload_sleep_and_wake_restore_every_byte() {
+    let _serial = one_at_a_time();
     sleep_round(SleepMode::Offload);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_discard_sleep_and_wake_give_valid_pointers() {
+    let _serial = one_at_a_time();
     sleep_round(SleepMode::Discard);
 }
 
@@ -148,6 +151,7 @@ fn gpu_discard_sleep_and_wake_give_valid_pointers() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_wake_that_cannot_fit_fails_cleanly_then_succeeds() {
+    let _serial = one_at_a_time();
     let d = cuda();
     let pool: Pool = pool(On::Cuda, ReusePolicy::BestFit);
     let ptrs: Vec<u64> = (0..4)
@@ -207,6 +211,7 @@ fn gpu_wake_that_cannot_fit_fails_cleanly_then_succeeds() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_segment_tags_sleep_apart() {
+    let _serial = one_at_a_time();
     let d = cuda();
     let pool: Pool = pool(On::Cuda, ReusePolicy::Segments);
     // Blocks of 4 KiB to 64 MiB (one odd size): a few handles per heap.
@@ -271,6 +276,7 @@ fn gpu_segment_tags_sleep_apart() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_sleep_during_a_capture_the_pool_never_saw() {
+    let _serial = one_at_a_time();
     let d = cuda();
     let pool: Pool = pool(On::Cuda, ReusePolicy::Segments);
     let a = pool.allocate_tagged_raw(MIB, None, 1).unwrap();

@@ -8,6 +8,7 @@
 //! a GPU.
 
 use crate::common;
+use crate::one_at_a_time::one_at_a_time;
 
 use common::*;
 use flare_package::driver::cuda::CudaDriver;
@@ -135,12 +136,14 @@ fn zeroing_round(policy: ReusePolicy) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_zeroing_wake_zeroes_whole_mappings() {
+    let _serial = one_at_a_time();
     zeroing_round(ReusePolicy::BestFit);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_zeroing_wake_zeroes_segment_blocks() {
+    let _serial = one_at_a_time();
     zeroing_round(ReusePolicy::Segments);
 }
 
@@ -153,6 +156,7 @@ fn gpu_zeroing_wake_zeroes_segment_blocks() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_memset_rows() {
+    let _serial = one_at_a_time();
     let d = cuda();
     let g = d.granularity().unwrap();
     let r = d.reserve(4 * g).unwrap();

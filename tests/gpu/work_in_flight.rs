@@ -5,6 +5,7 @@
 //! one.
 
 use crate::common;
+use crate::one_at_a_time::one_at_a_time;
 
 use common::kernels::{SumRun, PTX};
 use common::MIB;
@@ -16,6 +17,7 @@ use std::time::Instant;
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_free_outside_a_scope_waits_for_the_kernel_reading_it() {
+    let _serial = one_at_a_time();
     let d =
         Arc::new(CudaDriver::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}")));
     let pool = Pool::with_driver(PoolConfig::cuda(0), d.clone()).unwrap();

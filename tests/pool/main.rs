@@ -1,0 +1,13 @@
+//! The pool's contracts on the simulated driver: each operation's contract, the
+//! driver calls made outside the pool's lock, the refusal of a request larger than the
+//! device, work in flight never unmapped, and many threads on one pool.
+#![cfg(not(flare_loom))] // the loom build runs tests/loom/ alone
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod driver_calls_outside_the_lock;
+mod many_threads;
+mod operation_contracts;
+mod request_too_large;
+mod work_in_flight;

@@ -1,0 +1,9 @@
+//! Stream order on the simulated driver: stream-ordered allocation and free, fences,
+//! cross-stream reuse, captures, and a stream's end.
+#![cfg(not(flare_loom))] // the loom build runs tests/loom/ alone
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod stream_lifetime;
+mod stream_order;

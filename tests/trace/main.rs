@@ -1,0 +1,12 @@
+//! flare-trace v1: parsing and its checks, replay, recording, tags.
+#![cfg(not(flare_loom))] // the loom build runs tests/loom/ alone
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod parse_errors;
+mod parse_time_checks;
+mod recording_replays;
+mod recording_threads;
+mod replay;
+mod tags;

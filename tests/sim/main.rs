@@ -5,6 +5,13 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod capacity_and_counts;
 mod capture_queries;
+mod contract_faults;
+mod driver_trait;
+mod injected_failures;
 mod memset;
+mod stream_capture;
+mod streams_and_work;
 mod vmm_rows;
+mod work_in_flight;

@@ -5,5 +5,9 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod captures;
+mod cross_stream_reuse;
+mod fence_release;
+mod record_stream;
 mod stream_lifetime;
 mod stream_order;

@@ -4,5 +4,9 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod census;
+mod failing_driver_calls;
+mod scopes_and_captures;
+mod segment_tags;
 mod sleep_and_wake;
 mod wake_zeroed;

@@ -4,8 +4,11 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod figures;
 mod parse_errors;
 mod parse_time_checks;
+mod recorded_lines;
+mod recording_failures;
 mod recording_replays;
 mod recording_threads;
 mod replay;

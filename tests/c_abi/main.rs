@@ -6,6 +6,5 @@ mod common;
 
 mod c_programs;
 mod header;
-mod own_process;
 mod torch_entry_points;
 mod torch_sleep_and_wake;

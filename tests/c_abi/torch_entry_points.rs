@@ -4,7 +4,7 @@
 //!
 //! One test: the entry points share one allocator per process, made by the first
 //! call (`flare_torch_use_simulated` must be that call), so this test runs in a
-//! process of its own (`crate::own_process`) and its steps run in order. Every
+//! process of its own (`crate::common::own_process`) and its steps run in order. Every
 //! expected value comes from the entry points' contracts (their doc comments) and the
 //! simulated driver's defaults (2 MiB granularity); the segment arithmetic is that of
 //! segment mode (a block is its request rounded to 512 bytes, in one 2 MiB handle for
@@ -115,7 +115,7 @@ unsafe extern "C-unwind" fn record_oom(
 
 #[test]
 fn pytorch_entry_points_allocate_free_and_report_failures() {
-    crate::own_process::run(
+    crate::common::own_process::run(
         module_path!(),
         "pytorch_entry_points_allocate_free_and_report_failures",
         steps,

@@ -6,7 +6,7 @@
 //!
 //! One test: the entry points share one allocator per process, made by the first
 //! call (`flare_torch_use_simulated`), so this test runs in a process of its own
-//! (`crate::own_process`) and its steps run in order. Expected values come from the entry points' contracts and the
+//! (`crate::common::own_process`) and its steps run in order. Expected values come from the entry points' contracts and the
 //! simulated device (new memory holds `SIM_STALE_BYTE`).
 
 use std::ffi::{c_char, c_void, CStr};
@@ -80,7 +80,7 @@ fn read(device: i32, ptr: *mut c_void, n: usize) -> Vec<u8> {
 
 #[test]
 fn tensor_memory_sleeps_and_wakes_zeroed() {
-    crate::own_process::run(
+    crate::common::own_process::run(
         module_path!(),
         "tensor_memory_sleeps_and_wakes_zeroed",
         steps,

@@ -6,6 +6,7 @@ pub mod counting;
 pub mod hammer;
 pub mod hooked;
 pub mod kernels;
+pub mod own_process;
 
 use flare_package::driver::sim::SimState;
 use flare_package::{Backend, Pool, PoolConfig, ReusePolicy, SimConfig, Snapshot};

@@ -1,7 +1,9 @@
 //! A test in a process of its own: PyTorch's entry points share one allocator per
 //! process, made by the first call (`flare_torch_use_simulated` must be that call),
-//! and two such tests share this binary. Each runs its steps in a child process of
-//! this binary that runs only that test, by its exact name.
+//! and a test that measures the process's heap (a counting global allocator) must
+//! be alone in its process; such tests share their area's binary with others. Each
+//! runs its steps in a child process of the test binary that runs only that test,
+//! by its exact name.
 
 use std::process::Command;
 

@@ -4,6 +4,7 @@
 
 pub mod counting;
 pub mod hammer;
+pub mod heap;
 pub mod hooked;
 pub mod kernels;
 pub mod own_process;

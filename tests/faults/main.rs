@@ -7,3 +7,4 @@ mod common;
 
 mod failure_classes;
 mod random_failures;
+mod refused_releases;

@@ -6,8 +6,18 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod best_fit;
+mod configuration;
 mod driver_calls_outside_the_lock;
+mod forced_reuse;
+mod gated;
+mod guards;
 mod many_threads;
 mod operation_contracts;
+mod out_of_memory;
+mod peer_release;
 mod request_too_large;
+mod retention_scope;
+mod slot_recycling;
+mod snapshot_invariants;
 mod work_in_flight;

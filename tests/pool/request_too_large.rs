@@ -5,15 +5,20 @@
 //! segments, stream-freed memory whose fences have completed, a stream being
 //! captured. Found by the `c_abi` fuzz target (issue 34): the size was checked only
 //! once the reuse attempts had run, which drained caches, released handles, polled
-//! fences and counted captures.
+//! fences and counted captures. A request of exactly the device's total is not too
+//! large.
 
 use crate::common;
 
-use common::{simulated_pool, stream, MIB};
+use common::{assert_driver_empty, check, simulated_pool, stream, MIB};
 use flare_package::driver::sim::{SimState, SimStreamCall};
 use flare_package::{
-    CaptureMode, CuResult, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimDriver, Snapshot,
+    CaptureMode, CuResult, DriverCall, DriverError, Error, Pool, PoolConfig, ReusePolicy,
+    SimDriver, Snapshot,
 };
+
+/// The simulated driver's default granularity.
+const G: u64 = 2 * MIB;
 
 /// The simulated device's capacity: every request below is larger.
 const CAPACITY: u64 = 64 * MIB;
@@ -176,4 +181,64 @@ fn on_a_stream_being_captured() {
         assert_eq!(pool.snapshot().captures_seen, 0, "{policy:?}");
         assert_eq!(sim.stream_end_capture(s.0), CuResult::SUCCESS);
     }
+}
+
+/// `Pool::allocate_raw`: "[`Error::RequestTooLarge`] when the rounded size is
+/// *above* the device's total memory". A request of exactly the total is a valid
+/// request: on an empty device whose capacity is the total, it succeeds; beside a
+/// live allocation it is an out-of-memory, not too large.
+#[test]
+fn a_request_of_exactly_the_device_total_is_not_too_large() {
+    let total = 64 * MIB;
+    let (pool, sim) = simulated_pool(total, PoolConfig::default());
+    assert_eq!(sim.mem_get_info().unwrap().total, total);
+    let all = pool.allocate_raw(total).expect("the whole empty device");
+    let s = check(&pool);
+    assert_eq!((s.physical_bytes, s.live_mapped_bytes), (total, total));
+    assert_eq!(sim.state().physical_bytes, total);
+    pool.free_raw(all).unwrap();
+    assert_driver_empty(&pool);
+
+    // One byte less, rounded up: the same total.
+    let all = pool
+        .allocate_raw(total - 1)
+        .expect("rounds up to the total");
+    pool.free_raw(all).unwrap();
+
+    // Beside a live allocation: out of memory (after the release and retry),
+    // never too large.
+    let small = pool.allocate_raw(G).unwrap();
+    let err = pool.allocate_raw(total).unwrap_err();
+    assert_eq!(
+        err,
+        Error::OutOfMemory {
+            requested: total,
+            live: G,
+            idle: 0,
+            in_scope: false,
+            source: Some(DriverError::new(
+                DriverCall::Create,
+                CuResult::OUT_OF_MEMORY
+            )),
+        }
+    );
+    // One byte more rounds to a granule more: too large, at once.
+    let before = check(&pool);
+    let creates = sim.call_count(DriverCall::Create);
+    let err = pool.allocate_raw(total + 1).unwrap_err();
+    assert_eq!(
+        err,
+        Error::RequestTooLarge {
+            requested: total + G,
+            device_total: total,
+        }
+    );
+    assert_eq!(check(&pool), before, "nothing counted");
+    assert_eq!(
+        sim.call_count(DriverCall::Create),
+        creates,
+        "no driver call"
+    );
+    pool.free_raw(small).unwrap();
+    assert_driver_empty(&pool);
 }

@@ -1,26 +1,25 @@
 //! Issue 16: the pool's books recycle the slots of released mappings. Nothing in the
 //! public API shows the slot table (the snapshot counts mappings, not slots), so this
 //! test watches the one thing a leak of slots would show: the heap. A counting
-//! global allocator (this file's own test binary, one test in it) measures the bytes
-//! the process holds; after a warmup, many more allocate / free / scope / trim cycles
-//! must not make it grow. Each cycle creates and releases mappings; if a released
-//! slot were never reused (or never marked free), the books would grow by one slot
-//! per mapping created.
+//! global allocator (the binary's; this test runs alone in a process of its own,
+//! `crate::common::own_process`) measures the bytes the process holds; after a
+//! warmup, many more allocate / free / scope / trim cycles must not make it grow.
+//! Each cycle creates and releases mappings; if a released slot were never reused
+//! (or never marked free), the books would grow by one slot per mapping created.
 //!
 //! Thread caches are off: their pointer table keeps a node per address range first
 //! used until the pool is dropped (by design, `src/pool/table.rs`), and the simulated
 //! driver never hands out an address twice, so with caches on the heap grows for a
 //! reason that is not a slot.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 use std::sync::atomic::Ordering;
 
 use flare_package::{Pool, PoolConfig, ReusePolicy, SimConfig};
 
-#[path = "common/heap.rs"]
-mod heap;
-use heap::{Counting, HELD};
+use crate::common::heap::{Counting, HELD};
 
+/// The pool tests' allocator: it counts what the process holds (each test runs on
+/// it; only this one reads the count, alone in its process).
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
@@ -59,6 +58,11 @@ fn cycle(release_at_once: &Pool, cached: &Pool, i: u64) {
 
 #[test]
 fn released_slots_are_recycled() {
+    crate::common::own_process::run(module_path!(), "released_slots_are_recycled", steps);
+}
+
+/// The steps of [`released_slots_are_recycled`], in a process of its own.
+fn steps() {
     for policy in [ReusePolicy::BestFit, ReusePolicy::Exact, ReusePolicy::None] {
         let at_once = pool(0, policy);
         let cached = pool(u64::MAX, policy);

@@ -6,3 +6,10 @@
 mod common;
 
 mod blocks_and_handles;
+mod growth;
+mod lending;
+mod pools;
+mod release;
+mod requests;
+mod retreat;
+mod stream_heaps;

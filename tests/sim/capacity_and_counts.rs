@@ -1,12 +1,15 @@
 //! The simulated driver's own contract: capacity enforced on the physical bytes held,
 //! `mem_info`, reservations (aligned high, never reused, disjoint between drivers,
-//! given back when a driver is dropped), and the state and call counts.
+//! given back when a driver is dropped), the state and call counts, and the
+//! configuration read back normalised and shown by `Debug`.
 //!
 //! Each test names the document row or rule it checks. Expected values come from the
 //! document or the call's contract, not from running the simulator.
 
 use crate::vmm_rows::{sim, sim_devices, G, INVALID, OK};
-use flare_package::driver::sim::{SimConfig, SimDriver, SimState, SIM_VA_BASE, SIM_VA_WINDOW};
+use flare_package::driver::sim::{
+    SimConfig, SimDriver, SimState, SIM_MAX_DEVICES, SIM_VA_BASE, SIM_VA_WINDOW,
+};
 use flare_package::driver::{CuResult, Driver, DriverCall, MemInfo};
 
 // ---------------------------------------------------------------- capacity, mem_info
@@ -205,4 +208,82 @@ fn dropped_drivers_give_their_addresses_back() {
             assert_ne!(p, q, "driver {i}: two live drivers share an address");
         }
     }
+}
+
+/// `SimDriver::config`: "the configuration this device runs with (granularity
+/// normalised)": a granularity of 0 is taken as 2 MiB (`SimConfig::granularity_bytes`)
+/// and a device count above `SIM_MAX_DEVICES` is taken as that
+/// (`SimConfig::device_count`); the capacity is kept as given. The device behaves as
+/// its config says.
+#[test]
+fn config_reads_back_the_normalised_settings() {
+    let d = SimDriver::new(SimConfig {
+        capacity_bytes: 6 << 30,
+        granularity_bytes: 0,
+        device_count: 1000,
+    });
+    assert_eq!(
+        d.config(),
+        SimConfig {
+            capacity_bytes: 6 << 30,
+            granularity_bytes: 2 << 20,
+            device_count: SIM_MAX_DEVICES,
+        }
+    );
+    assert_eq!(d.granularity_minimum(), Ok(2 << 20));
+    assert_eq!(d.mem_info().unwrap().total, 6 << 30);
+    let va = d.mem_address_reserve(G, 0).unwrap();
+    let h = d.mem_create(G).unwrap();
+    assert_eq!(d.mem_map(va, G, 0, h), OK);
+    let last = (SIM_MAX_DEVICES - 1) as i32;
+    assert_eq!(d.mem_set_access(va, G, &[last + 1]), INVALID);
+    assert_eq!(d.mem_set_access(va, G, &[0, last]), OK);
+    assert_eq!(d.access_of(va), vec![0, last]);
+
+    // Settings that need no normalising read back as given.
+    let given = SimConfig {
+        capacity_bytes: 10 << 30,
+        granularity_bytes: 4 << 20,
+        device_count: 3,
+    };
+    let d = SimDriver::new(given);
+    assert_eq!(d.config(), given);
+    assert_eq!(d.granularity_recommended(), Ok(4 << 20));
+    assert_eq!(
+        d.mem_create(2 << 20),
+        Err(INVALID),
+        "not a multiple of 4 MiB"
+    );
+    // The default is an H200: 140 GiB, 2 MiB, one device.
+    assert_eq!(sim().config(), SimConfig::default());
+    assert_eq!(
+        SimConfig::default(),
+        SimConfig {
+            capacity_bytes: 140 << 30,
+            granularity_bytes: 2 << 20,
+            device_count: 1,
+        }
+    );
+}
+
+/// `SimDriver`'s `Debug` shows its configuration and its state (what a failing test
+/// prints when it formats the driver): a handle of one granule shows as one handle
+/// of 2 MiB, and the default capacity as 140 GiB (`SimConfig::default`, an H200).
+#[test]
+fn debug_shows_the_configuration_and_the_state() {
+    let d = sim();
+    let _h = d.mem_create(G).unwrap();
+    let text = format!("{d:?}");
+    assert!(
+        text.starts_with("SimDriver { config: SimConfig {"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("capacity_bytes: {}", 140u64 << 30)),
+        "{text}"
+    );
+    assert!(
+        text.contains("state: SimState { handles: 1, physical_bytes: 2097152,"),
+        "{text}"
+    );
 }

@@ -1,7 +1,10 @@
 //! The simulated driver through the `Driver` trait: whole handles mapped, errors that
-//! name the call and keep the code, `Send + Sync` and usable as `dyn Driver`.
+//! name the call and keep the code, events and stream destroys passed on, the
+//! hand-off check, `Send + Sync` and usable as `dyn Driver`.
 
+use crate::common;
 use crate::vmm_rows::{sim, G, INVALID, OK};
+use common::mapped_for;
 use flare_package::driver::sim::{SimDriver, SimState};
 use flare_package::driver::{
     CuResult, Driver, DriverCall, DriverError, PhysicalHandle, Reservation,
@@ -97,4 +100,60 @@ fn sim_driver_is_send_sync_and_usable_as_dyn_driver() {
         t.join().unwrap();
     }
     assert_eq!(d.mem_info().unwrap().free, 140 << 30);
+}
+
+/// The `Driver` implementation of events (what the pool calls): `event_query` is
+/// `Ok(true)` for `CUDA_SUCCESS`, `Ok(false)` for `CUDA_ERROR_NOT_READY`, and every
+/// other code an error naming `cuEventQuery`; `event_destroy` destroys (the handle
+/// is refused afterwards) and passes a refusal on as an error naming
+/// `cuEventDestroy`.
+#[test]
+fn the_driver_trait_passes_event_errors_on() {
+    use flare_package::driver::sim::{CUDA_ERROR_INVALID_HANDLE, CU_STREAM_NON_BLOCKING};
+    let d = sim();
+    let va = mapped_for(&d, G, &[0]);
+    let s = d.stream_create_with_flags(CU_STREAM_NON_BLOCKING).unwrap();
+    let e = Driver::event_create(&d).unwrap();
+    assert_eq!(Driver::event_query(&d, e), Ok(true), "never recorded");
+    assert_eq!(d.launch(s, va, G), OK);
+    assert_eq!(d.event_record(e, s), OK);
+    assert_eq!(Driver::event_query(&d, e), Ok(false), "work queued");
+    let bogus = e + 1000;
+    let err = Driver::event_query(&d, bogus).unwrap_err();
+    assert_eq!(
+        (err.call, err.code),
+        (DriverCall::EventQuery, CUDA_ERROR_INVALID_HANDLE)
+    );
+    assert_eq!(Driver::event_destroy(&d, e), Ok(()));
+    assert_eq!(d.event_query(e), CUDA_ERROR_INVALID_HANDLE, "destroyed");
+    let err = Driver::event_destroy(&d, e).unwrap_err();
+    assert_eq!(
+        (err.call, err.code),
+        (DriverCall::EventDestroy, CUDA_ERROR_INVALID_HANDLE)
+    );
+}
+
+/// The `Driver` implementation's stream calls: `stream_destroy` destroys (the
+/// handle is refused afterwards) and passes a refusal on as an error naming
+/// `cuStreamDestroy`; `note_handoff` is the simulated driver's own check: a hand-off
+/// of memory another stream's unordered queued work touches is a contract fault.
+#[test]
+fn the_driver_trait_destroys_streams_and_checks_handoffs() {
+    use flare_package::driver::sim::{CUDA_ERROR_INVALID_HANDLE, CU_STREAM_NON_BLOCKING};
+    use flare_package::driver::Stream;
+    let d = sim();
+    let va = mapped_for(&d, G, &[0]);
+    let busy = d.stream_create_with_flags(CU_STREAM_NON_BLOCKING).unwrap();
+    let other = d.stream_create_with_flags(CU_STREAM_NON_BLOCKING).unwrap();
+    assert_eq!(d.launch(busy, va, G), OK);
+    Driver::note_handoff(&d, Stream(other), va, G);
+    assert_eq!(d.contract_faults(), 1, "unordered hand-off");
+    let s = Driver::stream_create_blocking(&d).unwrap();
+    assert_eq!(Driver::stream_destroy(&d, s), Ok(()));
+    assert_eq!(d.stream_query(s.0), CUDA_ERROR_INVALID_HANDLE, "destroyed");
+    let err = Driver::stream_destroy(&d, s).unwrap_err();
+    assert_eq!(
+        (err.call, err.code),
+        (DriverCall::StreamDestroy, CUDA_ERROR_INVALID_HANDLE)
+    );
 }

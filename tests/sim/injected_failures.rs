@@ -1,9 +1,10 @@
 //! The simulated driver's fault injection: the nth call of a kind fails, counted from
 //! the calls already made, changing nothing; injections queue, are cleared, and pass
-//! through the trait wrapped with the call.
+//! through the trait wrapped with the call; a stream or event kind of `DriverCall`
+//! is counted and failed as the stream call of the same name.
 
 use crate::vmm_rows::{mapped, sim, G, INVALID, OK};
-use flare_package::driver::sim::SimState;
+use flare_package::driver::sim::{SimState, SimStreamCall};
 use flare_package::driver::{CuResult, Driver, DriverCall, DriverError};
 
 // ---------------------------------------------------------------- fault injection
@@ -158,4 +159,47 @@ fn injection_through_the_trait_is_wrapped_with_the_call() {
     );
     assert_eq!(d.state().mappings, 0);
     d.map(r.ptr, h).unwrap();
+}
+
+/// `inject_failure` and `call_count` take every [`DriverCall`]: a stream or event
+/// kind is the stream call of the same name (`SimStreamCall::of_driver_call`: ten
+/// of them, `cuEventCreate` through `cuStreamDestroy`), counted and failed there. An
+/// injected `cuEventRecord` failure through `inject_failure` fails the next record
+/// (a test author's trap before: it was queued among the memory calls, which never
+/// count a record, and never fired); the memory kinds have no stream call.
+#[test]
+fn stream_kinds_of_driver_call_are_counted_and_failed_as_stream_calls() {
+    use flare_package::driver::sim::CU_STREAM_NON_BLOCKING;
+    const CUDA_ERROR_INVALID_VALUE: CuResult = CuResult::INVALID_VALUE;
+    let stream_kinds = DriverCall::ALL
+        .iter()
+        .filter(|&&c| SimStreamCall::of_driver_call(c).is_some())
+        .count();
+    assert_eq!(stream_kinds, 10);
+    for c in [
+        DriverCall::Create,
+        DriverCall::Map,
+        DriverCall::Synchronize,
+        DriverCall::HostAlloc,
+        DriverCall::MemcpyHtoD,
+        DriverCall::MemGetInfo,
+    ] {
+        assert_eq!(SimStreamCall::of_driver_call(c), None, "{c:?}");
+    }
+    assert_eq!(
+        SimStreamCall::of_driver_call(DriverCall::EventRecord),
+        Some(SimStreamCall::EventRecord)
+    );
+    let d = sim();
+    let s = d.stream_create_with_flags(CU_STREAM_NON_BLOCKING).unwrap();
+    let e = Driver::event_create(&d).unwrap();
+    assert_eq!(d.event_record(e, s), OK);
+    assert_eq!(d.call_count(DriverCall::EventRecord), 1);
+    assert_eq!(d.call_count(DriverCall::EventCreate), 1);
+    assert_eq!(d.call_count(DriverCall::StreamCreate), 1);
+    d.inject_failure(DriverCall::EventRecord, 1, CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(d.event_record(e, s), CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(d.event_record(e, s), OK, "one call failed");
+    assert_eq!(d.call_count(DriverCall::EventRecord), 3);
+    assert_eq!(d.stream_call_count(SimStreamCall::EventRecord), 3);
 }

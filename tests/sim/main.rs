@@ -5,9 +5,11 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod call_errors;
 mod capacity_and_counts;
 mod capture_queries;
 mod contract_faults;
+mod copies;
 mod driver_trait;
 mod injected_failures;
 mod memset;

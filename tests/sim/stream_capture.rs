@@ -2,7 +2,7 @@
 //! `docs/vmm-semantics.md`, section "Stream capture" (measured on an H200): the VMM
 //! calls during a capture, what breaks a capture in each mode and thread, the legacy
 //! stream, captured launches, the capture errors, a stream joining a capture by an
-//! event, and the stream-less capture.
+//! event, a wait inside one capture, and the stream-less capture.
 //!
 //! Each test names the row or rule it checks; expected values come from the document
 //! (or, where a test says so, from NVIDIA's documentation of the call), not from
@@ -380,4 +380,40 @@ fn the_stream_less_capture_keeps_its_contract() {
     assert!(!d.is_capturing());
     assert_eq!(d.contract_faults(), 0);
     assert!(d.faults().is_empty());
+}
+
+/// `cuStreamWaitEvent`: `CUDA_ERROR_STREAM_CAPTURE_MERGE` only "when a stream in one
+/// capture waits on an event of another". NVIDIA's cross-stream capture forks and
+/// joins inside one capture: s2 waits on an event s1 recorded in the capture (s2
+/// joins it), s1 then waits on an event s2 recorded in that same capture (the join),
+/// which is legal, and the capture ends fine; a stream in another capture waiting
+/// on s1's event is the merge error.
+#[test]
+fn a_wait_inside_one_capture_is_legal() {
+    use flare_package::driver::sim::{CaptureMode, CUDA_ERROR_STREAM_CAPTURE_MERGE};
+    let d = sim();
+    let flags = flare_package::driver::sim::CU_STREAM_NON_BLOCKING;
+    let (s1, s2, s3) = (
+        d.stream_create_with_flags(flags).unwrap(),
+        d.stream_create_with_flags(flags).unwrap(),
+        d.stream_create_with_flags(flags).unwrap(),
+    );
+    let (fork, join) = (d.event_create().unwrap(), d.event_create().unwrap());
+    assert_eq!(d.stream_begin_capture(s1, CaptureMode::Global), OK);
+    assert_eq!(d.event_record(fork, s1), OK);
+    assert_eq!(d.stream_wait_event(s2, fork), OK, "s2 joins the capture");
+    assert_eq!(d.event_record(join, s2), OK);
+    assert_eq!(
+        d.stream_wait_event(s1, join),
+        OK,
+        "the join, in one capture"
+    );
+    assert_eq!(d.stream_wait_event(s1, fork), OK, "its own event");
+    assert_eq!(d.stream_begin_capture(s3, CaptureMode::Global), OK);
+    assert_eq!(
+        d.stream_wait_event(s3, fork),
+        CUDA_ERROR_STREAM_CAPTURE_MERGE
+    );
+    assert_eq!(d.stream_end_capture(s3), OK);
+    assert_eq!(d.stream_end_capture(s1), OK);
 }

@@ -1,8 +1,9 @@
 //! The simulated driver's stream model (issue 11): stream handles, work queued on a
 //! stream until the device finishes it, access for the stream's device, a context
 //! synchronize of its device's streams only, events covering the work up to their
-//! record, destroyed streams, stream waits; and its plumbing (stream calls injected
-//! to fail, `Send + Sync`, determinism).
+//! record, destroyed and unknown stream handles, the legacy stream ordering blocking
+//! streams on every device, stream waits, the CUDA names of stream calls; and its
+//! plumbing (stream calls injected to fail, `Send + Sync`, determinism).
 
 use crate::common;
 
@@ -12,7 +13,7 @@ use std::thread;
 
 use crate::capture_queries::{mapped, queued_streams, sim, sim_devices, G, LEGACY, OK};
 use flare_package::driver::sim::{
-    CaptureMode, SimDriver, SimStreamCall, SimWork, CUDA_ERROR_INVALID_HANDLE,
+    CaptureMode, SimConfig, SimDriver, SimStreamCall, SimWork, CUDA_ERROR_INVALID_HANDLE,
     CUDA_ERROR_NOT_READY, CU_STREAM_DEFAULT,
 };
 use flare_package::driver::{CuResult, DriverCall};
@@ -281,4 +282,82 @@ fn send_sync_and_deterministic() {
         (s, e, id)
     };
     assert_eq!(run(), run());
+}
+
+/// `SimStreamCall::cuda_name`: "the CUDA driver function this call stands for", one
+/// per call and all distinct: the driver API's own names.
+#[test]
+fn stream_calls_name_their_cuda_functions() {
+    use flare_package::driver::sim::SimStreamCall as C;
+    let want = [
+        (C::StreamCreate, "cuStreamCreate"),
+        (C::StreamDestroy, "cuStreamDestroy"),
+        (C::StreamQuery, "cuStreamQuery"),
+        (C::StreamSynchronize, "cuStreamSynchronize"),
+        (C::StreamWaitEvent, "cuStreamWaitEvent"),
+        (C::StreamBeginCapture, "cuStreamBeginCapture"),
+        (C::StreamEndCapture, "cuStreamEndCapture"),
+        (C::StreamGetCaptureInfo, "cuStreamGetCaptureInfo"),
+        (C::EventCreate, "cuEventCreate"),
+        (C::EventDestroy, "cuEventDestroy"),
+        (C::EventRecord, "cuEventRecord"),
+        (C::EventQuery, "cuEventQuery"),
+        (C::EventSynchronize, "cuEventSynchronize"),
+        (
+            C::ThreadExchangeCaptureMode,
+            "cuThreadExchangeStreamCaptureMode",
+        ),
+    ];
+    assert_eq!(C::ALL.len(), want.len());
+    for (call, name) in want {
+        assert!(C::ALL.contains(&call));
+        assert_eq!(call.cuda_name(), name);
+    }
+}
+
+/// "A handle that is not a live stream" is `CUDA_ERROR_INVALID_HANDLE`: a stream
+/// destroyed while its work still runs (`cuStreamDestroy`: "the handle is refused
+/// from now on"), and a value the driver never handed out, such as the simulator's
+/// internal key of a device's legacy stream (`1 << 63`, created streams count up
+/// from `1 << 32`), even once that legacy stream exists.
+#[test]
+fn destroyed_and_unknown_stream_handles_are_refused() {
+    use flare_package::driver::sim::{CUDA_ERROR_INVALID_HANDLE, CU_STREAM_NON_BLOCKING};
+    let d = sim();
+    let va = mapped_for(&d, G, &[0]);
+    let s = d.stream_create_with_flags(CU_STREAM_NON_BLOCKING).unwrap();
+    assert_eq!(d.launch(s, va, G), OK);
+    assert_eq!(d.stream_destroy(s), OK);
+    assert_eq!(d.stream_query(s), CUDA_ERROR_INVALID_HANDLE);
+    assert_eq!(d.launch(s, va, G), CUDA_ERROR_INVALID_HANDLE);
+    // The legacy stream of device 0 exists once used.
+    assert_eq!(d.launch(0, va, G), OK);
+    assert_eq!(d.stream_query(1 << 63), CUDA_ERROR_INVALID_HANDLE);
+    assert_eq!(d.launch(1 << 63, va, G), CUDA_ERROR_INVALID_HANDLE);
+}
+
+/// The legacy stream synchronizes with the blocking streams of its own device, on
+/// every device: on device 1 (the calling thread's current device, `cuCtxSetCurrent`),
+/// work on a blocking stream runs after earlier legacy-stream work, so handing the
+/// legacy stream's memory to it is ordered (no contract fault), while a
+/// non-blocking stream's hand-off is not.
+#[test]
+fn the_legacy_stream_orders_blocking_streams_on_device_one_too() {
+    use flare_package::driver::sim::{CU_STREAM_DEFAULT, CU_STREAM_NON_BLOCKING};
+    let d = SimDriver::new(SimConfig {
+        device_count: 2,
+        ..SimConfig::default()
+    });
+    assert_eq!(d.ctx_set_current(1), OK);
+    let va = d.mem_address_reserve(G, 0).unwrap();
+    let h = d.mem_create(G).unwrap();
+    assert_eq!(d.mem_map(va, G, 0, h), OK);
+    assert_eq!(d.mem_set_access(va, G, &[0, 1]), OK);
+    let blocking = d.stream_create_with_flags(CU_STREAM_DEFAULT).unwrap();
+    let nb = d.stream_create_with_flags(CU_STREAM_NON_BLOCKING).unwrap();
+    assert_eq!(d.launch(0, va, G), OK);
+    assert_eq!(d.note_handoff(blocking, va, G), OK);
+    assert_eq!(d.contract_faults(), 0, "blocking after legacy: ordered");
+    assert_eq!(d.note_handoff(nb, va, G), OK);
+    assert_eq!(d.contract_faults(), 1, "non-blocking vs legacy: unordered");
 }

@@ -7,7 +7,10 @@ mod common;
 
 mod captures;
 mod cross_stream_reuse;
+mod destroyed_streams;
+mod failed_fences;
 mod fence_release;
 mod record_stream;
+mod scope_barrier;
 mod stream_lifetime;
 mod stream_order;

@@ -1,7 +1,9 @@
 //! Stream order on the simulated driver (issue 11): `allocate_async`, `free_async`,
 //! the guard, scopes, a driver without streams, the legacy stream, destroy; and the
-//! pools the stream tests share. Cross-stream reuse, the release on fences, captures
-//! and `record_stream` have modules of their own. Every expectation comes
+//! pools the stream tests share. Cross-stream reuse, the release on fences, failed
+//! fences, captures, `record_stream`, a stream's end, destroyed streams and the
+//! scope barrier against a release waiting on a fence have modules of their own.
+//! Every expectation comes
 //! from the issue's semantics or the driver rows of `docs/vmm-semantics.md`; the
 //! simulated driver counts a contract fault for an unmap of memory queued work
 //! touches, a hand-off of memory to a stream while another stream's unordered work
@@ -239,4 +241,17 @@ fn destroy_gives_back_every_event_and_the_pools_stream() {
     assert_eq!(sim.stream_call_count(SimStreamCall::StreamDestroy), 1);
     assert_eq!(sim.stream_call_count(SimStreamCall::EventCreate), created);
     no_faults(&sim);
+}
+
+pub(crate) fn sim_pool(
+    cross: CrossStreamReuse,
+    threshold: u64,
+    capacity: u64,
+) -> (Pool, Arc<SimDriver>) {
+    let config = PoolConfig {
+        cross_stream_reuse: cross,
+        release_threshold_bytes: threshold,
+        ..PoolConfig::default()
+    };
+    common::simulated_pool(capacity, config)
 }

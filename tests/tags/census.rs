@@ -1,12 +1,13 @@
 //! Tags (issue 15) on the simulated driver: the census counts each tag from the sizes
 //! allocated, on streams too; a tagged allocation on a stream that does not exist is
-//! refused.
+//! refused. A pending release is in no tag's census, a census reads the same after a
+//! sleep and a wake, and tag 0's counts what the other tags do not hold.
 
 use crate::common;
 
-use crate::sleep_and_wake::{keeping_pool, pool_with};
-use common::{check, no_faults, GIB, MIB};
-use flare_package::{ReusePolicy, SleepMode, TagCensus};
+use crate::sleep_and_wake::{keeping_pool, keeping_segments, pool_with};
+use common::{check, no_faults, simulated_pool, GIB, MIB};
+use flare_package::{CuResult, DriverCall, PoolConfig, ReusePolicy, SleepMode, TagCensus};
 
 /// The census adds up from the sizes: a 3 MiB request maps 4 MiB (2 MiB granules);
 /// a free moves its bytes from live to the tag's idle; tag 0 is the rest.
@@ -108,4 +109,70 @@ fn a_tagged_allocation_on_a_stream_that_does_not_exist_is_refused() {
         let s = check(&pool);
         assert_eq!((s.live_count, s.physical_bytes), (0, 0), "{policy:?}");
     }
+}
+
+/// "Pending releases are the pool's, in no tag" (`TagCensus::physical_bytes`). A
+/// trim whose `cuMemRelease` the driver refuses leaves the idle 2 MiB mapping pending
+/// (unmapped, its handle live): the pool still holds the 2 MiB on the device
+/// (`Snapshot::physical_bytes`, `pending_bytes`), but tag 0, which holds every
+/// mapping no other tag holds, has nothing live or idle, so its census holds 0 bytes.
+#[test]
+fn a_pending_release_is_in_no_tags_census() {
+    let (pool, sim) = simulated_pool(
+        16 * GIB,
+        PoolConfig {
+            release_threshold_bytes: u64::MAX,
+            ..PoolConfig::default()
+        },
+    );
+    let p = pool.allocate_raw(2 * MIB).unwrap();
+    pool.free_raw(p).unwrap();
+    assert_eq!(pool.tag_census(0).physical_bytes, 2 * MIB, "idle: tag 0's");
+    sim.inject_failure(DriverCall::Release, 1, CuResult::UNKNOWN);
+    let _ = pool.trim();
+    let snap = check(&pool);
+    assert_eq!(
+        (snap.physical_bytes, snap.pending_bytes),
+        (2 * MIB, 2 * MIB)
+    );
+    let c = pool.tag_census(0);
+    assert_eq!((c.live_bytes, c.idle_bytes, c.physical_bytes), (0, 0, 0));
+}
+
+/// A tag's census reads the same after a sleep and a wake in segment mode: its 2 MiB
+/// handle holds one live 1024-byte block (1000 bytes asked, 512-byte steps), the
+/// rest idle (`idle_bytes` 2 MiB - 1024), and the wake books the block live again.
+#[test]
+fn a_tags_census_reads_the_same_after_a_sleep_and_a_wake() {
+    let (pool, _sim) = keeping_segments(16 * GIB);
+    let _p = pool.allocate_tagged_raw(1000, None, 7).unwrap();
+    let c = pool.tag_census(7);
+    assert_eq!((c.idle_bytes, c.physical_bytes), (2 * MIB - 1024, 2 * MIB));
+    pool.sleep(7, SleepMode::Offload).unwrap();
+    assert_eq!(pool.tag_census(7).physical_bytes, 0);
+    pool.wake(7).unwrap();
+    let c = pool.tag_census(7);
+    assert_eq!((c.idle_bytes, c.physical_bytes), (2 * MIB - 1024, 2 * MIB));
+    assert!(!c.sleeping);
+    check(&pool);
+}
+
+/// Tag 0's census counts what the pool holds less the other tags': with one
+/// untagged live 2 MiB mapping, and tag 7's 2 MiB mapping asleep (discarded: its
+/// bytes are the pool's `sleeping_bytes`, none held), tag 0's live bytes are its
+/// own 2 MiB (4 MiB live in the pool, less tag 7's 2 MiB), as are its physical
+/// bytes (tag 7 holds none).
+#[test]
+fn tag_zeros_census_counts_its_live_mapping() {
+    let (pool, _sim) = simulated_pool(GIB, PoolConfig::default());
+    let _p = pool.allocate_raw(2 * MIB).unwrap();
+    let _q = pool.allocate_tagged_raw(2 * MIB, None, 7).unwrap();
+    pool.sleep(7, SleepMode::Discard).unwrap();
+    let s = check(&pool);
+    assert_eq!((s.sleeping_bytes, s.sleeping_held_bytes), (2 * MIB, 0));
+    let c = pool.tag_census(0);
+    assert_eq!(
+        (c.live_count, c.live_bytes, c.physical_bytes),
+        (1, 2 * MIB, 2 * MIB)
+    );
 }

@@ -3,8 +3,9 @@
 //! every driver call of sleep and wake failing.
 //!
 //! Here: sleep and wake in both modes, with whole mappings; and the pools and data
-//! patterns the tag tests share. The census, scopes and captures, segments and the
-//! failing driver calls have modules of their own.
+//! patterns the tag tests share. The census, tagged requests, scopes and captures,
+//! segments and a tag's heaps, a sleep against calls in flight, the failing driver
+//! calls and the refused steps of a sleep and of a wake have modules of their own.
 
 use crate::common;
 
@@ -13,6 +14,7 @@ use flare_package::driver::sim::SimDriver;
 use flare_package::{
     CuResult, DevicePtr, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SleepMode,
 };
+use std::sync::Arc;
 
 /// A pattern that differs per allocation and per byte.
 /// Byte `i` is `(31 seed + 7 i) mod 251`: a sequence of period 251 (prime), built
@@ -295,4 +297,15 @@ fn a_pool_dropped_asleep_leaves_nothing() {
     let d = sim.state();
     assert_eq!((d.handles, d.reservations, d.mappings), (0, 0, 0));
     assert_eq!(sim.host_bytes(), 0);
+}
+
+/// A segment-mode pool that keeps what is freed (release threshold `u64::MAX`).
+pub(crate) fn keeping_segments(capacity: u64) -> (Pool, Arc<SimDriver>) {
+    simulated_pool(
+        capacity,
+        PoolConfig {
+            release_threshold_bytes: u64::MAX,
+            ..PoolConfig::default().with_policy(ReusePolicy::Segments)
+        },
+    )
 }

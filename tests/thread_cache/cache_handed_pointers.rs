@@ -1,14 +1,19 @@
 //! Thread caches (issue 13): a pointer a cache handed out is an allocation like any
-//! other: a double free is refused, a stale guard frees nothing, and `record_stream`
-//! and `free_async` take it.
+//! other: a double free is refused (also two racing on two threads), an interior
+//! pointer is unknown, a stale guard frees nothing (however many hand-outs came
+//! between), and `record_stream` and `free_async` take it.
 
 use crate::common;
 
 use std::thread;
 
-use crate::caching::{cache_handed, default_pool, is_unknown, released_once};
-use common::{check, stream, MIB};
-use flare_package::Error;
+use crate::caching::{
+    cache_handed, cache_handed_of, default_pool, invariants, is_unknown, pool, released_once,
+    unknown,
+};
+use common::{assert_driver_empty, check, stream, GIB, MIB};
+use flare_package::{Error, ReusePolicy};
+use std::sync::{Barrier, Mutex};
 
 /// A second free of a cache-handed pointer (still in the cache, from another
 /// thread, after the cache was drained to the books) is `UnknownPointer` and
@@ -161,4 +166,308 @@ fn free_async_of_a_cache_handed_pointer() {
     pool.free_async_raw(q, s1).unwrap();
     pool.retention_finish().unwrap();
     released_once(&pool, &sim);
+}
+
+/// "free(ptr): an interior pointer ... is an unknown-pointer error that changes
+/// nothing": also for memory a thread cache handed out, whatever its offset (the
+/// pointer table's unit is 512 bytes, so an offset below 512 finds the
+/// allocation's own entry).
+#[test]
+fn interior_pointers_of_cache_handed_memory_are_unknown() {
+    for policy in [ReusePolicy::BestFit, ReusePolicy::Segments] {
+        let (pool, _sim) = pool(GIB, policy);
+        pool.retention_begin().unwrap();
+        let bytes = if policy.is_segments() { 4096 } else { 2 * MIB };
+        let p = cache_handed_of(&pool, bytes);
+        let before = check(&pool);
+        for off in [1, 8, 256, 511, 512, 4095] {
+            unknown(pool.free_raw(p + off), p + off);
+            let s = check(&pool);
+            assert_eq!(
+                s.live_count, before.live_count,
+                "offset {off}: nothing freed"
+            );
+            assert_eq!(s.frees, before.frees, "offset {off}");
+            assert_eq!(s.thread_cache_count, before.thread_cache_count);
+        }
+        // From a thread with a cache of its own (a remote free), too.
+        thread::scope(|t| {
+            t.spawn(|| unknown(pool.free_raw(p + 1), p + 1));
+        });
+        assert_eq!(check(&pool).live_count, before.live_count);
+        // The allocation is intact: freed once at its address, and the cache hands
+        // that address (not an interior one) out again.
+        pool.free_raw(p).unwrap();
+        let q = pool.allocate_raw(bytes).unwrap();
+        assert_eq!(q, p);
+        pool.free_raw(q).unwrap();
+        pool.retention_finish().unwrap();
+        check(&pool);
+        assert_eq!(pool.snapshot().live_count, 0);
+        assert_driver_empty(&pool);
+    }
+}
+
+/// "A second free of the same pointer is an unknown-pointer error that changes
+/// nothing", for memory a cache handed out and memory the books handed out.
+#[test]
+fn double_free_on_one_thread() {
+    for policy in [ReusePolicy::BestFit, ReusePolicy::Segments] {
+        let (pool, _sim) = pool(GIB, policy);
+        pool.retention_begin().unwrap();
+        let bytes = if policy.is_segments() {
+            64 << 10
+        } else {
+            2 * MIB
+        };
+        // Books-handed (the first allocation), freed into the cache.
+        let p = pool.allocate_raw(bytes).unwrap();
+        pool.free_raw(p).unwrap();
+        let s = check(&pool);
+        assert_eq!(s.thread_cache_count, 1);
+        unknown(pool.free_raw(p), p);
+        assert_eq!(check(&pool), s, "the second free changed nothing");
+        // Cache-handed, freed back into the cache.
+        let q = pool.allocate_raw(bytes).unwrap();
+        assert_eq!(q, p);
+        pool.free_raw(q).unwrap();
+        let s = check(&pool);
+        unknown(pool.free_raw(q), q);
+        assert_eq!(check(&pool), s);
+        pool.retention_finish().unwrap();
+        let s = check(&pool);
+        assert_eq!((s.live_count, s.allocations, s.frees), (0, 2, 2));
+        assert_driver_empty(&pool);
+    }
+}
+
+/// Of two frees of one pointer racing on two threads, exactly one succeeds and the
+/// other is an unknown pointer: memory handed out by the first thread's cache, by
+/// the books, and freed by its owner racing another thread (a remote free) or by
+/// two threads that own neither.
+#[test]
+fn double_frees_racing_on_two_threads() {
+    for policy in [ReusePolicy::BestFit, ReusePolicy::Segments] {
+        let (pool, _sim) = pool(GIB, policy);
+        let bytes = if policy.is_segments() {
+            64 << 10
+        } else {
+            2 * MIB
+        };
+        pool.retention_begin().unwrap();
+        let rounds = 300;
+        let slot = Mutex::new(0u64);
+        let go = Barrier::new(3);
+        let done = Barrier::new(3);
+        let oks = Mutex::new(Vec::new());
+        thread::scope(|t| {
+            for who in 0..2 {
+                let (pool, slot, go, done, oks) = (&pool, &slot, &go, &done, &oks);
+                t.spawn(move || {
+                    for round in 0..rounds {
+                        go.wait();
+                        let p = *slot.lock().unwrap();
+                        // Round kinds 0, 1: the main thread owns it and this thread
+                        // (who 0) races a thread that does not (who 1).
+                        let r = pool.free_raw(p);
+                        if let Err(e) = &r {
+                            assert!(
+                                matches!(e, Error::UnknownPointer { ptr } if *ptr == p),
+                                "{e}"
+                            );
+                        }
+                        oks.lock().unwrap().push((round, who, r.is_ok()));
+                        done.wait();
+                    }
+                });
+            }
+            for round in 0..rounds {
+                // Alternately books-handed (the caches emptied by a miss) and
+                // cache-handed memory.
+                let p = if round % 2 == 0 {
+                    cache_handed_of(&pool, bytes)
+                } else {
+                    pool.allocate_raw(bytes).unwrap()
+                };
+                *slot.lock().unwrap() = p;
+                go.wait();
+                done.wait();
+                let s = invariants(&pool);
+                assert_eq!(s.live_count, 0, "round {round}: freed once");
+            }
+        });
+        let oks = oks.into_inner().unwrap();
+        for round in 0..rounds {
+            let won = oks.iter().filter(|&&(r, _, ok)| r == round && ok).count();
+            assert_eq!(won, 1, "round {round}: one free wins");
+        }
+        let s = check(&pool);
+        assert_eq!(s.allocations, s.frees);
+        // Every allocation after the first few was served by reuse.
+        assert!(s.mappings_created + s.reuse_hits >= s.allocations);
+        pool.retention_finish().unwrap();
+        check(&pool);
+        assert_driver_empty(&pool);
+    }
+}
+
+/// A guard frees only its own allocation (`Allocation::id`): after the pointer was
+/// freed behind it and handed out again (by a cache, or by the books), dropping the
+/// stale guard frees nothing; a guard of cache-handed memory that a scope's end gave
+/// to the books still frees it.
+#[test]
+fn stale_guards_free_nothing() {
+    for policy in [ReusePolicy::BestFit, ReusePolicy::Segments] {
+        let (pool, _sim) = pool(GIB, policy);
+        let bytes = if policy.is_segments() { 4096 } else { 2 * MIB };
+        pool.retention_begin().unwrap();
+        // A guard of cache-handed memory; the pointer freed behind it and handed
+        // out again by the cache.
+        let p = cache_handed_of(&pool, bytes);
+        pool.free_raw(p).unwrap();
+        let g = pool.allocate(bytes).unwrap();
+        assert_eq!(g.ptr(), p);
+        pool.free_raw(p).unwrap();
+        let q = pool.allocate_raw(bytes).unwrap();
+        assert_eq!(q, p, "the cache hands the same address out again");
+        let s = check(&pool);
+        drop(g);
+        assert_eq!(check(&pool), s, "the stale guard freed nothing");
+        pool.free_raw(q).unwrap();
+
+        // A guard of books-handed memory (the cache drained by a finish), the
+        // address then handed out by a cache.
+        pool.retention_finish().unwrap();
+        pool.retention_begin().unwrap();
+        let g = pool.allocate(bytes).unwrap();
+        let p = g.ptr();
+        pool.free_raw(p).unwrap();
+        let q = pool.allocate_raw(bytes).unwrap();
+        assert_eq!(q, p);
+        assert_eq!(
+            pool.snapshot().thread_cache_hits,
+            4,
+            "cache_handed, g, q, and q again"
+        );
+        let s = check(&pool);
+        drop(g);
+        assert_eq!(check(&pool), s, "the stale books guard freed nothing");
+        pool.free_raw(q).unwrap();
+
+        // A guard of cache-handed memory across a scope's end (now live in the
+        // books) still frees its allocation, once.
+        let g = pool.allocate(bytes).unwrap();
+        assert_eq!(pool.snapshot().thread_cache_hits, 5);
+        pool.retention_finish().unwrap();
+        assert_eq!(check(&pool).live_count, 1);
+        pool.retention_begin().unwrap();
+        // ... and a stale copy of its key (freed, reallocated at the address by
+        // the cache) is refused: free it behind the guard first.
+        let p = g.ptr();
+        pool.free_raw(p).unwrap();
+        let q = pool.allocate_raw(bytes).unwrap();
+        assert_eq!(q, p);
+        let s = check(&pool);
+        drop(g);
+        assert_eq!(check(&pool), s);
+        pool.free_raw(q).unwrap();
+        let g = pool.allocate(bytes).unwrap();
+        pool.retention_finish().unwrap();
+        drop(g);
+        let s = check(&pool);
+        assert_eq!(s.live_count, 0, "the guard freed its allocation");
+        assert_eq!(s.allocations, s.frees);
+        assert_driver_empty(&pool);
+    }
+}
+
+/// A guard's key carries the generation of its hand-out, and "a stale guard never
+/// frees a later allocation at the same address" holds however many hand-outs came
+/// between (table.rs: the generation has 46 bits, bumped at every hand-out, so it
+/// comes back only after 2^46 of them): a guard whose memory was freed behind it and
+/// handed out 8 more times by the cache frees nothing on drop. (A generation kept
+/// in fewer bits, or bumped so that it cycles, would meet an old key again within
+/// a few hand-outs: 8 hand-outs meet it for every period that divides 8.)
+#[test]
+fn a_guard_stale_by_eight_hand_outs_frees_nothing() {
+    let (pool, _sim) = pool(GIB, ReusePolicy::BestFit);
+    pool.retention_begin().unwrap();
+    let p = cache_handed_of(&pool, 2 * MIB);
+    pool.free_raw(p).unwrap();
+    let g = pool.allocate(2 * MIB).unwrap();
+    assert_eq!(g.ptr(), p);
+    let hits = pool.snapshot().thread_cache_hits;
+    for _ in 0..8 {
+        pool.free_raw(p).unwrap();
+        assert_eq!(pool.allocate_raw(2 * MIB).unwrap(), p);
+    }
+    assert_eq!(
+        pool.snapshot().thread_cache_hits,
+        hits + 8,
+        "every one from the cache"
+    );
+    let s = check(&pool);
+    assert_eq!(s.live_count, 1);
+    drop(g);
+    assert_eq!(check(&pool), s, "the stale guard freed nothing");
+    pool.free_raw(p).unwrap();
+    pool.retention_finish().unwrap();
+    let s = check(&pool);
+    assert_eq!((s.live_count, s.allocations, s.frees), (0, 11, 11));
+}
+
+/// Stream calls on memory a cache handed out: `free_async` frees it on the stream
+/// (reused on that stream at once, never by a cache), `record_stream` then a
+/// synchronous free keeps it out of every cache ("memory freed on streams, with a
+/// stream recorded ... never enters a cache"); a second free of either kind is an
+/// unknown pointer.
+#[test]
+fn stream_calls_on_cache_handed_memory() {
+    for policy in [ReusePolicy::BestFit, ReusePolicy::Segments] {
+        let (pool, sim) = pool(GIB, policy);
+        let bytes = if policy.is_segments() { 4096 } else { 2 * MIB };
+        let (s1, s2) = (stream(&sim), stream(&sim));
+        pool.retention_begin().unwrap();
+        let p = cache_handed_of(&pool, bytes);
+        pool.free_async_raw(p, s1).unwrap();
+        let s = check(&pool);
+        assert_eq!((s.live_count, s.thread_cache_count), (0, 0));
+        unknown(pool.free_raw(p), p);
+        unknown(pool.free_async_raw(p, s1), p);
+        unknown(pool.record_stream(p, s2), p);
+        assert_eq!(check(&pool).frees, s.frees);
+        // Stream order: s1 takes it back at once.
+        let a = pool.allocate_async_raw(bytes, s1).unwrap();
+        assert_eq!(a, p);
+        pool.free_async_raw(a, s1).unwrap();
+        assert_eq!(
+            check(&pool).thread_cache_count,
+            0,
+            "stream frees skip caches"
+        );
+
+        // record_stream on cache-handed memory, then a synchronous free.
+        let q = cache_handed_of(&pool, 3 * bytes);
+        pool.record_stream(q, s2).unwrap();
+        pool.free_raw(q).unwrap();
+        let s = check(&pool);
+        assert_eq!(s.thread_cache_count, 0, "recorded memory skips caches");
+        assert_eq!(s.live_count, 0);
+        unknown(pool.free_raw(q), q);
+        unknown(pool.record_stream(q, s2), q);
+
+        // A guard of cache-handed memory, recorded on a stream, frees it on drop.
+        let g = pool.allocate(5 * bytes).unwrap();
+        drop(g);
+        let g = pool.allocate(5 * bytes).unwrap();
+        assert!(pool.snapshot().thread_cache_hits >= 3);
+        pool.record_stream(g.ptr(), s2).unwrap();
+        drop(g);
+        let s = check(&pool);
+        assert_eq!(s.live_count, 0);
+        assert_eq!(s.allocations, s.frees);
+        pool.retention_finish().unwrap();
+        check(&pool);
+        assert_driver_empty(&pool);
+    }
 }

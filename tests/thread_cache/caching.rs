@@ -21,8 +21,9 @@
 //! above the rounded request (`DEFAULT_BEST_FIT_MAX_WASTE_PERCENT`).
 //!
 //! Here: when a free is cached and a hit served, and the bounds; and the pools the
-//! thread cache tests share. Remote frees, exited threads, release points,
-//! cache-handed pointers, segment blocks and concurrent snapshots have modules of
+//! thread cache tests share. Remote frees, exited threads, the registry, release
+//! points, cache-handed pointers, picks and bounds, segment blocks, scopes racing,
+//! concurrent snapshots and a dropped pool's caches on the heap have modules of
 //! their own.
 
 use crate::common;
@@ -31,7 +32,9 @@ use std::sync::Arc;
 use std::thread;
 
 use common::{assert_driver_empty, check, no_faults, simulated_pool, MIB};
-use flare_package::{DevicePtr, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimDriver};
+use flare_package::{
+    DevicePtr, DriverCall, Error, Pool, PoolConfig, ReusePolicy, SimDriver, Snapshot,
+};
 
 pub(crate) const KIB: u64 = 1 << 10;
 
@@ -437,4 +440,59 @@ fn a_hit_takes_its_bytes_out_of_the_bytes_bound() {
     assert_eq!(s.thread_cache_bytes, 6 * MIB);
     pool.retention_finish().unwrap();
     released_once(&pool, &sim);
+}
+
+/// A pool with `policy` on a device of `capacity` bytes, default thread caches.
+pub(crate) fn pool(capacity: u64, policy: ReusePolicy) -> (Pool, Arc<flare_package::SimDriver>) {
+    simulated_pool(capacity, PoolConfig::default().with_policy(policy))
+}
+
+/// A pool whose caches hold memory outside scopes too (`release_threshold_bytes`
+/// is `u64::MAX`: nothing would be released anyway).
+pub(crate) fn open_pool(
+    capacity: u64,
+    policy: ReusePolicy,
+) -> (Pool, Arc<flare_package::SimDriver>) {
+    simulated_pool(
+        capacity,
+        PoolConfig {
+            reuse_policy: policy,
+            release_threshold_bytes: u64::MAX,
+            ..PoolConfig::default()
+        },
+    )
+}
+
+#[track_caller]
+pub(crate) fn unknown(r: flare_package::Result<()>, ptr: u64) {
+    match r {
+        Err(Error::UnknownPointer { ptr: p }) => assert_eq!(p, ptr),
+        other => panic!("expected an unknown-pointer error for {ptr:#x}, got {other:?}"),
+    }
+}
+
+/// The snapshot invariants only (other threads may be changing the driver).
+#[track_caller]
+pub(crate) fn invariants(pool: &Pool) -> Snapshot {
+    let s = pool.snapshot();
+    if let Err(e) = s.check_invariants() {
+        panic!("snapshot invariant broken: {e}\n{s:#?}");
+    }
+    s
+}
+
+/// An allocation the calling thread's cache hands out: allocate and free `bytes`
+/// once (the free goes to the cache: a scope is open), then allocate again.
+pub(crate) fn cache_handed_of(pool: &Pool, bytes: u64) -> u64 {
+    let p = pool.allocate_raw(bytes).unwrap();
+    pool.free_raw(p).unwrap();
+    let hits = pool.snapshot().thread_cache_hits;
+    let q = pool.allocate_raw(bytes).unwrap();
+    assert_eq!(q, p, "the cache gives the same memory back");
+    assert_eq!(
+        pool.snapshot().thread_cache_hits,
+        hits + 1,
+        "served by the cache"
+    );
+    q
 }

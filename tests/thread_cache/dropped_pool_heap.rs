@@ -2,8 +2,9 @@
 //! (`src/pool/cache.rs`: a pool's drop retires its caches, "thread-locals let go of
 //! its caches" at their next registration). Nothing in the public API shows a
 //! thread's caches of a pool that is gone, so this test watches the one thing
-//! keeping them would show: the heap. A counting global allocator (this file's own
-//! test binary, one test in it) measures the bytes the process holds.
+//! keeping them would show: the heap. A counting global allocator (the binary's;
+//! this test runs alone in a process of its own, `crate::common::own_process`)
+//! measures the bytes the process holds.
 //!
 //! Each cycle makes a pool with thread caches open (release threshold `u64::MAX`),
 //! allocates, frees into the thread's cache, allocates again from it (a cache hit:
@@ -13,16 +14,15 @@
 //! registers one: the next cycle's pool lets go of the previous pool's. Kept
 //! instead, each dropped pool would leave at least its leaf (20 KiB) and its cache
 //! behind: 200 cycles, 4 MiB at least.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
 
 use std::sync::atomic::Ordering;
 
 use flare_package::{Pool, PoolConfig, SimConfig};
 
-#[path = "common/heap.rs"]
-mod heap;
-use heap::{Counting, HELD};
+use crate::common::heap::{Counting, HELD};
 
+/// The thread_cache tests' allocator: it counts what the process holds (each test runs on
+/// it; only this one reads the count, alone in its process).
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
@@ -46,6 +46,15 @@ fn cycle() {
 
 #[test]
 fn a_dropped_pools_thread_caches_are_let_go() {
+    crate::common::own_process::run(
+        module_path!(),
+        "a_dropped_pools_thread_caches_are_let_go",
+        steps,
+    );
+}
+
+/// The steps of [`a_dropped_pools_thread_caches_are_let_go`], in a process of its own.
+fn steps() {
     std::thread::spawn(|| {
         for _ in 0..20 {
             cycle();

@@ -1,13 +1,14 @@
 //! Thread caches (issue 13) in segment mode: blocks of at most 1 MiB of the
 //! synchronous heap are cached, larger ones not; a miss drains the cache and the
-//! heap, and cached small blocks coalesce before a growth.
+//! heap, and cached small blocks coalesce before a growth (and once drained); the
+//! peak does not grow with the threads.
 
 use crate::common;
 
 use std::thread;
 
-use crate::caching::{pool_with, seg_pool, KIB};
-use common::{check, no_faults, MIB};
+use crate::caching::{invariants, pool, pool_with, seg_pool, KIB};
+use common::{assert_driver_empty, check, no_faults, simulated_pool, GIB, MIB};
 use flare_package::{DevicePtr, DriverCall, PoolConfig, ReusePolicy};
 
 /// Segment mode: the drain on a miss is what lets freed blocks coalesce. Two 1 MiB
@@ -225,4 +226,101 @@ fn a_small_blocks_miss_leaves_other_threads_whole_mappings_cached() {
     );
     pool.retention_finish().unwrap();
     assert_eq!(check(&pool).live_count, 0);
+}
+
+/// Segment mode: blocks cached by a thread coalesce once drained. 128 blocks of
+/// 16 KiB fill the first 2 MiB handle; freed, 32 stay in the cache (its entry
+/// bound) and 96 go back to the heap. Two 1 MiB blocks then fill the handle with no
+/// growth only if every freed block, cached ones included, coalesced into one free
+/// range.
+#[test]
+fn segment_cached_blocks_coalesce() {
+    let (pool, _sim) = pool(GIB, ReusePolicy::Segments);
+    pool.retention_begin().unwrap();
+    let ptrs: Vec<u64> = (0..128)
+        .map(|_| pool.allocate_raw(16 << 10).unwrap())
+        .collect();
+    let s = check(&pool);
+    assert_eq!((s.physical_bytes, s.block_live_bytes), (2 * MIB, 2 * MIB));
+    let handles = s.segment_handles;
+    for p in ptrs {
+        pool.free_raw(p).unwrap();
+    }
+    let s = check(&pool);
+    assert_eq!(
+        (s.thread_cache_count, s.thread_cache_bytes),
+        (32, 32 * (16 << 10)),
+        "bounded by 32 entries"
+    );
+    let big = pool.allocate_raw(MIB).unwrap();
+    let s = check(&pool);
+    assert_eq!(s.physical_bytes, 2 * MIB, "no growth");
+    assert_eq!(s.segment_handles, handles);
+    assert_eq!(s.block_live_bytes, MIB);
+    // And the rest once more: a second 1 MiB block fills the handle exactly.
+    let big2 = pool.allocate_raw(MIB).unwrap();
+    assert_eq!(check(&pool).physical_bytes, 2 * MIB);
+    pool.free_raw(big).unwrap();
+    pool.free_raw(big2).unwrap();
+    pool.retention_finish().unwrap();
+    check(&pool);
+    assert_driver_empty(&pool);
+}
+
+/// Segment mode, four threads cycling blocks of one size (8 of 64 KiB live per
+/// thread, 2 MiB at most at once): the peak stays bounded however long they run.
+/// Idle blocks of the size asked are taken from any cache before a heap grows, so
+/// a growth happens only when every mapped byte but less than one block is live:
+/// the heap never holds more than the 2 MiB live plus one growth (at most 2 MiB at
+/// this size).
+#[test]
+fn segment_peaks_do_not_grow_with_threads() {
+    for threshold in [0, u64::MAX] {
+        let (pool, _sim) = simulated_pool(
+            GIB,
+            PoolConfig {
+                reuse_policy: ReusePolicy::Segments,
+                release_threshold_bytes: threshold,
+                ..PoolConfig::default()
+            },
+        );
+        let scope = pool.retention_scope().unwrap();
+        thread::scope(|t| {
+            for _ in 0..4 {
+                t.spawn(|| {
+                    for _ in 0..500 {
+                        let ptrs: Vec<u64> = (0..8)
+                            .map(|_| pool.allocate_raw(64 << 10).unwrap())
+                            .collect();
+                        for p in ptrs {
+                            pool.free_raw(p).unwrap();
+                        }
+                    }
+                });
+            }
+            t.spawn(|| {
+                for _ in 0..200 {
+                    invariants(&pool);
+                    thread::yield_now();
+                }
+            });
+        });
+        let s = check(&pool);
+        assert!(
+            s.peak_physical_bytes <= 4 * MIB,
+            "peak {} MiB",
+            s.peak_physical_bytes >> 20
+        );
+        assert_eq!(s.live_count, 0);
+        assert!(s.thread_cache_hits > 0);
+        scope.finish().unwrap();
+        let s = check(&pool);
+        if threshold == 0 {
+            assert_eq!(s.physical_bytes, 0);
+            assert_driver_empty(&pool);
+        } else {
+            pool.trim().unwrap();
+            assert_driver_empty(&pool);
+        }
+    }
 }

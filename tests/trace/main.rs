@@ -11,5 +11,6 @@ mod recorded_lines;
 mod recording_failures;
 mod recording_replays;
 mod recording_threads;
+mod recording_writer;
 mod replay;
 mod tags;

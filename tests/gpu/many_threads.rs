@@ -13,7 +13,8 @@ use crate::one_at_a_time::one_at_a_time;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::hammer::{hammer, hammer_caches, ops_per_thread, CacheParams, Memory, Params};
+use common::hammer::caches::{hammer_caches, CacheParams, Memory};
+use common::hammer::{hammer, ops_per_thread, Params};
 use common::*;
 use flare_package::driver::cuda::CudaDriver;
 use flare_package::{DevicePtr, Driver, Pool, PoolConfig};

@@ -91,11 +91,11 @@ fi
 shard=()
 [ -n "${MUTANTS_SHARD:-}" ] && shard=(--shard "$MUTANTS_SHARD" --sharding round-robin)
 
-# The CPU tests of the package: every tests/*.rs but the GPU ones, the loom model, the
-# header check and the C programs (the last two added for the ffi area), as the
-# modules of one test binary, mutants_suite (scripts/mutants_suite.rs, written here;
-# the `mutants-suite` feature builds it). A mutant then rebuilds one test crate, not
-# one per file: measured with cargo --timings on a one-line pool edit, 23 s against
+# The CPU tests of the package: the test binary of each area (tests/AREA/, below) but
+# the GPU tests and the loom models; and every test file still at the top of tests/
+# (tests/*.rs), as the modules of one test binary, mutants_suite
+# (scripts/mutants_suite.rs, written here; the `mutants-suite` feature builds it). A
+# mutant then rebuilds one test crate, not one per file: measured with cargo --timings on a one-line pool edit, 23 s against
 # 178 s for the 26 binaries and the library's unit tests (2 cores, both busy).
 # The library's own unit tests (--lib) are a second compile of the whole library in
 # test mode (116 s of those 178): outside the ffi area (whose tests are mostly unit
@@ -109,11 +109,8 @@ suite=scripts/mutants_suite.rs
   echo
   for t in tests/*.rs; do
     name=$(basename "$t" .rs)
-    case "$name" in
-      gpu_* | cuda_driver | loom | header | c_programs) ;;
-      *) grep -q '#\[global_allocator\]' "$t" ||
-        printf '#[path = "../tests/%s.rs"]\nmod %s;\n' "$name" "$name" ;;
-    esac
+    grep -q '#\[global_allocator\]' "$t" ||
+      printf '#[path = "../tests/%s.rs"]\nmod %s;\n' "$name" "$name"
   done
 } >"$suite.new"
 if cmp -s "$suite.new" "$suite"; then rm "$suite.new"; else mv "$suite.new" "$suite"; fi
@@ -123,6 +120,16 @@ cpu_tests=(-C=--test -C=mutants_suite)
 # per binary, and alone in its process) stays its own binary.
 for t in tests/*.rs; do
   grep -q '#\[global_allocator\]' "$t" && cpu_tests+=(-C=--test -C="$(basename "$t" .rs)")
+done
+# The test binaries of the areas (tests/AREA/main.rs, one crate each) but the GPU
+# tests and the loom models; the C ABI's holds the header check and the C programs
+# (run only with C_PROGRAMS=1, below).
+for t in tests/*/main.rs; do
+  area=$(basename "$(dirname "$t")")
+  case "$area" in
+    gpu | loom) ;;
+    *) cpu_tests+=(-C=--test -C="$area") ;;
+  esac
 done
 export CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_INCREMENTAL=true \
   CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 CARGO_PROFILE_RELEASE_OVERFLOW_CHECKS=true
@@ -143,7 +150,7 @@ failed=0
 
 # pass OUT ITERATE C_PROGRAMS ARGS...: one cargo-mutants run into OUT (mutants.out/AREA);
 # with ITERATE=1 the mutants OUT already saw caught are skipped (--iterate); with
-# C_PROGRAMS=1 tests/c_programs.rs builds this tree's static library and runs the C
+# C_PROGRAMS=1 tests/c_abi/c_programs.rs builds this tree's static library and runs the C
 # and C++ programs against it.
 pass() {
   local out=$1 iterate=$2 c_programs=$3
@@ -435,12 +442,10 @@ for line in open(sys.argv[2]):
     # (which reads cbindgen_sources) first; then the mutants they miss face the C
     # and C++ programs too (a build of the static library per mutant: slow, so
     # only for those).
-    pass "$out" "$iterate" 0 "${files[@]}" "${retry[@]}" "${lib_tests[@]}" "${cpu_tests[@]}" \
-      -C=--test -C=header
+    pass "$out" "$iterate" 0 "${files[@]}" "${retry[@]}" "${lib_tests[@]}" "${cpu_tests[@]}"
     if [ -s "$out/missed.txt" ]; then
       echo "== $area: the missed mutants against the C and C++ programs"
-      pass "$out" 1 1 "${files[@]}" "${retry[@]}" "${lib_tests[@]}" "${cpu_tests[@]}" \
-        -C=--test -C=header -C=--test -C=c_programs
+      pass "$out" 1 1 "${files[@]}" "${retry[@]}" "${lib_tests[@]}" "${cpu_tests[@]}"
     fi
   else
     narrow "${picked[@]}"

@@ -1,5 +1,5 @@
 //! Eight threads hammering one pool on the real CUDA driver (device 0), the same
-//! mixes as `tests/stress.rs` (the plain one, and the thread caches' with frees
+//! mixes as `tests/pool/many_threads.rs` (the plain one, and the thread caches' with frees
 //! passed between threads) with smaller sizes and fewer operations (a few seconds on
 //! an H200). None of the worker threads ever makes a CUDA context current: the pool
 //! pushes and pops its own context around every driver call, so plain threads work.

@@ -1,5 +1,5 @@
 //! The C ABI: `include/flare_package.h` is generated from this module by cbindgen
-//! (`FLARE_BLESS_HEADER=1 cargo test --test header`).
+//! (`FLARE_BLESS_HEADER=1 cargo test --test c_abi header`).
 //!
 //! Rules every function follows:
 //! - it returns a [`FlareStatus`] with stable numbers (or, for the three helpers, a
@@ -104,7 +104,7 @@ pub use types::{
 };
 
 /// The Rust source of the C types that macros generate, in the header's order, for
-/// cbindgen (which does not expand macros): `tests/header.rs` gives them to it
+/// cbindgen (which does not expand macros): `tests/c_abi/header.rs` gives them to it
 /// together with this module. Not part of the API.
 #[doc(hidden)]
 pub fn cbindgen_sources() -> [&'static str; 10] {

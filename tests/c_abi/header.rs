@@ -10,7 +10,7 @@
 //! Regenerate it with:
 //!
 //! ```sh
-//! FLARE_BLESS_HEADER=1 cargo test --test header
+//! FLARE_BLESS_HEADER=1 cargo test --test c_abi header
 //! ```
 
 use std::path::PathBuf;
@@ -83,14 +83,14 @@ fn committed_header_is_what_cbindgen_generates() {
     }
     let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
-            "cannot read {}: {e}\nGenerate it with: {BLESS_VAR}=1 cargo test --test header",
+            "cannot read {}: {e}\nGenerate it with: {BLESS_VAR}=1 cargo test --test c_abi header",
             path.display()
         )
     });
     assert!(
         committed == generated,
         "{} is stale: it is not what cbindgen generates from src/ffi/ and cbindgen.toml.\n{}\n\
-         Regenerate it with: {BLESS_VAR}=1 cargo test --test header  (then review and commit it)",
+         Regenerate it with: {BLESS_VAR}=1 cargo test --test c_abi header  (then review and commit it)",
         path.display(),
         first_difference(&committed, &generated)
     );
@@ -130,7 +130,7 @@ fn version_macros_match_cargo_toml() {
                 define(&header, name).as_deref(),
                 Some(want),
                 "{name} in the header must be Cargo.toml's {want}: edit after_includes in \
-                 cbindgen.toml, then run {BLESS_VAR}=1 cargo test --test header"
+                 cbindgen.toml, then run {BLESS_VAR}=1 cargo test --test c_abi header"
             );
         }
     }

@@ -3,7 +3,7 @@
 //! One test runs everywhere (CI included) and asserts on every machine: `new` for a
 //! device that exists nowhere fails with a typed `Init` error instead of panicking,
 //! with the not-loaded code exactly when libcuda is absent. The others need a CUDA GPU and are ignored by default; run them with
-//! `cargo test --test cuda_driver -- --ignored`. They fail loudly when no GPU is there.
+//! `cargo test --test gpu -- --ignored cuda_driver::`. They fail loudly when no GPU is there.
 
 use crate::one_at_a_time::one_at_a_time;
 use flare_package::driver::cuda::CudaDriver;

@@ -1,5 +1,5 @@
 //! Eight threads hammering one pool on the real CUDA driver (device 0), the same
-//! mixes as `tests/stress.rs` (the plain one, and the thread caches' with frees
+//! mixes as `tests/pool/many_threads.rs` (the plain one, and the thread caches' with frees
 //! passed between threads) with smaller sizes and fewer operations (a few seconds on
 //! an H200). None of the worker threads ever makes a CUDA context current: the pool
 //! pushes and pops its own context around every driver call, so plain threads work.
@@ -13,7 +13,8 @@ use crate::one_at_a_time::one_at_a_time;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::hammer::{hammer, hammer_caches, ops_per_thread, CacheParams, Memory, Params};
+use common::hammer::caches::{hammer_caches, CacheParams, Memory};
+use common::hammer::{hammer, ops_per_thread, Params};
 use common::*;
 use flare_package::driver::cuda::CudaDriver;
 use flare_package::{DevicePtr, Driver, Pool, PoolConfig};

@@ -5,7 +5,7 @@
 //! afterwards with no device-wide synchronize.
 //!
 //! Ignored by default (CI has no GPU); run on the GPU machine with
-//! `cargo test --release --test gpu_stream_lifetime -- --include-ignored`. Fails loudly
+//! `cargo test --release --test gpu -- --include-ignored stream_lifetime::`. Fails loudly
 //! without a GPU. The pool runs on a [`Counting`] driver, so the test checks that the
 //! pool made no `cuCtxSynchronize`.
 

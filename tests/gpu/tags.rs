@@ -2,8 +2,8 @@
 //! rises by what a sleeping tag held, other code can allocate it (`cuMemAlloc`), and
 //! wake restores every byte (offload) at the same addresses while the other tag never
 //! changes. Ignored by default (CI has no GPU); run on the GPU machine with
-//! `cargo test --release --features testing --test gpu_tags -- --include-ignored
-//! --nocapture`. Each test fails loudly without a GPU.
+//! `cargo test --release --features testing --test gpu -- --include-ignored
+//! --nocapture tags::`. Each test fails loudly without a GPU.
 
 use crate::common;
 use crate::one_at_a_time::one_at_a_time;

@@ -4,7 +4,7 @@
 //! zero (whole mappings and segment blocks); and the rows of `docs/vmm-semantics.md`,
 //! "Memset", that the simulated driver reproduces. Ignored by default (CI has no
 //! GPU); run on the GPU machine with `cargo test --release --features testing --test
-//! gpu_wake_zeroed -- --include-ignored --nocapture`. Each test fails loudly without
+//! gpu -- --include-ignored --nocapture wake_zeroed::`. Each test fails loudly without
 //! a GPU.
 
 use crate::common;

@@ -9,4 +9,6 @@
 #![cfg(flare_loom)]
 
 mod books;
+mod segments;
 mod tag_state;
+mod thread_caches;

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! RUSTFLAGS="--cfg flare_loom" CARGO_TARGET_DIR=target/loom \
-//!     cargo test --release --test loom_tag_state -- --nocapture --test-threads=1
+//!     cargo test --release --test loom -- --nocapture --test-threads=1 tag_state::
 //! ```
 //!
 //! The rule they check (`docs/ARCHITECTURE.md`, "Tags: sleep and wake",

@@ -10,9 +10,8 @@ use crate::common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::hammer::{
-    hammer, hammer_caches, ops_per_thread, CacheParams, Memory, Params, SimMemory,
-};
+use common::hammer::caches::{hammer_caches, CacheParams, Memory, SimMemory};
+use common::hammer::{hammer, ops_per_thread, Params};
 use common::*;
 use flare_package::driver::sim::SimState;
 use flare_package::{Pool, PoolConfig, ReusePolicy, SimConfig};

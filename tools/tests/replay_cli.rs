@@ -1,6 +1,6 @@
 //! The `flare-replay` command line: exit statuses, error messages, `--json` output,
 //! the table. One concern in one file: what a user of the command sees.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
+#![cfg(not(flare_loom))] // the loom build runs tests/loom/ alone
 
 mod cli;
 #[path = "../../tests/common/mod.rs"]

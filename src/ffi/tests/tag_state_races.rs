@@ -12,7 +12,7 @@
 //! the wake); a sleep is never refused because a call of its tag is in flight (it
 //! waits for it), and two state changes of one tag never overlap (the second is
 //! refused). Each round also counts which of these outcomes it reached; the counts
-//! are printed (the loom models, `tests/loom_tag_state.rs`, assert that every one
+//! are printed (the loom models, `tests/loom/tag_state.rs`, assert that every one
 //! is reached).
 
 use std::ffi::c_void;

@@ -33,16 +33,16 @@
 #
 # Speed: a mutant costs an incremental build plus the CPU tests. The release profile
 # is overridden for the run (opt-level 1, incremental, 256 codegen units); overflow
-# checks are on (issue 16: some mutants are caught only so). The CPU test files are
-# built as one binary (mutants_suite, below) and run by nextest where it is installed,
-# which stops at the first failing test. Measured on 2 cores with two jobs: a pool
-# mutant's build about 20 to 40 s, its tests about 2 s when caught and 22 s when not
-# (about 3.5 mutants a minute). The GPU tests (all #[ignore]d) and the loom model are
-# not built, nor, outside the ffi area, the header check (its input is the source's
-# signatures, which no mutant changes, and cbindgen_sources in src/ffi); the test
-# modules themselves are not mutated. The ffi area's mutants that the Rust tests miss
-# are tried again against the C and C++ programs (a second pass); the other areas'
-# against the library's unit tests.
+# checks are on (issue 16: some mutants are caught only so). The CPU tests are the
+# area test binaries (tests/<area>/main.rs, below), run by nextest where it is
+# installed, which stops at the first failing test. Measured on 2 cores with two jobs
+# when the CPU tests were one binary: a pool mutant's build about 20 to 40 s, its
+# tests about 2 s when caught and 22 s when not (about 3.5 mutants a minute); not
+# measured since with the area binaries. The GPU tests (all #[ignore]d) and the loom
+# model are not built; the test modules themselves (tests/, src/ffi/tests/) are not
+# mutated. The ffi area's mutants that the Rust tests miss are tried again against
+# the C and C++ programs (a second pass); the other areas' against the library's
+# unit tests.
 #
 # Not part of .ci/run (too slow); run it before resolving an issue that changes
 # these files. Results: mutants.out/<area>/ (cargo-mutants' own output; its lists,
@@ -91,38 +91,27 @@ fi
 shard=()
 [ -n "${MUTANTS_SHARD:-}" ] && shard=(--shard "$MUTANTS_SHARD" --sharding round-robin)
 
-# The CPU tests of the package: every tests/*.rs but the GPU ones, the loom model, the
-# header check and the C programs (the last two added for the ffi area), as the
-# modules of one test binary, mutants_suite (scripts/mutants_suite.rs, written here;
-# the `mutants-suite` feature builds it). A mutant then rebuilds one test crate, not
-# one per file: measured with cargo --timings on a one-line pool edit, 23 s against
-# 178 s for the 26 binaries and the library's unit tests (2 cores, both busy).
+# The CPU tests of the package: the test binary of every area (tests/<area>/main.rs:
+# pool, segments, streams, thread_cache, tags, faults, sim, trace, c_abi) but the GPU
+# one and the loom models, named to cargo test (--test AREA); a mutant rebuilds those
+# test crates, not the GPU one. In c_abi, the C programs run only when
+# FLARE_MUTANTS_C=1 (the ffi area's second pass, `pass` below), and the header check
+# passes under every mutant outside src/ffi (its input is the source's signatures and
+# cbindgen_sources in src/ffi). (Until issue 35 every CPU test file was a module of
+# one generated binary, scripts/mutants_suite.rs: 23 s to rebuild against 178 s for
+# the 26 binaries then, measured with cargo --timings on a one-line pool edit.)
 # The library's own unit tests (--lib) are a second compile of the whole library in
 # test mode (116 s of those 178): outside the ffi area (whose tests are mostly unit
 # tests) they are a second pass, run only on the mutants the first one missed.
 # Given to every cargo call (-C), so the build does not link the GPU tests either.
-suite=scripts/mutants_suite.rs
-{
-  echo "//! Every CPU test file of tests/ as a module of one test binary, for"
-  echo "//! scripts/mutants.sh only (which writes this file): a mutant then rebuilds one test"
-  echo "//! crate instead of one per file. Built only with the \`mutants-suite\` feature."
-  echo
-  for t in tests/*.rs; do
-    name=$(basename "$t" .rs)
-    case "$name" in
-      gpu_* | cuda_driver | loom | header | c_programs) ;;
-      *) grep -q '#\[global_allocator\]' "$t" ||
-        printf '#[path = "../tests/%s.rs"]\nmod %s;\n' "$name" "$name" ;;
-    esac
-  done
-} >"$suite.new"
-if cmp -s "$suite.new" "$suite"; then rm "$suite.new"; else mv "$suite.new" "$suite"; fi
 lib_tests=(-C=--lib)
-cpu_tests=(-C=--test -C=mutants_suite)
-# A file with its own global allocator (a heap measured by a counting allocator: one
-# per binary, and alone in its process) stays its own binary.
-for t in tests/*.rs; do
-  grep -q '#\[global_allocator\]' "$t" && cpu_tests+=(-C=--test -C="$(basename "$t" .rs)")
+cpu_tests=()
+for main in tests/*/main.rs; do
+  bin=$(basename "$(dirname "$main")")
+  case "$bin" in
+    gpu | loom) ;;
+    *) cpu_tests+=(-C=--test -C="$bin") ;;
+  esac
 done
 export CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_INCREMENTAL=true \
   CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 CARGO_PROFILE_RELEASE_OVERFLOW_CHECKS=true
@@ -143,8 +132,8 @@ failed=0
 
 # pass OUT ITERATE C_PROGRAMS ARGS...: one cargo-mutants run into OUT (mutants.out/AREA);
 # with ITERATE=1 the mutants OUT already saw caught are skipped (--iterate); with
-# C_PROGRAMS=1 tests/c_programs.rs builds this tree's static library and runs the C
-# and C++ programs against it.
+# C_PROGRAMS=1 tests/c_abi/c_programs.rs builds this tree's static library and runs
+# the C and C++ programs against it.
 pass() {
   local out=$1 iterate=$2 c_programs=$3
   shift 3
@@ -166,7 +155,7 @@ pass() {
   # shellcheck disable=SC2086
   FLARE_MUTANTS_C=$c_programs \
     cargo mutants "$@" --output "$out.tmp" --jobs "$jobs" \
-      --test-workspace=false --features mutants-suite --profile release \
+      --test-workspace=false --profile release \
       "${extra[@]}" "${sh[@]}" "${it[@]}" --minimum-test-timeout 60 \
       ${MUTANTS_ARGS:-} >/dev/null || rc=$?
   # 4: the unmutated tree's tests failed (a tree edited while the run copied it,
@@ -211,7 +200,7 @@ summarize() {
   case "$area" in
     pool) src=src/pool ;;
     sim) src=src/driver/sim ;;
-    ffi) src="src/ffi :!src/ffi/tests.rs :!src/ffi/abi_tests.rs" ;;
+    ffi) src="src/ffi :!src/ffi/tests" ;;
   esac
   # The area's mutants in the checkout as it is: a result under another name (code
   # moved since its run) is left out, a mutant with no result is "not run".
@@ -358,9 +347,10 @@ EOF
 
 for area in "${areas[@]}"; do
   case "$area" in
-    pool) files=(-f 'src/pool/*.rs') ;;
-    sim) files=(-f 'src/driver/sim/*.rs') ;;
-    ffi) files=(-f 'src/ffi/*.rs' -e src/ffi/tests.rs -e src/ffi/abi_tests.rs) ;;
+    # (A glob's `*` does not match `/`; `**/` matches any folders, none included.)
+    pool) files=(-f 'src/pool/**/*.rs') ;;
+    sim) files=(-f 'src/driver/sim/**/*.rs') ;;
+    ffi) files=(-f 'src/ffi/**/*.rs' -e 'src/ffi/tests/**') ;;
     *) echo "unknown area $area (pool, sim or ffi)" >&2; exit 2 ;;
   esac
   echo "== $area"
@@ -431,16 +421,15 @@ for line in open(sys.argv[2]):
   elif [ -n "${MUTANTS_REST:-}" ] && [ ${#retry[@]} -eq 0 ]; then
     echo "== $area: nothing left to run in part $MUTANTS_REST"
   elif [ "$area" = ffi ]; then
-    # The Rust tests through the C ABI (src/ffi/abi_tests.rs) and the header check
-    # (which reads cbindgen_sources) first; then the mutants they miss face the C
-    # and C++ programs too (a build of the static library per mutant: slow, so
+    # The Rust tests through the C ABI (src/ffi/tests/, one module per file of
+    # src/ffi) and the header check (which reads cbindgen_sources) first; then the
+    # mutants they miss face the C and C++ programs too (tests/c_abi/c_programs.rs
+    # with FLARE_MUTANTS_C=1: a build of the static library per mutant, slow, so
     # only for those).
-    pass "$out" "$iterate" 0 "${files[@]}" "${retry[@]}" "${lib_tests[@]}" "${cpu_tests[@]}" \
-      -C=--test -C=header
+    pass "$out" "$iterate" 0 "${files[@]}" "${retry[@]}" "${lib_tests[@]}" "${cpu_tests[@]}"
     if [ -s "$out/missed.txt" ]; then
       echo "== $area: the missed mutants against the C and C++ programs"
-      pass "$out" 1 1 "${files[@]}" "${retry[@]}" "${lib_tests[@]}" "${cpu_tests[@]}" \
-        -C=--test -C=header -C=--test -C=c_programs
+      pass "$out" 1 1 "${files[@]}" "${retry[@]}" "${lib_tests[@]}" "${cpu_tests[@]}"
     fi
   else
     narrow "${picked[@]}"

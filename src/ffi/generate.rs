@@ -12,7 +12,7 @@
 //!
 //! cbindgen does not expand macros, so every type made here also carries its own
 //! Rust source, `RUST_SOURCE`, made by `stringify!` from the very tokens that define
-//! it: [`super::cbindgen_sources`] hands them to `tests/header.rs`, which gives them
+//! it: [`super::cbindgen_sources`] hands them to `tests/c_abi/header.rs`, which gives them
 //! to cbindgen together with `src/ffi/`.
 
 /// `s` (which ends with its NUL) as a C string. For constants only: a string that is
@@ -31,7 +31,7 @@ macro_rules! with_rust_source {
 
         impl $name {
             /// The Rust source of this type, for cbindgen, which does not expand
-            /// macros (`tests/header.rs`). Not part of the API.
+            /// macros (`tests/c_abi/header.rs`). Not part of the API.
             #[doc(hidden)]
             pub const RUST_SOURCE: &'static str = stringify!($($item)*);
         }

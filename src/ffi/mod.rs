@@ -1,5 +1,5 @@
 //! The C ABI: `include/flare_package.h` is generated from this module by cbindgen
-//! (`FLARE_BLESS_HEADER=1 cargo test --test header`).
+//! (`FLARE_BLESS_HEADER=1 cargo test --test c_abi header`).
 //!
 //! Rules every function follows:
 //! - it returns a [`FlareStatus`] with stable numbers (or, for the three helpers, a
@@ -62,20 +62,9 @@ mod torch_oom;
 mod torch_tags;
 
 // The loom build runs the loom models alone (these tests make pools outside a model).
+// One module per file of this module (`tests/pool.rs` tests `pool.rs`, ...).
 #[cfg(all(test, not(flare_loom)))]
 mod tests;
-
-// The exported functions' contracts, clause by clause (issue 16).
-#[cfg(all(test, not(flare_loom)))]
-mod abi_tests;
-
-// A stream's end (issue 34): `flare_pool_forget_stream` and `flare_sim_stream_destroy`.
-#[cfg(all(test, not(flare_loom)))]
-mod stream_lifetime_tests;
-
-// Sleep and wake racing a tag's own calls from other threads (issue 34).
-#[cfg(all(test, not(flare_loom)))]
-mod tag_state_races;
 
 pub use boundary::{flare_last_error_message, flare_status_name};
 pub use memory::{
@@ -127,7 +116,7 @@ pub use types::{
 };
 
 /// The Rust source of the C types that macros generate, in the header's order, for
-/// cbindgen (which does not expand macros): `tests/header.rs` gives them to it
+/// cbindgen (which does not expand macros): `tests/c_abi/header.rs` gives them to it
 /// together with this module. Not part of the API.
 #[doc(hidden)]
 pub fn cbindgen_sources() -> [&'static str; 10] {

@@ -1,7 +1,8 @@
 //! A counting global allocator: the bytes the process holds (allocated and not yet
-//! freed), for the tests that watch the heap (mutants_slots, mutants_retire). A
-//! file that uses it declares it its `#[global_allocator]` and stays its own test
-//! binary, one test in it (scripts/mutants.sh keeps such files out of its suite).
+//! freed), for the tests that watch the heap (`pool/slot_recycling.rs`,
+//! `thread_cache/dropped_pool_heap.rs`). A module that uses it declares it its
+//! binary's `#[global_allocator]`, and its test runs alone in a process of its own
+//! (`own_process`), so that the count is that test's alone.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicI64, Ordering};

@@ -5,7 +5,10 @@
 //! instead.
 
 use flare_package::driver::{CaptureMode, Event, MemInfo, PhysicalHandle, Reservation};
-use flare_package::{CuResult, DevicePtr, Driver, DriverCall, DriverError, SimDriver, Stream};
+use flare_package::{
+    CuResult, DevicePtr, Driver, DriverCall, DriverError, Pool, PoolConfig, SimConfig, SimDriver,
+    Stream,
+};
 use std::sync::{Arc, Mutex};
 
 type Hook = Box<dyn FnOnce() + Send>;
@@ -140,4 +143,13 @@ impl Driver for Hooked {
         }
         Driver::note_handoff(&*self.sim, stream, ptr, size);
     }
+}
+
+/// A pool of `config` on a [`Hooked`] default simulated driver, shared (the
+/// hooks act on it from another thread).
+pub fn hooked_pool(config: PoolConfig) -> (Arc<Pool>, Arc<Hooked>, Arc<SimDriver>) {
+    let sim = Arc::new(SimDriver::new(SimConfig::default()));
+    let driver = Hooked::new(sim.clone());
+    let pool = Pool::with_driver(config, driver.clone()).expect("a pool on the hooked driver");
+    (Arc::new(pool), driver, sim)
 }

@@ -4,8 +4,10 @@
 
 pub mod counting;
 pub mod hammer;
+pub mod heap;
 pub mod hooked;
 pub mod kernels;
+pub mod own_process;
 
 use flare_package::driver::sim::SimState;
 use flare_package::{Backend, Pool, PoolConfig, ReusePolicy, SimConfig, Snapshot};

@@ -1,7 +1,7 @@
 //! `flare-bench-gpu --traces`: checked before anything is measured. On the simulated
 //! backend a bad directory would otherwise be reported only after every other
 //! benchmark ran (exit 1); checked first, it is an argument error (exit 2) at once.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
+#![cfg(not(flare_loom))] // the loom build runs tests/loom/ alone
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

@@ -3,7 +3,7 @@
 //! problem on stderr, nothing on stdout, however many good traces come before it.
 //! Before, these traces parsed and their replay failed half-way (exit 1), after the
 //! traces before them had replayed.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
+#![cfg(not(flare_loom))] // the loom build runs tests/loom/ alone
 
 mod cli;
 #[path = "../../tests/common/mod.rs"]

@@ -5,7 +5,7 @@
 //! (a 280 KB pickle whose 70,000 devices share one event list, a 780 KB one whose
 //! events share one dict of 130,000 keys), took 11 to 18 s each. Any input under
 //! 1 MB must be imported or refused in under 1 s (release build).
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
+#![cfg(not(flare_loom))] // the loom build runs tests/loom/ alone
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! committed snapshots against what PyTorch reported for the same runs, the
 //! converter, and the errors for inputs that are not snapshots. One concern in one
 //! file: importing snapshots, as a user of the command sees it.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
+#![cfg(not(flare_loom))] // the loom build runs tests/loom/ alone
 
 mod cli;
 

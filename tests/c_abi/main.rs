@@ -1,0 +1,10 @@
+//! The C ABI: the committed header, the C and C++ programs, and PyTorch's entry points.
+#![cfg(not(flare_loom))] // the loom build runs tests/loom/ alone
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod c_programs;
+mod header;
+mod torch_entry_points;
+mod torch_sleep_and_wake;

@@ -205,7 +205,7 @@ fn fence_waits_give_the_thread_its_capture_mode_back() {
 /// skips device synchronizes for a capturing stream's own bucket). README: "Event
 /// queries run with the thread in relaxed capture mode, so a CUDA graph captured on
 /// any stream stays valid"; issue: "cuCtxSynchronize and legacy-stream events are
-/// never used on these paths"; `tests/pool_streams.rs`
+/// never used on these paths"; `tests/streams/captures.rs`
 /// `event_polls_elsewhere_leave_a_global_capture_valid` asserts exactly this for a
 /// trim on another thread, but only when no capture memory is held.
 #[test]

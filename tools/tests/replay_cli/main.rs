@@ -1,7 +1,7 @@
 //! The `flare-replay` command line: exit statuses, error messages, `--json` output,
 //! the table. One concern in one test binary: what a user of the command sees, a
 //! module per behaviour.
-#![cfg(not(flare_loom))] // the loom build runs tests/loom.rs alone
+#![cfg(not(flare_loom))] // the loom build runs tests/loom/ alone
 
 #[path = "../cli/mod.rs"]
 mod cli;

@@ -23,7 +23,6 @@ mod record;
 mod release;
 mod segments;
 mod snapshot;
-mod stream_forget;
 mod streams;
 mod table;
 mod tag_gate;
@@ -41,7 +40,7 @@ pub use config::{
 pub use guards::{Allocation, RetentionScope};
 pub(crate) use snapshot::snapshot_counters;
 pub use snapshot::Snapshot;
-pub(crate) use stream_forget::check_forgettable;
+pub(crate) use streams::check_forgettable;
 pub use tags::{SleepMode, TagCensus};
 
 use crate::driver::sim::SimDriver;

@@ -25,6 +25,10 @@
 //! with access first: a graph's replays run on streams the pool never sees, so no
 //! fence covers them.
 
+mod forget;
+
+pub(crate) use forget::check_forgettable;
+
 use super::books::{stream_key, BucketKind, Deferred, Fence, MappingState, State, ANY, HELD};
 use super::release::{Batch, Captures};
 use super::{CrossStreamReuse, Pool, ReusePolicy};

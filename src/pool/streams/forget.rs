@@ -29,10 +29,10 @@
 //! the pool's bucket list.
 
 use super::{count_stream_failure, hold_unconfirmed, Cover};
-use crate::pool::books::{stream_key, Bucket, BucketKind, State};
-use crate::pool::Pool;
 use crate::driver::Stream;
 use crate::error::{Error, Result};
+use crate::pool::books::{stream_key, Bucket, BucketKind, State};
+use crate::pool::Pool;
 use crate::sync::lock;
 
 /// CUDA's `CU_STREAM_PER_THREAD`: the per-thread default stream, never destroyed.

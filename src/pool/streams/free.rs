@@ -40,6 +40,8 @@ impl Pool {
     /// [`Pool::free_raw`]; nothing changes then. A failed stream or event call does
     /// not fail the free: the memory is kept (not reused) until a release point that
     /// synchronizes the device, and counted in `stream_call_failures`.
+    ///
+    /// [`CrossStreamReuse`]: crate::pool::CrossStreamReuse
     pub fn free_async_raw(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
         self.free_async_inner(ptr, stream, None)
     }

@@ -58,6 +58,8 @@ impl Pool {
     ///
     /// Errors: the first failed release step; a failed event wait only when the
     /// memory it guards was kept.
+    ///
+    /// [`ANY`]: crate::pool::books::ANY
     pub(in crate::pool) fn release_now(
         &self,
         captures: Captures,

@@ -47,7 +47,6 @@ pub use snapshot::Snapshot;
 pub(crate) use streams::check_forgettable;
 pub use tags::{SleepMode, TagCensus};
 
-use crate::driver::sim::SimDriver;
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::sync::{lock, Condvar, Mutex};
@@ -96,30 +95,7 @@ pub struct Pool {
     captures_only: std::sync::atomic::AtomicBool,
 }
 
-impl std::fmt::Debug for Pool {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pool")
-            .field("policy", &self.policy)
-            .field("granularity", &self.granularity)
-            .field("simulated", &self.sim_driver().is_some())
-            .finish_non_exhaustive()
-    }
-}
 impl Pool {
-    /// Creates a pool on the backend named in `config`.
-    ///
-    /// Errors: [`Error::InvalidArgument`] for a negative device or peer ordinal, or
-    /// an empty [`PoolConfig::record_path`]; [`Error::NoDriver`] when the CUDA
-    /// backend is asked for and libcuda cannot be loaded or initialised;
-    /// [`Error::Driver`] when the granularity query fails.
-    pub fn new(config: PoolConfig) -> Result<Pool> {
-        // The configuration is checked before any driver is touched (a negative
-        // device is an invalid argument on every backend, not a missing driver).
-        validate_config(&config)?;
-        let driver = crate::backend::open(&config)?;
-        Pool::with_driver(config, driver)
-    }
-
     /// Creates a pool on `driver` (any [`Driver`]; `config.backend` is ignored).
     ///
     /// Errors: [`Error::InvalidArgument`] for a negative device or peer ordinal, an
@@ -176,16 +152,6 @@ impl Pool {
             gate: tag_gate::TagGate::new(),
             captures_only: std::sync::atomic::AtomicBool::new(false),
         })
-    }
-
-    /// The simulated driver under this pool, when it runs on one (created with
-    /// [`Backend::Simulated`], or [`Pool::with_driver`] given a [`SimDriver`]): the
-    /// typed handle for fault injection, queued work and captures, and for comparing
-    /// the books with what the driver holds. The pool holds the driver once; this is
-    /// that same driver, seen as its concrete type.
-    pub fn sim_driver(&self) -> Option<Arc<SimDriver>> {
-        let any: Arc<dyn std::any::Any + Send + Sync> = self.driver.clone();
-        any.downcast::<SimDriver>().ok()
     }
 
     /// The driver under this pool.
@@ -260,7 +226,7 @@ impl Pool {
 /// negative device or peer ordinal, and an empty recording path (issue 34: a
 /// mistake seen at creation, unlike a file that cannot be created, which only stops
 /// the recording; see [`PoolConfig::record_path`]).
-fn validate_config(config: &PoolConfig) -> Result<()> {
+pub(crate) fn validate_config(config: &PoolConfig) -> Result<()> {
     if config
         .record_path
         .as_ref()

@@ -73,7 +73,7 @@ macro_rules! rust_reuse_policy {
             }
         }
 
-        const _: () = assert!($crate::numbered_from_zero(&[$($n),*]));
+        const _: () = assert!($crate::lists::numbered_from_zero(&[$($n),*]));
     };
 }
 
@@ -194,7 +194,7 @@ macro_rules! rust_cross_stream {
             }
         }
 
-        const _: () = assert!($crate::numbered_from_zero(&[$($n),*]));
+        const _: () = assert!($crate::lists::numbered_from_zero(&[$($n),*]));
     };
 }
 

@@ -32,6 +32,7 @@ mod table;
 mod tag_gate;
 mod tags;
 mod too_large;
+mod undo;
 mod wake_zero;
 
 pub(crate) use config::cross_stream_modes;

@@ -6,6 +6,7 @@ use super::{round_up, Claim, Growth, Lend, SegHandle, Segment};
 use crate::driver::{CuResult, DevicePtr, DriverCall, DriverError, PhysicalHandle, Reservation};
 use crate::error::Result;
 use crate::pool::books::{Mapping, MappingState, Piece, State, NIL};
+use crate::pool::undo::Steps;
 use crate::pool::Pool;
 use crate::sync::lock;
 
@@ -307,12 +308,7 @@ impl Pool {
                 // in one) while the reservation was made: use that, give this back.
                 if let Some(gr) = st.claim_growth(key, size, g, alone, step) {
                     drop(st);
-                    if let Err(e) = self.driver.free_reservation(r) {
-                        let mut st = lock(&self.state);
-                        st.counters.count_failure(e.call);
-                        st.counters.reserved_bytes += r.size;
-                        st.keep_pending_reservation(r);
-                    }
+                    let _ = self.free_reservation_or_keep(r);
                     gr
                 } else {
                     let sid = st.add_segment(key, r);
@@ -338,26 +334,19 @@ impl Pool {
                 refused.push((*lend, None));
                 continue;
             }
-            if let Err(e) = d.map(at, lend.handle) {
-                failures.push(e.call);
-                err = Some(e);
-                refused.push((*lend, None));
-                continue;
-            }
-            match d.set_access(at, size, &self.access_devices) {
+            let mut steps = Steps::new(d);
+            let mapped = steps
+                .map(at, lend.handle)
+                .and_then(|()| steps.set_access(at, size, &self.access_devices));
+            match mapped {
                 Ok(()) => lent.push((*lend, at)),
                 Err(e) => {
                     failures.push(e.call);
                     err = Some(e);
-                    // Never had access at `at`: no work can touch it there.
-                    let dead = match d.unmap(at, size) {
-                        Ok(()) => None,
-                        Err(u) => {
-                            failures.push(u.call);
-                            Some(at)
-                        }
-                    };
-                    refused.push((*lend, dead));
+                    // Never had access at `at`: no work can touch it there. A mapping
+                    // the driver refuses to remove is kept, retired, as its alias.
+                    let left = steps.undo(&mut failures);
+                    refused.push((*lend, left.mapped.then_some(at)));
                 }
             }
             at += size;
@@ -408,39 +397,24 @@ impl Pool {
         claim: Claim,
         failures: &mut Vec<DriverCall>,
     ) -> Result<Option<PhysicalHandle>, (DriverError, Option<(PhysicalHandle, bool)>, bool)> {
-        let d = &*self.driver;
-        let handle = match d.create(claim.size) {
-            Ok(h) => h,
-            Err(e) => {
-                failures.push(e.call);
-                return Err((e, None, false));
-            }
+        let mut steps = Steps::new(&*self.driver);
+        let result: Result<_, DriverError> = (|| {
+            let handle = steps.create(claim.size)?;
+            steps.map(claim.ptr, handle)?;
+            steps.set_access(claim.ptr, claim.size, &self.access_devices)?;
+            Ok(handle)
+        })();
+        let e = match result {
+            Ok(handle) => return Ok(Some(handle)),
+            Err(e) => e,
         };
-        if let Err(e) = d.map(claim.ptr, handle) {
-            failures.push(e.call);
-            return match d.release(handle) {
-                Ok(()) => Err((e, None, false)),
-                Err(r) => {
-                    failures.push(r.call);
-                    Err((e, Some((handle, false)), false))
-                }
-            };
-        }
-        if let Err(e) = d.set_access(claim.ptr, claim.size, &self.access_devices) {
-            failures.push(e.call);
-            // Never had access: no work can touch it.
-            if let Err(u) = d.unmap(claim.ptr, claim.size) {
-                failures.push(u.call);
-                return Err((e, Some((handle, true)), true));
-            }
-            return match d.release(handle) {
-                Ok(()) => Err((e, None, false)),
-                Err(r) => {
-                    failures.push(r.call);
-                    Err((e, Some((handle, false)), false))
-                }
-            };
-        }
-        Ok(Some(handle))
+        failures.push(e.call);
+        // Never had access: no work can touch it.
+        let left = steps.undo(failures);
+        let kept = steps
+            .handle()
+            .filter(|_| left.handle_live)
+            .map(|h| (h, left.mapped));
+        Err((e, kept, left.mapped))
     }
 }

@@ -1,10 +1,10 @@
 //! Releasing a heap's wholly free handles: when a segment's handles may go (and
 //! whether a device synchronize must come first), collecting them for a release,
-//! a handle whose release failed back in its segment, and what the driver refused
-//! kept pending.
+//! a handle whose release failed back in its segment, and the reservations of
+//! segments left with no handle freed (destroy).
 
 use super::{home_of, SegHandle};
-use crate::driver::{DevicePtr, PhysicalHandle, Reservation};
+use crate::driver::Reservation;
 use crate::error::{Error, Result};
 use crate::pool::books::{BucketKind, Mapping, MappingState, State, NIL};
 use crate::pool::release::Batch;
@@ -380,44 +380,6 @@ impl State {
     pub(in crate::pool) fn segments_empty(&self) -> bool {
         self.segs.segs.iter().all(|s| s.handles.is_empty())
     }
-
-    /// Keeps reservation `r` (counted in `reserved_bytes`), whose free the driver
-    /// refused, pending: retried at the next release point.
-    pub(super) fn keep_pending_reservation(&mut self, r: Reservation) {
-        self.counters.pending_count += 1;
-        let slot = self.add_slot(Mapping {
-            state: MappingState::Pending,
-            created: false,
-            mapped: false,
-            handle_live: false,
-            reservation_live: true,
-            ..Mapping::created(r, PhysicalHandle { raw: 0, size: 0 }, 0)
-        });
-        self.pending.push(slot);
-    }
-
-    /// Keeps what a failed growth's undo left with the driver (a handle, mapped at
-    /// `ptr` or not) pending: retried at the next release point.
-    pub(in crate::pool) fn keep_pending_handle(
-        &mut self,
-        ptr: DevicePtr,
-        handle: PhysicalHandle,
-        mapped: bool,
-    ) {
-        self.add_physical(handle.size, 0);
-        let c = &mut self.counters;
-        c.pending_count += 1;
-        c.pending_bytes += handle.size;
-        let slot = self.add_slot(Mapping {
-            state: MappingState::Pending,
-            created: false,
-            mapped,
-            handle_live: true,
-            reservation_live: false,
-            ..Mapping::created(Reservation { ptr, size: 0 }, handle, 0)
-        });
-        self.pending.push(slot);
-    }
 }
 
 impl Pool {
@@ -464,11 +426,7 @@ impl Pool {
         let empty = lock(&self.state).take_empty_segments();
         let mut first = Ok(());
         for r in empty {
-            if let Err(e) = self.driver.free_reservation(r) {
-                let mut st = lock(&self.state);
-                st.counters.count_failure(e.call);
-                st.counters.reserved_bytes += r.size;
-                st.keep_pending_reservation(r);
+            if let Err(e) = self.free_reservation_or_keep(r) {
                 if first.is_ok() {
                     first = Err(Error::Driver {
                         source: e,

@@ -80,7 +80,7 @@ pub struct Pool {
     /// released, so it fails at once.
     device_total: u64,
     state: Mutex<State>,
-    /// The thread caches in front of the books (`cache.rs`).
+    /// The thread caches in front of the books (`cache/`).
     caches: cache::Caches,
     /// Signalled when `State::releases_running` falls to 0 (the scope barrier).
     releases_done: Condvar,

@@ -1,7 +1,7 @@
 //! The crate's error type.
 
 use crate::driver::{CuResult, DriverCall, DriverError};
-use crate::fmt_bytes;
+use crate::units::fmt_bytes;
 
 /// Everything a pool operation can fail with. Each variant keeps what a caller needs
 /// to act: byte counts, the driver call and its raw `CUresult`.

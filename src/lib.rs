@@ -8,6 +8,12 @@
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+// The layers, each built on those below it:
+// - ffi (the C ABI), torch (PyTorch's pools), trace (flare-trace v1 and its replay);
+// - backend: builds the driver a configuration names, and the pool on it;
+// - pool: the allocator, over any driver;
+// - driver: the Driver trait, and its CUDA and simulated backends;
+// - error, units (byte counts), lists (the enum lists' check), sync (the lock types).
 pub mod backend;
 pub mod driver;
 mod error;
@@ -16,7 +22,9 @@ pub mod pool;
 pub mod torch;
 pub mod trace;
 
+pub(crate) mod lists;
 pub(crate) mod sync;
+mod units;
 
 // README.md's code blocks, compiled and run by `cargo test --doc` only (never built
 // into the library, never rendered).
@@ -33,33 +41,4 @@ pub use pool::{
     Allocation, Backend, CrossStreamReuse, Pool, PoolConfig, RetentionScope, ReusePolicy,
     SleepMode, Snapshot, TagCensus,
 };
-
-/// Formats a byte count the way error messages and reports print it: `"1.0 GiB"`,
-/// `"2.0 MiB"`, `"512 B"` (binary units, one decimal).
-pub fn fmt_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut v = bytes as f64 / 1024.0;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    format!("{v:.1} {}", UNITS[u])
-}
-
-/// Whether `numbers` is `0, 1, 2, ...`: the rows of an enum's list (issue 10, "one
-/// list, many uses") must be numbered in order from 0, because their `ALL` arrays are
-/// indexed by number. Checked when the crate is built (`const _: () = assert!(..)`).
-pub(crate) const fn numbered_from_zero(numbers: &[usize]) -> bool {
-    let mut i = 0;
-    while i < numbers.len() {
-        if numbers[i] != i {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}
+pub use units::fmt_bytes;

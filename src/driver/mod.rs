@@ -237,7 +237,7 @@ macro_rules! rust_driver_call {
         }
 
         // `ALL` is in number order: `from_index` takes a number as an index in it.
-        const _: () = assert!($crate::numbered_from_zero(&[$($n,)* $($on),*]));
+        const _: () = assert!($crate::lists::numbered_from_zero(&[$($n,)* $($on),*]));
     };
 }
 

@@ -144,7 +144,7 @@ macro_rules! c_enum {
         }
 
         // `ALL` is in number order: `from_raw` takes a number as an index in it.
-        const _: () = assert!($crate::numbered_from_zero(&[$($n),*]));
+        const _: () = assert!($crate::lists::numbered_from_zero(&[$($n),*]));
     };
 }
 pub(crate) use c_enum;

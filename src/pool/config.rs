@@ -73,7 +73,7 @@ macro_rules! rust_reuse_policy {
             }
         }
 
-        const _: () = assert!($crate::numbered_from_zero(&[$($n),*]));
+        const _: () = assert!($crate::lists::numbered_from_zero(&[$($n),*]));
     };
 }
 
@@ -194,7 +194,7 @@ macro_rules! rust_cross_stream {
             }
         }
 
-        const _: () = assert!($crate::numbered_from_zero(&[$($n),*]));
+        const _: () = assert!($crate::lists::numbered_from_zero(&[$($n),*]));
     };
 }
 
@@ -320,23 +320,6 @@ pub const DEFAULT_THREAD_CACHE_ENTRIES: u32 = 32;
 pub const DEFAULT_THREAD_CACHE_BYTES: u64 = 1 << 30;
 
 impl PoolConfig {
-    /// A default configuration on the simulated driver with `sim`.
-    pub fn simulated(sim: SimConfig) -> Self {
-        PoolConfig {
-            backend: Backend::Simulated(sim),
-            ..Default::default()
-        }
-    }
-
-    /// A default configuration on the real CUDA driver, device `device`.
-    pub fn cuda(device: i32) -> Self {
-        PoolConfig {
-            backend: Backend::Cuda,
-            device,
-            ..Default::default()
-        }
-    }
-
     /// This configuration with `policy`.
     pub fn with_policy(mut self, policy: ReusePolicy) -> Self {
         self.reuse_policy = policy;

@@ -4,7 +4,7 @@
 //! handle, free the reservation, in that order), and the outcomes booked back
 //! ([`Outcome`]): what a refused step leaves is kept idle-for-retry or pending and
 //! retried at the next release point. Mappings whose stream work is known complete
-//! (a fence event completed, `streams.rs`) need no synchronize.
+//! (a fence event completed, `streams/fences.rs`) need no synchronize.
 
 use super::books::{BucketKind, Mapping, MappingState, Piece, State, ANY, HELD, SYNC_FREED};
 use super::Pool;

@@ -4,6 +4,8 @@
 //! calls [`Pool::with_driver`](crate::Pool::with_driver).
 #![forbid(unsafe_code)]
 
+mod pool;
+
 use std::sync::Arc;
 
 use crate::driver::cuda::CudaDriver;

@@ -13,7 +13,7 @@
 //! Forgetting records one last fence on the stream (covering every free made on it,
 //! and all its work queued so far, `record_stream` uses included), then unlinks its
 //! bucket from the handle. The bucket stays, *forgotten*: its idle memory, deferred
-//! memory and heaps drain as any other stream's do (moved to [`ANY`](super::books::ANY)
+//! memory and heaps drain as any other stream's do (moved to [`ANY`](crate::pool::books::ANY)
 //! when the fence is seen complete, released at release points after it, reused by
 //! other streams per `cross_stream_reuse`), and its stream is never passed to the
 //! driver again. `cuEventRecord` before `cuStreamDestroy` is enough: a destroyed
@@ -28,11 +28,11 @@
 //! the pool meets, reset: a process that creates and destroys streams does not grow
 //! the pool's bucket list.
 
-use super::books::{stream_key, Bucket, BucketKind, State};
-use super::streams::{count_stream_failure, hold_unconfirmed, Cover};
-use super::Pool;
+use super::{count_stream_failure, hold_unconfirmed, Cover};
 use crate::driver::Stream;
 use crate::error::{Error, Result};
+use crate::pool::books::{stream_key, Bucket, BucketKind, State};
+use crate::pool::Pool;
 use crate::sync::lock;
 
 /// CUDA's `CU_STREAM_PER_THREAD`: the per-thread default stream, never destroyed.
@@ -156,7 +156,7 @@ impl State {
     /// across its event waits (outside the lock), and a fence's completion booked
     /// into a bucket given to a new stream since would tell that stream its work
     /// completed. Rare: only when a new stream bucket is made.
-    pub(super) fn drained_forgotten_bucket(&self) -> Option<u32> {
+    pub(in crate::pool) fn drained_forgotten_bucket(&self) -> Option<u32> {
         if self.releases_running > 0 {
             return None;
         }
@@ -179,7 +179,7 @@ impl State {
     /// Gives drained forgotten bucket `b` to a new stream (`kind`): no marks, fences
     /// or completion of the old stream's; its heaps' empty segments (their
     /// reservations kept) start with no mark either.
-    pub(super) fn reuse_forgotten_bucket(&mut self, b: u32, kind: BucketKind) {
+    pub(in crate::pool) fn reuse_forgotten_bucket(&mut self, b: u32, kind: BucketKind) {
         self.buckets[b as usize] = Bucket::new(kind);
         for k in [b << 1, (b << 1) | 1] {
             let n = self.segs.by_key.get(&k).map_or(0, Vec::len);

@@ -12,8 +12,11 @@
 //! takes a [`PhysicalHandle`], which carries its own size, and no offset, so the pool
 //! cannot even ask for a sub-range.
 
+mod choice;
 pub mod cuda;
 pub mod sim;
+
+pub use choice::Backend;
 
 use std::fmt;
 

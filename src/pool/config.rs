@@ -1,15 +1,6 @@
 //! Pool configuration.
 
-use crate::driver::sim::SimConfig;
-
-/// Which driver a pool runs on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    /// The real CUDA driver (libcuda, loaded at run time).
-    Cuda,
-    /// The simulated driver with these settings.
-    Simulated(SimConfig),
-}
+pub use crate::driver::Backend;
 
 /// The reuse policies, one row each: `/// doc`, the Rust variant and its number, the
 /// C ABI's name (`FlareReusePolicy`, same number), the name on the command line and
@@ -294,7 +285,7 @@ pub struct PoolConfig {
 impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
-            backend: Backend::Simulated(SimConfig::default()),
+            backend: Backend::default(),
             device: 0,
             reuse_policy: ReusePolicy::BestFit,
             release_threshold_bytes: 0,

@@ -35,7 +35,7 @@ use super::books::{BucketKind, MappingState, Piece, State, ANY, SYNC_FREED};
 use super::release::Batch;
 use super::segments::{heap_key, home_of, round_up, SegHandle};
 use super::wake_zero::Zeroed;
-use super::{Pool, ReusePolicy};
+use super::{OnOom, Pool, ReusePolicy};
 use crate::driver::{CuResult, DevicePtr, DriverError, HostBuffer, PhysicalHandle, Stream};
 use crate::error::{Error, Result};
 use crate::sync::lock;
@@ -755,43 +755,20 @@ impl Pool {
             key
         };
         let rounded = round_up(size, self.granularity).unwrap_or(u64::MAX);
-        if rounded > self.device_total {
-            return Err(Error::RequestTooLarge {
-                requested: rounded,
-                device_total: self.device_total,
-            });
-        }
-        let driver_error = |source| Error::Driver {
-            source,
-            bytes: rounded,
+        let on_oom = OnOom {
+            settle_caches: false,
+            take_forced: |_: &mut State| None,
+            may_sync: stream.is_none(),
         };
-        let err = match self.grow_and_carve(key, size, bytes) {
-            Ok(p) => return Ok(mine(&mut lock(&self.state), p)),
-            Err(e) if e.is_out_of_memory() => self.noted_oom(e),
-            Err(e) => return Err(driver_error(e)),
-        };
-        {
-            let mut st = lock(&self.state);
-            if st.counters.scope_open {
-                return Err(self.oom_error(&st, rounded, Some(err)));
-            }
-            st.counters.oom_retries += 1;
-        }
-        self.release_for_retry(stream.is_none());
-        {
-            let mut st = lock(&self.state);
-            if let Some(p) = st.carve(key, size, bytes, true) {
-                return Ok(mine(&mut st, p));
-            }
-        }
-        match self.grow_and_carve(key, size, bytes) {
-            Ok(p) => Ok(mine(&mut lock(&self.state), p)),
-            Err(e) if e.is_out_of_memory() => {
-                let st = lock(&self.state);
-                Err(self.oom_error(&st, rounded, Some(self.noted_oom(e))))
-            }
-            Err(e) => Err(driver_error(e)),
-        }
+        self.miss_with(
+            rounded,
+            on_oom,
+            || {
+                self.grow_and_carve(key, size, bytes)
+                    .map(|p| mine(&mut lock(&self.state), p))
+            },
+            |st| st.carve(key, size, bytes, true).map(|p| mine(st, p)),
+        )
     }
 
     /// A whole mapping for tag `tag`: its bucket (synchronous only), [`ANY`], a new
@@ -842,34 +819,18 @@ impl Pool {
         if let Some(p) = take(&mut lock(&self.state), false) {
             return Ok(handoff(p));
         }
-        let driver_error = |source| Error::Driver {
-            source,
-            bytes: rounded,
+        let on_oom = OnOom {
+            settle_caches: false,
+            take_forced: |st: &mut State| take(st, true),
+            may_sync: stream.is_none(),
         };
-        let err = match self.create_mapping(rounded, bytes) {
-            Ok(p) => return Ok(handoff(p)),
-            Err(e) if e.is_out_of_memory() => self.noted_oom(e),
-            Err(e) => return Err(driver_error(e)),
-        };
-        {
-            let mut st = lock(&self.state);
-            if let Some(p) = take(&mut st, true) {
-                return Ok(handoff(p));
-            }
-            if st.counters.scope_open {
-                return Err(self.oom_error(&st, rounded, Some(err)));
-            }
-            st.counters.oom_retries += 1;
-        }
-        self.release_for_retry(stream.is_none());
-        match self.create_mapping(rounded, bytes) {
-            Ok(p) => Ok(handoff(p)),
-            Err(e) if e.is_out_of_memory() => {
-                let st = lock(&self.state);
-                Err(self.oom_error(&st, rounded, Some(self.noted_oom(e))))
-            }
-            Err(e) => Err(driver_error(e)),
-        }
+        self.miss_with(
+            rounded,
+            on_oom,
+            || self.create_mapping(rounded, bytes),
+            |_| None,
+        )
+        .map(handoff)
     }
 
     /// The census of tag `tag`: exact (under the lock, with every thread cache's

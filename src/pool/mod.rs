@@ -26,7 +26,6 @@ mod snapshot;
 mod stream_forget;
 mod streams;
 mod table;
-mod tag_gate;
 mod tags;
 mod too_large;
 mod wake_zero;
@@ -51,6 +50,7 @@ use crate::sync::{lock, wait, Condvar, Mutex, MutexGuard};
 use books::{MappingState, State, ANY, SYNC_FREED};
 use release::{Batch, Captures};
 use std::sync::Arc;
+use tags::tag_gate;
 /// A pool of whole CUDA virtual-memory mappings on one device.
 ///
 /// `Send + Sync`: every method may be called from any thread. A reuse hit takes the

@@ -38,6 +38,7 @@ mod destroy;
 mod map_back;
 mod sleep;
 mod sleeping_segments;
+pub(in crate::pool) mod tag_gate;
 mod wake;
 
 pub(in crate::pool) use books::TagBooks;

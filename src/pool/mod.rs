@@ -28,7 +28,6 @@ mod streams;
 mod table;
 mod tags;
 mod too_large;
-mod wake_zero;
 
 pub(crate) use config::cross_stream_modes;
 pub(crate) use config::reuse_policies;

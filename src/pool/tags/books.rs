@@ -3,12 +3,12 @@
 //! handle booked or released).
 
 use super::sleeping_segments::SegSleep;
+use super::wake_zero::Zeroed;
 use super::SleepMode;
 use crate::driver::{DevicePtr, HostBuffer};
 use crate::error::{Error, Result};
 use crate::pool::books::{BucketKind, State, SYNC_FREED};
 use crate::pool::segments::home_of;
-use crate::pool::wake_zero::Zeroed;
 
 /// The books of one tag.
 #[derive(Debug, Default)]

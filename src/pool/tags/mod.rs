@@ -40,6 +40,7 @@ mod sleep;
 mod sleeping_segments;
 pub(in crate::pool) mod tag_gate;
 mod wake;
+mod wake_zero;
 
 pub(in crate::pool) use books::TagBooks;
 

@@ -5,8 +5,23 @@
 use crate::driver::{DevicePtr, DriverError, Stream};
 use crate::error::{Error, Result};
 use crate::pool::books::{State, ANY, SYNC_FREED};
-use crate::pool::{record, Pool, ReusePolicy};
+use crate::pool::{Pool, ReusePolicy};
 use crate::sync::lock;
+
+/// What a miss ([`Pool::miss_with`]) does when the driver ran out of memory, before
+/// and for its one retry.
+pub(in crate::pool) struct OnOom<F> {
+    /// The thread caches are settled before `take_forced` (what other threads'
+    /// caches hold idle may serve; a tag other than 0 never goes through them).
+    pub(in crate::pool) settle_caches: bool,
+    /// Takes idle memory under the lock, whatever the policy's bound (not called
+    /// under `none`).
+    pub(in crate::pool) take_forced: F,
+    /// The release before the retry may synchronize the device (the synchronous
+    /// API; a stream-ordered allocation releases only memory whose fences
+    /// completed).
+    pub(in crate::pool) may_sync: bool,
+}
 
 impl Pool {
     /// A miss: a new mapping; on out-of-memory, a forced reuse, then (outside a
@@ -51,6 +66,30 @@ impl Pool {
         create: impl Fn() -> Result<DevicePtr, DriverError>,
         retake: impl FnOnce(&mut State) -> Option<DevicePtr>,
     ) -> Result<DevicePtr> {
+        let on_oom = OnOom {
+            settle_caches: true,
+            take_forced: |st: &mut State| match on {
+                Some((s, capture)) => {
+                    self.take_forced_for_stream(st, s, capture, forced_size, bytes)
+                }
+                None => st
+                    .take_forced(SYNC_FREED, forced_size, bytes)
+                    .or_else(|| st.take_forced(ANY, forced_size, bytes)),
+            },
+            may_sync: on.is_none(),
+        };
+        self.miss_with(rounded, on_oom, create, retake)
+    }
+
+    /// [`Pool::miss`] with what it does on out-of-memory given by `on_oom`: the
+    /// untagged API's (above), or a tag's (`tags/`), whose memory is its own.
+    pub(in crate::pool) fn miss_with(
+        &self,
+        rounded: u64,
+        on_oom: OnOom<impl FnOnce(&mut State) -> Option<DevicePtr>>,
+        create: impl Fn() -> Result<DevicePtr, DriverError>,
+        retake: impl FnOnce(&mut State) -> Option<DevicePtr>,
+    ) -> Result<DevicePtr> {
         if rounded > self.device_total {
             return Err(Error::RequestTooLarge {
                 requested: rounded,
@@ -64,58 +103,54 @@ impl Pool {
         self.record_call_start();
         let err = match create() {
             Ok(ptr) => return Ok(ptr),
-            Err(e) if e.is_out_of_memory() => e,
+            Err(e) if e.is_out_of_memory() => self.noted_oom(e),
             Err(e) => return Err(driver_error(e)),
         };
-        if self.rec.is_some() {
-            record::note_oom();
-        }
-        if let Some(ptr) = self.after_oom(on, rounded, forced_size, bytes, err)? {
+        let OnOom {
+            settle_caches,
+            take_forced,
+            may_sync,
+        } = on_oom;
+        if let Some(ptr) = self.after_oom(settle_caches, take_forced, rounded, err)? {
             return Ok(ptr);
         }
-        self.release_for_retry(on.is_none());
+        self.release_for_retry(may_sync);
         if let Some(ptr) = retake(&mut lock(&self.state)) {
             return Ok(ptr);
         }
         match create() {
             Ok(ptr) => Ok(ptr),
             Err(e) if e.is_out_of_memory() => {
-                if self.rec.is_some() {
-                    record::note_oom();
-                }
                 let st = lock(&self.state);
-                Err(self.oom_error(&st, rounded, Some(e)))
+                Err(self.oom_error(&st, rounded, Some(self.noted_oom(e))))
             }
             Err(e) => Err(driver_error(e)),
         }
     }
 
     /// What an allocation does when the driver ran out of memory before releasing
-    /// anything: the smallest idle mapping (or block freed whole into a bucket) of at
-    /// least `size` bytes that the caller may take (`on`: its stream and capture),
-    /// whatever its size, because the policy's bound chooses between idle memory and
-    /// is no reason to fail while some would serve (not under `none`); inside a scope,
-    /// the out-of-memory error (`rounded` bytes asked, with the driver's `err`);
-    /// outside one, `Ok(None)`, counted in `oom_retries`: the caller releases what is
-    /// idle and retries once.
+    /// anything: the idle memory `take_forced` takes under the lock (the untagged
+    /// API: the smallest idle mapping, or block freed whole into a bucket, of at
+    /// least the size asked that the caller may take), whatever its size, because
+    /// the policy's bound chooses between idle memory and is no reason to fail while
+    /// some would serve (not under `none`); with `settle_caches`, after the thread
+    /// caches are settled; inside a scope, the out-of-memory error (`rounded` bytes
+    /// asked, with the driver's `err`); outside one, `Ok(None)`, counted in
+    /// `oom_retries`: the caller releases what is idle and retries once.
     pub(super) fn after_oom(
         &self,
-        on: Option<(Stream, Option<u64>)>,
+        settle_caches: bool,
+        take_forced: impl FnOnce(&mut State) -> Option<DevicePtr>,
         rounded: u64,
-        size: u64,
-        bytes: u64,
         err: DriverError,
     ) -> Result<Option<DevicePtr>> {
-        // What other threads' caches hold idle may serve.
-        self.caches.settle(&self.state);
+        if settle_caches {
+            // What other threads' caches hold idle may serve.
+            self.caches.settle(&self.state);
+        }
         let mut st = lock(&self.state);
         if self.policy != ReusePolicy::None {
-            let forced = match on {
-                Some((s, capture)) => self.take_forced_for_stream(&mut st, s, capture, size, bytes),
-                None => st
-                    .take_forced(SYNC_FREED, size, bytes)
-                    .or_else(|| st.take_forced(ANY, size, bytes)),
-            };
+            let forced = take_forced(&mut st);
             if forced.is_some() {
                 return Ok(forced);
             }

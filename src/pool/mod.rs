@@ -29,11 +29,9 @@ mod segments;
 mod snapshot;
 mod streams;
 mod table;
-mod tag_gate;
 mod tags;
 mod too_large;
 mod undo;
-mod wake_zero;
 
 pub(crate) use config::cross_stream_modes;
 pub(crate) use config::reuse_policies;
@@ -53,7 +51,9 @@ use crate::error::{Error, Result};
 use crate::sync::{lock, Condvar, Mutex};
 use allocate::max_fit;
 use books::State;
+use miss::OnOom;
 use std::sync::Arc;
+use tags::tag_gate;
 /// A pool of whole CUDA virtual-memory mappings on one device.
 ///
 /// `Send + Sync`: every method may be called from any thread. A reuse hit takes the

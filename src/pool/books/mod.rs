@@ -3,279 +3,19 @@
 //! calls the driver; the release engine (`release.rs`) and mapping creation
 //! (`create.rs`) book what their driver calls did through these methods.
 
-use std::collections::{HashMap, VecDeque};
+mod buckets;
+mod mapping;
+
+pub(super) use buckets::{stream_key, Bucket, BucketKind, Deferred, Fence, ANY, HELD, SYNC_FREED};
+pub(super) use mapping::{unreachable_slot, Mapping, MappingState, Piece, NIL, NO_SEGMENT};
+
+use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::index::ReuseIndex;
 use super::segments::Segments;
 use super::{ReusePolicy, Snapshot};
-use crate::driver::{DevicePtr, Event, PhysicalHandle, Reservation, Stream};
-
-/// The bucket of memory any caller may take at once: freed on a stream whose work up
-/// to the free is known complete (a fence completed). Released with no synchronize.
-pub(super) const ANY: u32 = 0;
-
-/// The bucket of memory freed with the synchronous `free`: work the caller queued
-/// before it may still run (the synchronous API's contract: a release synchronizes
-/// the device first), so only the synchronous `allocate` takes it (as before stream
-/// order existed), and it is released only after a device synchronize.
-pub(super) const SYNC_FREED: u32 = 2;
-
-/// The bucket of memory nobody may take: freed on a stream whose order the pool
-/// could not track (a stream or event call failed). Released only after a device
-/// synchronize, at trim, finish, destroy or an out-of-memory release.
-pub(super) const HELD: u32 = 1;
-
-/// Who may take the idle mappings of a bucket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum BucketKind {
-    /// [`ANY`].
-    Any,
-    /// [`HELD`].
-    Held,
-    /// [`SYNC_FREED`].
-    SyncFreed,
-    /// Freed on this stream (`free_async`), not yet known complete: reusable on the
-    /// stream at once, elsewhere after a fence.
-    Stream(Stream),
-    /// Freed with the synchronous `free` by tag `t` (not 0, issue 15): taken only by
-    /// that tag's synchronous allocations, released after a device synchronize (as
-    /// [`SYNC_FREED`]), and at the tag's sleep.
-    Tag(u32),
-    /// Blocks of tag `t`'s own heap (segment mode) freed with the synchronous `free`:
-    /// work queued before the free may still run, so they stay whole here, taken only
-    /// by the tag's synchronous allocations, and go back to the heap after a device
-    /// synchronize (a release point), as a stream heap's blocks freed with the
-    /// synchronous `free` do. Their bytes are counted by the heap (`tags.rs`).
-    TagBlocks(u32),
-    /// Freed during the capture with this id: reused only by allocations in it;
-    /// `epoch` is the retention scope open when it was first seen (0: none), whose
-    /// close releases it.
-    Capture { id: u64, epoch: u64 },
-}
-
-/// An event recorded on a bucket's stream after its first `covers` frees.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Fence {
-    pub(super) event: Event,
-    pub(super) covers: u64,
-}
-
-/// A bucket's stream-order state (see [`BucketKind`]).
-#[derive(Debug)]
-pub(super) struct Bucket {
-    pub(super) kind: BucketKind,
-    /// Frees made on the stream so far (each free's mark is this count after it;
-    /// `record_stream` bumps it too, for the fence it needs).
-    pub(super) marks: u64,
-    /// Marks covered by a recorded fence.
-    pub(super) fenced: u64,
-    /// A stream call used this bucket's stream since the last release point that may
-    /// synchronize the device (trim, finish): its stream may be capturing now, so
-    /// such a release point asks it first. Cleared there for buckets left empty, so
-    /// a stream destroyed after a trim is never passed to the driver again.
-    pub(super) active: bool,
-    /// `marks` at the previous fence poll of a free: memory freed after it is too
-    /// fresh for a free's poll to fence (see `streams.rs`).
-    pub(super) polled_marks: u64,
-    /// Marks whose stream work is known complete.
-    pub(super) completed: u64,
-    /// Fences recorded and not yet seen complete, oldest first.
-    pub(super) fences: VecDeque<Fence>,
-    /// The caller said its stream is about to be destroyed
-    /// ([`Pool::forget_stream`](super::Pool::forget_stream)): no longer in `by_stream`
-    /// (a new stream with the same handle gets a bucket of its own), and its stream is
-    /// never passed to the driver again. Its memory and fences drain as any stream
-    /// bucket's; `marks` no longer grows, so a fence never needs recording.
-    pub(super) forgotten: bool,
-}
-
-impl Bucket {
-    pub(super) fn new(kind: BucketKind) -> Bucket {
-        Bucket {
-            kind,
-            marks: 0,
-            fenced: 0,
-            active: false,
-            polled_marks: 0,
-            completed: 0,
-            fences: VecDeque::new(),
-            forgotten: false,
-        }
-    }
-}
-
-/// A mapping freed with streams from `record_stream`: idle, out of the index until
-/// the fences on those streams complete, then indexed in `bucket`.
-#[derive(Debug)]
-pub(super) struct Deferred {
-    pub(super) slot: u32,
-    /// (bucket of a recorded stream, mark its fence must complete).
-    pub(super) needs: Vec<(u32, u64)>,
-}
-
-/// Where a mapping is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum MappingState {
-    /// Handed out to a caller.
-    Live,
-    /// Retained or cached; reusable while in the reuse index.
-    Idle,
-    /// Idle in the books, taken out of the reuse index by a thread that is
-    /// releasing it outside the lock.
-    Releasing,
-    /// A release step failed; what is left is kept and retried.
-    Pending,
-    /// A block's range in its heap's free space (segment mode): indexed in
-    /// [`Segments::free`](super::segments::Segments), coalesced with free neighbours.
-    HeapFree,
-    /// A handle mapped in its segment (segment mode): its bytes are blocks, live or
-    /// free.
-    InSegment,
-    /// Held by the thread caches (`cache.rs`): idle in a cache, or live through
-    /// one. Counted as idle (a free block) in the books' counters; what the caches
-    /// did with it is in their deltas.
-    Cached,
-}
-
-/// What a slot of the books holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Piece {
-    /// A whole mapping: its own reservation, one handle mapped in it.
-    Whole,
-    /// A block of a segment (live, idle in a bucket, or free in its heap):
-    /// `reservation.ptr` is its address, `handle.size` its size (a multiple of 512
-    /// bytes); it owns no driver object.
-    Block,
-    /// A physical handle mapped in a segment at `reservation.ptr`
-    /// (`reservation.size` 0: the reservation is the segment's).
-    Handle,
-}
-
-/// One mapping: a reservation with one whole handle mapped in it and access granted.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Mapping {
-    pub(super) reservation: Reservation,
-    pub(super) handle: PhysicalHandle,
-    /// Bytes the caller asked for while live.
-    pub(super) requested: u64,
-    pub(super) state: MappingState,
-    /// Idle after a failed synchronize or unmap: release again at the next release
-    /// point.
-    pub(super) retry: bool,
-    /// While live: which allocation this is (the value of `allocations` when it was
-    /// handed out), so that a guard frees only its own allocation.
-    pub(super) alloc_id: u64,
-    /// Counted in `mappings_created` (false for what a failed creation left
-    /// behind), so that its final release counts in `mappings_released`.
-    pub(super) created: bool,
-    /// Pending: what the driver still holds.
-    pub(super) mapped: bool,
-    pub(super) handle_live: bool,
-    pub(super) reservation_live: bool,
-    /// While idle: the bucket it is (or, deferred, will be) indexed in.
-    pub(super) bucket: u32,
-    /// While idle in a stream bucket: its free's mark on that stream.
-    pub(super) mark: u64,
-    /// Its release must synchronize every device with access first (freed with the
-    /// synchronous `free`, during a capture, or live at destroy); false when its
-    /// stream work is known complete.
-    pub(super) needs_sync: bool,
-    /// The bucket of the stream of its last free (`None`: the synchronous `free`):
-    /// by bucket, so that a stream with a forgotten stream's handle is another one
-    /// (only counted in `cross_stream_hits`: a drained forgotten bucket given to a
-    /// new stream makes a reuse of such memory by it uncounted).
-    pub(super) freed_on: Option<u32>,
-    /// What the slot holds.
-    pub(super) piece: Piece,
-    /// Blocks and handles: the segment (`NO_SEGMENT` for a whole mapping).
-    pub(super) seg: u32,
-    /// Blocks: the slots of the blocks just below and just above in address, in
-    /// the same mapped run of the segment (`NIL` at a run's edge).
-    pub(super) prev: u32,
-    pub(super) next: u32,
-    /// Handles: a second, retired mapping of the handle at this address (0: none).
-    /// A handle lent to a segment's growing end keeps its old mapping (queued work
-    /// may still touch the old address: unmapping it inside a scope could fault
-    /// that work) until its release unmaps both.
-    pub(super) alias: DevicePtr,
-    /// The tag of the allocation while live (0: untagged), or of the tag bucket it
-    /// idles in. Whole mappings only: blocks are always tag 0's.
-    pub(super) tag: u32,
-    /// Live, of a sleeping tag: unmapped (`handle_live`: the driver refused to
-    /// release its handle, mapped again at wake), its reservation kept.
-    pub(super) asleep: bool,
-}
-
-impl Mapping {
-    /// A live mapping just created.
-    pub(super) fn created(
-        reservation: Reservation,
-        handle: PhysicalHandle,
-        requested: u64,
-    ) -> Self {
-        Mapping {
-            reservation,
-            handle,
-            requested,
-            state: MappingState::Live,
-            retry: false,
-            alloc_id: 0,
-            created: true,
-            mapped: true,
-            handle_live: true,
-            reservation_live: true,
-            bucket: SYNC_FREED,
-            mark: 0,
-            needs_sync: true,
-            freed_on: None,
-            piece: Piece::Whole,
-            seg: NO_SEGMENT,
-            prev: NIL,
-            next: NIL,
-            alias: 0,
-            tag: 0,
-            asleep: false,
-        }
-    }
-
-    /// A block of segment `seg` at `ptr`, `size` bytes, in `state`.
-    pub(super) fn block(seg: u32, ptr: DevicePtr, size: u64, state: MappingState) -> Self {
-        Mapping {
-            state,
-            created: false,
-            mapped: false,
-            handle_live: false,
-            reservation_live: false,
-            piece: Piece::Block,
-            seg,
-            ..Mapping::created(
-                Reservation { ptr, size: 0 },
-                PhysicalHandle { raw: 0, size },
-                0,
-            )
-        }
-    }
-
-    pub(super) fn size(&self) -> u64 {
-        self.handle.size
-    }
-
-    /// The address of a block, a handle or a whole mapping.
-    pub(super) fn ptr(&self) -> DevicePtr {
-        self.reservation.ptr
-    }
-
-    pub(super) fn is_block(&self) -> bool {
-        self.piece == Piece::Block
-    }
-}
-
-/// No slot (an address neighbour at a run's edge, a segment's unknown tail).
-pub(super) const NIL: u32 = u32::MAX;
-
-/// The segment of a whole mapping: none.
-pub(super) const NO_SEGMENT: u32 = u32::MAX;
+use crate::driver::{DevicePtr, Event, Stream};
 
 /// Hashes granularity-aligned device pointers: one multiply, no per-call state.
 #[derive(Default)]
@@ -295,16 +35,6 @@ impl Hasher for PtrHasher {
         // table's low bits vary.
         let x = (v ^ (v >> 21)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         self.0 = x ^ (x >> 32);
-    }
-}
-
-/// The key of `stream` in [`State::by_stream`]: its handle, the legacy stream's two
-/// (0 and `CU_STREAM_LEGACY`, 1) as 0.
-pub(super) fn stream_key(stream: Stream) -> u64 {
-    if stream.is_legacy() {
-        0
-    } else {
-        stream.0
     }
 }
 
@@ -372,8 +102,8 @@ pub(super) struct State {
     pub(super) tier_deltas: super::cache::Deltas,
     /// Slots in the `Cached` state.
     pub(super) tier_slots: usize,
-    /// Per-tag books (issue 15, `tags.rs`): tags other than 0 as first used, and 0
-    /// once it is slept or counted.
+    /// Per-tag books (issue 15, `tags/books.rs`): tags other than 0 as first used,
+    /// and 0 once it is slept or counted.
     pub(super) tags: HashMap<u32, super::tags::TagBooks>,
     /// Recorded lines held back for the line of the call whose locked section
     /// learnt them ([`super::record::Held`]).
@@ -654,7 +384,7 @@ impl State {
     /// pointer.
     pub(super) fn make_live(&mut self, slot: u32, requested: u64) -> DevicePtr {
         let m = self.mapping_mut(slot);
-        // Tag 0's until a tagged allocation claims it (`tags.rs`).
+        // Tag 0's until a tagged allocation claims it (`tags/alloc.rs`).
         m.tag = 0;
         m.state = MappingState::Live;
         m.requested = requested;
@@ -738,10 +468,4 @@ impl State {
         }
         self.make_live(slot, requested)
     }
-}
-
-#[cold]
-pub(super) fn unreachable_slot(slot: u32) -> ! {
-    // Not reachable through the public API: the books only name occupied slots.
-    panic!("flare-package: internal error: slot {slot} is empty")
 }

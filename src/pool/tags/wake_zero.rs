@@ -36,20 +36,20 @@
 //!   zeros are not guaranteed, can zero the memory itself or sleep and wake again.
 //!   The memsets after the refused one are not queued.
 
-use super::books::State;
-use super::Pool;
 use crate::driver::{CuResult, DevicePtr, Stream};
 use crate::error::{Error, Result};
+use crate::pool::books::State;
+use crate::pool::Pool;
 use crate::sync::lock;
 
 /// What a tag's zeroing wakes zeroed, cumulative (its census's `zeroed_bytes` and
 /// `zero_memsets`).
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Zeroed {
+pub(in crate::pool) struct Zeroed {
     /// Bytes set to zero.
-    pub(super) bytes: u64,
+    pub(in crate::pool) bytes: u64,
     /// Memsets queued.
-    pub(super) memsets: u64,
+    pub(in crate::pool) memsets: u64,
 }
 
 impl State {
@@ -57,7 +57,7 @@ impl State {
     /// whole mapping it put to sleep (`slots`: slot, offset of its bytes in the host
     /// buffer) and each live block of its segments (`blocks`: address, requested
     /// bytes, offset). Allocations with 0 requested bytes are left out.
-    pub(super) fn dropped_ranges(
+    pub(in crate::pool) fn dropped_ranges(
         &self,
         slots: &[(u32, u64)],
         blocks: &[(DevicePtr, u64, u64)],
@@ -126,7 +126,7 @@ impl Pool {
     /// Queues a memset to 0 of each range of `ranges` (address, bytes) on `stream`,
     /// in order, and counts what the driver accepted in tag `tag`'s census. Stops at
     /// the first refusal: [`Error::Driver`] with its size.
-    pub(super) fn zero_dropped(
+    pub(in crate::pool) fn zero_dropped(
         &self,
         tag: u32,
         stream: Stream,

@@ -15,7 +15,7 @@
 //! push, `record_stream`) only checks the gate under that lock.
 //!
 //! **Where the entry is taken.** A tag other than 0: under the books' lock, counted in
-//! its [`TagBooks`](super::tags) (`users`). A free: under the books' lock, in the same
+//! its [`TagBooks`](crate::pool::tags::TagBooks) (`users`). A free: under the books' lock, in the same
 //! hold as the lookup that tells its tag (`State::free_live`), so the lookup and the
 //! check are one step. Tag 0's calls are the untagged hot paths, so its count is an
 //! atomic (`users0`): an untagged allocation that misses its thread cache enters
@@ -40,16 +40,16 @@
 //! does not model as such). A leave that brings `users0` to 0 while `closed0` is set
 //! takes the books' lock to signal the waiting state change.
 
-use super::books::State;
-use super::Pool;
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
+use crate::pool::books::State;
+use crate::pool::Pool;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{lock, wait, Condvar, MutexGuard};
 
 /// The gate's shared part (the rest is in the books: each tag's `busy`, `sleeping`
 /// and `users`).
-pub(super) struct TagGate {
+pub(in crate::pool) struct TagGate {
     /// Tag 0 is asleep, or a sleep or wake of it runs: its calls are refused. Written
     /// under the books' lock; read by the thread caches under their own mutex.
     closed0: AtomicBool,
@@ -71,7 +71,7 @@ struct Padded(AtomicU64);
 /// held.
 #[must_use]
 #[derive(Debug)]
-pub(super) struct Entry {
+pub(in crate::pool) struct Entry {
     /// The tag entered (`None`: nothing, a pointer that is not live).
     tag: Option<u32>,
     /// A tag other than 0 that entered tag 0 as well (a whole mapping).
@@ -81,7 +81,7 @@ pub(super) struct Entry {
 const REFUSED: &str = "the tag is asleep (or being put to sleep or woken): wake it first";
 
 /// The refusal of a call on tag 0's memory while it is closed.
-pub(super) fn refused0() -> Error {
+pub(in crate::pool) fn refused0() -> Error {
     Error::TagState {
         tag: 0,
         reason: REFUSED,
@@ -89,7 +89,7 @@ pub(super) fn refused0() -> Error {
 }
 
 impl TagGate {
-    pub(super) fn new() -> TagGate {
+    pub(in crate::pool) fn new() -> TagGate {
         TagGate {
             closed0: AtomicBool::new(false),
             users0: Padded(AtomicU64::new(0)),
@@ -101,7 +101,7 @@ impl TagGate {
     /// the books' lock; under a thread cache's mutex, exact from the moment the
     /// closing state change has settled that cache (`Caches::settle` takes every
     /// cache's mutex), which it does before it looks at tag 0's memory.
-    pub(super) fn tag0_closed(&self) -> bool {
+    pub(in crate::pool) fn tag0_closed(&self) -> bool {
         self.closed0.load(Ordering::Relaxed)
     }
 
@@ -116,7 +116,7 @@ impl Pool {
     ///
     /// Errors: [`Error::TagState`] while tag 0 is asleep or a sleep or wake of it
     /// runs.
-    pub(super) fn enter_untagged(&self) -> Result<Entry> {
+    pub(in crate::pool) fn enter_untagged(&self) -> Result<Entry> {
         self.gate.add0();
         if self.gate.closed0.load(Ordering::Acquire) {
             self.leave0();
@@ -134,7 +134,7 @@ impl Pool {
     ///
     /// Errors: [`Error::TagState`] while tag `tag` is asleep or a sleep or wake of it
     /// runs.
-    pub(super) fn enter_tagged(&self, tag: u32, whole: bool) -> Result<Entry> {
+    pub(in crate::pool) fn enter_tagged(&self, tag: u32, whole: bool) -> Result<Entry> {
         let mut st = lock(&self.state);
         if whole {
             while st.tags.get(&0).is_some_and(|t| t.busy) {
@@ -158,7 +158,7 @@ impl Pool {
     ///
     /// Errors: [`Error::TagState`] while its tag is asleep or a sleep or wake of it
     /// runs.
-    pub(super) fn enter_live(&self, st: &mut State, ptr: DevicePtr) -> Result<Entry> {
+    pub(in crate::pool) fn enter_live(&self, st: &mut State, ptr: DevicePtr) -> Result<Entry> {
         let Some(&slot) = st.live.get(&ptr) else {
             return Ok(Entry {
                 tag: None,
@@ -179,7 +179,7 @@ impl Pool {
     }
 
     /// Leaves what `e` entered. Must not be called with the books' lock held.
-    pub(super) fn leave(&self, e: Entry) {
+    pub(in crate::pool) fn leave(&self, e: Entry) {
         match e.tag {
             None => {}
             Some(0) => self.leave0(),
@@ -213,7 +213,7 @@ impl Pool {
     /// same hold of `st`, that no other one runs): marks it busy, so that no call
     /// enters it from now on, then waits until none is in flight. Returns the books'
     /// lock, taken again.
-    pub(super) fn close_tag<'a>(
+    pub(in crate::pool) fn close_tag<'a>(
         &'a self,
         mut st: MutexGuard<'a, State>,
         tag: u32,
@@ -238,7 +238,7 @@ impl Pool {
 
     /// Ends the sleep or wake of tag `tag` (held as `st`): no longer busy; its calls
     /// enter again if it is awake. Wakes the allocations waiting for tag 0.
-    pub(super) fn open_tag(&self, st: &mut State, tag: u32) {
+    pub(in crate::pool) fn open_tag(&self, st: &mut State, tag: u32) {
         let t = st.tags.entry(tag).or_default();
         t.busy = false;
         if tag == 0 {
@@ -250,7 +250,7 @@ impl Pool {
     }
 
     /// The pool is being destroyed: every tag is forgotten, tag 0 open again.
-    pub(super) fn reset_gate(&self) {
+    pub(in crate::pool) fn reset_gate(&self) {
         self.gate.closed0.store(false, Ordering::Release);
     }
 }

@@ -1,2 +1,0 @@
-# Empty dependencies file for flare_cmake_smoke_cpp.
-# This may be replaced when dependencies are built.

@@ -1,3 +1,0 @@
-#include "flare_package.h"
-#include "flare_package.h"
-int main(void) { return 0; }

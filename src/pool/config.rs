@@ -7,7 +7,7 @@ pub use crate::driver::Backend;
 /// in reports.
 ///
 /// Written once: [`ReusePolicy`] with [`ReusePolicy::name`] (here) and the C ABI's
-/// `FlareReusePolicy` with its integer conversion and name table (`ffi/types.rs`)
+/// `FlareReusePolicy` with its integer conversion and name table (`ffi/types/pool_config.rs`)
 /// are generated from it. `reuse_policies!(generator! { head })` expands to
 /// `generator! { head rows }`.
 macro_rules! reuse_policies {

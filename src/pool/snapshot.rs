@@ -7,7 +7,7 @@ use crate::driver::DriverCall;
 ///
 /// Written once: the Rust [`Snapshot`] (here), the C ABI's `FlareSnapshot` (its
 /// `struct_size` and `scope_open`, then these fields in this order), the conversion
-/// between them, the C struct's field offsets (`ffi/types.rs`) and
+/// between them, the C struct's field offsets (`ffi/types/snapshot.rs`) and
 /// [`Snapshot::count_failure`] are generated from it. The order is the C struct's
 /// layout: a new counter goes at the end only.
 ///

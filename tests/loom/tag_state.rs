@@ -11,7 +11,7 @@
 //! ```
 //!
 //! The rule they check (`docs/ARCHITECTURE.md`, "Tags: sleep and wake",
-//! Concurrency; `src/pool/tag_gate.rs`): every call on a tag's memory runs wholly
+//! Concurrency; `src/pool/tags/tag_gate.rs`): every call on a tag's memory runs wholly
 //! before or wholly after each sleep or wake of the tag (a call that meets one is
 //! refused with `Error::TagState`, nothing changed), a sleep waits for the calls in
 //! flight instead of failing, and two state changes of one tag never overlap (the

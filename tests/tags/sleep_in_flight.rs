@@ -207,7 +207,7 @@ fn a_sleep_while_the_legacy_stream_reports_a_capture_is_refused() {
 /// tag 1 on another thread, and returns once that sleep has closed the tag: once
 /// `record_stream` of the tag's live `probe` is refused (`Error::TagState`: the sleep
 /// runs), or it returned. The sleep cannot go on while the allocation is in flight (issue 34:
-/// `src/pool/tag_gate.rs`); it is joined after the allocation returned.
+/// `src/pool/tags/tag_gate.rs`); it is joined after the allocation returned.
 fn sleep_from_hook(
     pool: &Arc<Pool>,
     driver: &hooked::Hooked,

@@ -1,5 +1,5 @@
 //! Thread caches (issue 13) on the simulated driver. Every expectation comes from the
-//! contract of `src/pool/cache.rs` and `PoolConfig::thread_cache_*`:
+//! contract of `src/pool/cache/` and `PoolConfig::thread_cache_*`:
 //!
 //! - a thread's cache holds idle memory only while nothing would be released anyway
 //!   (a retention scope is open, or the release threshold is `u64::MAX`), at most

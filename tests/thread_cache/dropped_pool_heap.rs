@@ -1,5 +1,5 @@
 //! Issue 16: a dropped pool's thread caches are let go by the threads that used it
-//! (`src/pool/cache.rs`: a pool's drop retires its caches, "thread-locals let go of
+//! (`src/pool/cache/`: a pool's drop retires its caches, "thread-locals let go of
 //! its caches" at their next registration). Nothing in the public API shows a
 //! thread's caches of a pool that is gone, so this test watches the one thing
 //! keeping them would show: the heap. A counting global allocator (the binary's;

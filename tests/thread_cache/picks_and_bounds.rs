@@ -96,7 +96,7 @@ fn exact_policy_miss_takes_another_threads_cached_exact_size() {
 }
 
 /// A thread cache's pick ("one of exactly the rounded size, else the smallest within
-/// the policy's bound", `src/pool/cache.rs` `Inner::find`, as best-fit in the
+/// the policy's bound", `src/pool/cache/` `Inner::find`, as best-fit in the
 /// books): 22 and 24 MiB mappings cached (24 freed last, so seen first), a 20 MiB
 /// request (bound 30%: up to 26 MiB) takes the 22 MiB one.
 #[test]
@@ -237,7 +237,7 @@ fn a_segment_block_of_exactly_the_small_limit_is_adopted_by_its_thread() {
     }
 }
 
-/// `Caches::free` (`src/pool/cache.rs`): "memory the books handed out goes to the
+/// `Caches::free` (`src/pool/cache/`): "memory the books handed out goes to the
 /// caller's cache when the caches are open, it fits and it may be held there (a
 /// whole mapping ... with no stream recorded)"; `PoolConfig::thread_cache_entries`
 /// and the module doc: caches hold memory while a retention scope is open. A

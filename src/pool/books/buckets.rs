@@ -72,7 +72,7 @@ pub(in crate::pool) struct Bucket {
     /// a stream destroyed after a trim is never passed to the driver again.
     pub(in crate::pool) active: bool,
     /// `marks` at the previous fence poll of a free: memory freed after it is too
-    /// fresh for a free's poll to fence (see `streams.rs`).
+    /// fresh for a free's poll to fence (see `streams/`).
     pub(in crate::pool) polled_marks: u64,
     /// Marks whose stream work is known complete.
     pub(in crate::pool) completed: u64,

@@ -22,7 +22,7 @@ pub(in crate::pool) enum MappingState {
     /// A handle mapped in its segment (segment mode): its bytes are blocks, live or
     /// free.
     InSegment,
-    /// Held by the thread caches (`cache.rs`): idle in a cache, or live through
+    /// Held by the thread caches (`cache/`): idle in a cache, or live through
     /// one. Counted as idle (a free block) in the books' counters; what the caches
     /// did with it is in their deltas.
     Cached,

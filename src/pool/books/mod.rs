@@ -98,7 +98,7 @@ pub(super) struct State {
     /// heap while fewer had started is covered by it.
     pub(super) synced: u64,
     /// The thread caches' counter changes made by threads that have no cache (see
-    /// `cache.rs`).
+    /// `cache/`).
     pub(super) tier_deltas: super::cache::Deltas,
     /// Slots in the `Cached` state.
     pub(super) tier_slots: usize,

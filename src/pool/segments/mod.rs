@@ -14,7 +14,7 @@
 //!   empty again (the growing end comes back down to that highest mapping).
 //! - A **block** is a range of a segment: live (handed out), idle in a stream-order
 //!   bucket (waiting on a fence, a capture, a synchronize: the buckets of
-//!   `books.rs`), or free in its heap (`HeapFree`, indexed by (heap key, size) in
+//!   `books/`), or free in its heap (`HeapFree`, indexed by (heap key, size) in
 //!   [`Segments::free`]). Blocks of one mapped run are linked in address order;
 //!   a block returning to its heap coalesces with free neighbours at once.
 //!
@@ -81,7 +81,7 @@ pub(super) struct Segment {
     /// [`BucketKind::Tag`](super::books::BucketKind::Tag)) hold only its blocks; every
     /// other heap is tag 0's.
     pub(super) tag: u32,
-    /// Its tag sleeps: its handles are released (`tags.rs`), its blocks kept in the
+    /// Its tag sleeps: its handles are released (`tags/`), its blocks kept in the
     /// books, its free blocks out of the index, and `busy` raised by one.
     pub(super) asleep: bool,
 }

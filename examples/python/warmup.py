@@ -56,7 +56,13 @@ def warmup_simulated():
 
 
 def main():
-    simulated = "--simulated" in sys.argv[1:]
+    import argparse
+
+    parser = argparse.ArgumentParser(description="A forward's warm-up on flare-package.")
+    parser.add_argument(
+        "--simulated", action="store_true", help="the simulated driver as the GPU (no PyTorch, no GPU)"
+    )
+    simulated = parser.parse_args().simulated
     if not simulated:
         try:
             import torch

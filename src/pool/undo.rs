@@ -46,6 +46,23 @@ impl<'d> Steps<'d> {
         }
     }
 
+    /// Steps done earlier in the same call: `handle` (created by them when
+    /// `created`) mapped at `ptr`. For the undo of several mappings made one after
+    /// another ([`undo_all`]).
+    pub(super) fn mapped(
+        driver: &'d dyn Driver,
+        ptr: DevicePtr,
+        handle: PhysicalHandle,
+        created: bool,
+    ) -> Steps<'d> {
+        Steps {
+            driver,
+            handle: created.then_some(handle),
+            reservation: None,
+            mapped: Some((ptr, handle.size)),
+        }
+    }
+
     /// `cuMemCreate` of `size` bytes.
     pub(super) fn create(&mut self, size: u64) -> Result<PhysicalHandle, DriverError> {
         let handle = self.driver.create(size)?;
@@ -129,6 +146,18 @@ impl<'d> Steps<'d> {
             reservation_live,
         }
     }
+}
+
+/// Undoes the steps of several mappings (`steps`, in the order they were done)
+/// together, latest first, each as [`Steps::undo`]: the calls the driver refuses go
+/// to `failed`. Returns what each left with the driver, in the order of `steps`.
+pub(super) fn undo_all<'a, 'd: 'a>(
+    steps: impl DoubleEndedIterator<Item = &'a Steps<'d>>,
+    failed: &mut Vec<DriverCall>,
+) -> Vec<Left> {
+    let mut left: Vec<Left> = steps.rev().map(|s| s.undo(failed)).collect();
+    left.reverse();
+    left
 }
 
 impl State {

@@ -252,43 +252,37 @@ impl Pool {
         let mut calls = Vec::new();
         for &(p, off) in pieces {
             let size = p.handle.size;
-            let (handle, created) = if p.handle_live {
-                (p.handle, false)
-            } else {
-                match d.create(size) {
-                    Ok(h) => (h, true),
+            // A handle the driver kept at sleep is mapped again, not created: the
+            // undo releases only what these steps created.
+            let mut steps = Steps::new(d);
+            let created = !p.handle_live;
+            let handle = if created {
+                match steps.create(size) {
+                    Ok(h) => h,
                     Err(e) => {
                         failure = Some((e, size));
                         break;
                     }
                 }
+            } else {
+                p.handle
             };
             let step = (|| {
-                d.map(p.ptr, handle).map_err(|e| (e, false))?;
-                if let Err(e) = d.set_access(p.ptr, size, &self.access_devices) {
-                    return Err((e, true));
-                }
+                steps.map(p.ptr, handle)?;
+                steps.set_access(p.ptr, size, &self.access_devices)?;
                 if mode == Some(SleepMode::Offload) && off != u64::MAX && p.requested > 0 {
                     if let Some(buf) = host {
-                        if let Err(e) = d.copy_to_device(p.ptr, buf, off, p.requested) {
-                            return Err((e, true));
-                        }
+                        d.copy_to_device(p.ptr, buf, off, p.requested)?;
                     }
                 }
                 Ok(())
             })();
             match step {
                 Ok(()) => done.push((p, handle, created)),
-                Err((e, mapped)) => {
+                Err(e) => {
                     // Undo this piece.
-                    let mut still_mapped = false;
-                    if mapped {
-                        if let Err(u) = d.unmap(p.ptr, size) {
-                            calls.push(u.call);
-                            still_mapped = true;
-                        }
-                    }
-                    if still_mapped {
+                    let left = steps.undo(&mut calls);
+                    if left.mapped {
                         let copy = match (mode, host) {
                             (Some(SleepMode::Offload), Some(buf))
                                 if off != u64::MAX && p.requested > 0 =>
@@ -308,26 +302,23 @@ impl Pool {
                         }
                         return self.finish_wake(tag, host, &done, &calls, failure, false, seg);
                     }
-                    if created {
-                        if let Err(r) = d.release(handle) {
-                            // The driver keeps it: book it as the sleeping
-                            // allocation's kept handle.
-                            calls.push(r.call);
-                            let mut q = p;
-                            q.handle = handle;
-                            let mut st = lock(&self.state);
-                            let m = st.mapping_mut(q.slot);
-                            m.handle = handle;
-                            m.handle_live = true;
-                            let c = &mut st.counters;
-                            c.sleeping_held_count += 1;
-                            c.sleeping_bytes -= size;
-                            c.sleeping_held_bytes += size;
-                            c.physical_bytes += size;
-                            c.peak_physical_bytes = c.peak_physical_bytes.max(c.physical_bytes);
-                            if let Some(t) = st.tags.get_mut(&tag) {
-                                t.live_physical += size;
-                            }
+                    if left.handle_live {
+                        // The driver keeps it: book it as the sleeping
+                        // allocation's kept handle.
+                        let mut q = p;
+                        q.handle = handle;
+                        let mut st = lock(&self.state);
+                        let m = st.mapping_mut(q.slot);
+                        m.handle = handle;
+                        m.handle_live = true;
+                        let c = &mut st.counters;
+                        c.sleeping_held_count += 1;
+                        c.sleeping_bytes -= size;
+                        c.sleeping_held_bytes += size;
+                        c.physical_bytes += size;
+                        c.peak_physical_bytes = c.peak_physical_bytes.max(c.physical_bytes);
+                        if let Some(t) = st.tags.get_mut(&tag) {
+                            t.live_physical += size;
                         }
                     }
                     failure = Some((e, size));
@@ -350,19 +341,18 @@ impl Pool {
         calls: &mut Vec<crate::driver::DriverCall>,
     ) {
         let d = &*self.driver;
+        let steps: Vec<Steps<'_>> = done
+            .iter()
+            .map(|&(p, handle, created)| Steps::mapped(d, p.ptr, handle, created))
+            .collect();
+        let left = undo_all(steps.iter(), calls);
         let mut kept = Vec::new();
         let mut held = Vec::new();
-        while let Some((p, handle, created)) = done.pop() {
-            if let Err(e) = d.unmap(p.ptr, handle.size) {
-                calls.push(e.call);
+        for (&(p, handle, created), left) in done.iter().zip(left).rev() {
+            if left.mapped {
                 kept.push((p, handle, created));
-                continue;
-            }
-            if created {
-                if let Err(e) = d.release(handle) {
-                    calls.push(e.call);
-                    held.push((p, handle));
-                }
+            } else if left.handle_live {
+                held.push((p, handle));
             }
         }
         // Handles created now and kept by the driver: the sleeping allocation's.

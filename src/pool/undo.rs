@@ -162,13 +162,14 @@ pub(super) fn undo_all<'a, 'd: 'a>(
 
 impl State {
     /// Keeps what the driver still holds of `reservation` and `handle` (`left`)
-    /// pending: retried at the next release point.
+    /// pending: retried at the next release point. Returns the pending record's
+    /// slot.
     pub(super) fn keep_pending(
         &mut self,
         reservation: Reservation,
         handle: PhysicalHandle,
         left: Left,
-    ) {
+    ) -> u32 {
         self.add_physical(
             if left.handle_live { handle.size } else { 0 },
             if left.reservation_live {
@@ -192,22 +193,24 @@ impl State {
             ..Mapping::created(reservation, handle, 0)
         });
         self.pending.push(slot);
+        slot
     }
 
     /// Keeps what a failed growth's undo left with the driver (a handle, mapped at
-    /// `ptr` or not) pending: retried at the next release point.
+    /// `ptr` or not) pending: retried at the next release point. Returns the
+    /// pending record's slot.
     pub(super) fn keep_pending_handle(
         &mut self,
         ptr: DevicePtr,
         handle: PhysicalHandle,
         mapped: bool,
-    ) {
+    ) -> u32 {
         let left = Left {
             mapped,
             handle_live: true,
             reservation_live: false,
         };
-        self.keep_pending(Reservation { ptr, size: 0 }, handle, left);
+        self.keep_pending(Reservation { ptr, size: 0 }, handle, left)
     }
 }
 

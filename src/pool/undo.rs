@@ -3,7 +3,8 @@
 //! succeed ([`Steps`]); when one fails, the steps done are undone in reverse: unmap,
 //! free the reservation, release the handle. A refused unmap stops the undo there
 //! (the mapping stays whole: its reservation must not be freed, nor its handle
-//! released). What the driver refuses to undo ([`Left`]) is kept pending in the books
+//! released). The steps of several mappings made one after another are undone
+//! together, latest first ([`undo_all`]). What the driver refuses to undo ([`Left`]) is kept pending in the books
 //! ([`State::keep_pending`]) and retried at the next release point, as is a
 //! reservation whose free the driver refuses ([`Pool::free_reservation_or_keep`]).
 
@@ -196,8 +197,8 @@ impl State {
         slot
     }
 
-    /// Keeps what a failed growth's undo left with the driver (a handle, mapped at
-    /// `ptr` or not) pending: retried at the next release point. Returns the
+    /// Keeps what an undo left with the driver (a handle, mapped at `ptr` or not: a
+    /// failed growth's or wake's, or a sleep's refused unmap or release) pending: retried at the next release point. Returns the
     /// pending record's slot.
     pub(super) fn keep_pending_handle(
         &mut self,

@@ -3,7 +3,8 @@
 //! succeed ([`Steps`]); when one fails, the steps done are undone in reverse: unmap,
 //! free the reservation, release the handle. A refused unmap stops the undo there
 //! (the mapping stays whole: its reservation must not be freed, nor its handle
-//! released). What the driver refuses to undo ([`Left`]) is kept pending in the books
+//! released). The steps of several mappings made one after another are undone
+//! together, latest first ([`undo_all`]). What the driver refuses to undo ([`Left`]) is kept pending in the books
 //! ([`State::keep_pending`]) and retried at the next release point, as is a
 //! reservation whose free the driver refuses ([`Pool::free_reservation_or_keep`]).
 
@@ -43,6 +44,23 @@ impl<'d> Steps<'d> {
             handle: None,
             reservation: None,
             mapped: None,
+        }
+    }
+
+    /// Steps done earlier in the same call: `handle` (created by them when
+    /// `created`) mapped at `ptr`. For the undo of several mappings made one after
+    /// another ([`undo_all`]).
+    pub(super) fn mapped(
+        driver: &'d dyn Driver,
+        ptr: DevicePtr,
+        handle: PhysicalHandle,
+        created: bool,
+    ) -> Steps<'d> {
+        Steps {
+            driver,
+            handle: created.then_some(handle),
+            reservation: None,
+            mapped: Some((ptr, handle.size)),
         }
     }
 
@@ -131,15 +149,28 @@ impl<'d> Steps<'d> {
     }
 }
 
+/// Undoes the steps of several mappings (`steps`, in the order they were done)
+/// together, latest first, each as [`Steps::undo`]: the calls the driver refuses go
+/// to `failed`. Returns what each left with the driver, in the order of `steps`.
+pub(super) fn undo_all<'a, 'd: 'a>(
+    steps: impl DoubleEndedIterator<Item = &'a Steps<'d>>,
+    failed: &mut Vec<DriverCall>,
+) -> Vec<Left> {
+    let mut left: Vec<Left> = steps.rev().map(|s| s.undo(failed)).collect();
+    left.reverse();
+    left
+}
+
 impl State {
     /// Keeps what the driver still holds of `reservation` and `handle` (`left`)
-    /// pending: retried at the next release point.
+    /// pending: retried at the next release point. Returns the pending record's
+    /// slot.
     pub(super) fn keep_pending(
         &mut self,
         reservation: Reservation,
         handle: PhysicalHandle,
         left: Left,
-    ) {
+    ) -> u32 {
         self.add_physical(
             if left.handle_live { handle.size } else { 0 },
             if left.reservation_live {
@@ -163,22 +194,24 @@ impl State {
             ..Mapping::created(reservation, handle, 0)
         });
         self.pending.push(slot);
+        slot
     }
 
-    /// Keeps what a failed growth's undo left with the driver (a handle, mapped at
-    /// `ptr` or not) pending: retried at the next release point.
+    /// Keeps what an undo left with the driver (a handle, mapped at `ptr` or not: a
+    /// failed growth's or wake's, or a sleep's refused unmap or release) pending: retried at the next release point. Returns the
+    /// pending record's slot.
     pub(super) fn keep_pending_handle(
         &mut self,
         ptr: DevicePtr,
         handle: PhysicalHandle,
         mapped: bool,
-    ) {
+    ) -> u32 {
         let left = Left {
             mapped,
             handle_live: true,
             reservation_live: false,
         };
-        self.keep_pending(Reservation { ptr, size: 0 }, handle, left);
+        self.keep_pending(Reservation { ptr, size: 0 }, handle, left)
     }
 }
 

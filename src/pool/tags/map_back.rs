@@ -2,6 +2,7 @@
 //! wake's failure).
 
 use crate::driver::{DevicePtr, HostBuffer, PhysicalHandle};
+use crate::pool::undo::Steps;
 use crate::pool::Pool;
 
 impl Pool {
@@ -16,22 +17,21 @@ impl Pool {
         handle: PhysicalHandle,
         failed: &mut Vec<crate::driver::DriverCall>,
     ) -> bool {
-        let d = &*self.driver;
-        if let Err(e) = d.map(ptr, handle) {
+        // A handle these steps did not create: the undo only unmaps.
+        let mut steps = Steps::new(&*self.driver);
+        if let Err(e) = steps.map(ptr, handle) {
             failed.push(e.call);
             return false;
         }
-        match d.set_access(ptr, handle.size, &self.access_devices) {
+        match steps.set_access(ptr, handle.size, &self.access_devices) {
             Ok(()) => true,
             Err(e) => {
                 failed.push(e.call);
-                match d.unmap(ptr, handle.size) {
-                    Ok(()) => false,
-                    Err(u) => {
-                        failed.push(u.call);
-                        self.grant_again(ptr, handle.size, None, failed);
-                        true
-                    }
+                if steps.undo(failed).mapped {
+                    self.grant_again(ptr, handle.size, None, failed);
+                    true
+                } else {
+                    false
                 }
             }
         }

@@ -166,11 +166,10 @@ impl State {
             m.handle_live = false;
         }
         for &(ptr, handle, mapped, alias) in pending {
-            self.keep_pending_handle(ptr, handle, mapped);
+            let slot = self.keep_pending_handle(ptr, handle, mapped);
             if alias != 0 {
-                if let Some(&slot) = self.pending.last() {
-                    self.mapping_mut(slot).alias = alias;
-                }
+                // Its retired mapping, still mapped: unmapped at the release too.
+                self.mapping_mut(slot).alias = alias;
             }
         }
         let mut live_bytes = 0;

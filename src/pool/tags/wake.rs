@@ -6,6 +6,7 @@ use crate::driver::{DevicePtr, DriverError, HostBuffer, PhysicalHandle, Stream};
 use crate::error::{Error, Result};
 use crate::pool::books::State;
 use crate::pool::release::Batch;
+use crate::pool::undo::{undo_all, Steps};
 use crate::pool::Pool;
 use crate::sync::lock;
 
@@ -141,7 +142,12 @@ impl Pool {
                 if r.is_err() {
                     let mut failed = Vec::new();
                     let mut pending = Vec::new();
-                    self.undo_seg_wake(&woken, &mut failed, &mut pending);
+                    let d = &*self.driver;
+                    let steps: Vec<(DevicePtr, Steps<'_>)> = woken
+                        .iter()
+                        .map(|&(h, handle)| (h.ptr, Steps::mapped(d, h.ptr, handle, true)))
+                        .collect();
+                    self.undo_seg_wake(&steps, &mut failed, &mut pending);
                     lock(&self.state).book_wake_leftovers(&failed, &pending);
                 }
                 r
@@ -171,27 +177,19 @@ impl Pool {
     ) -> Result<Vec<(SleepingHandle, PhysicalHandle)>> {
         let d = &*self.driver;
         let mut done = Vec::with_capacity(ss.handles.len());
-        let mut failed = Vec::new();
-        let mut pending = Vec::new();
+        // Each handle's steps (address, steps), the latest last: a refused map
+        // leaves a created handle to release.
+        let mut steps = Vec::with_capacity(ss.handles.len());
         let mut err: Option<(DriverError, u64)> = None;
         for &h in &ss.handles {
-            let handle = match d.create(h.size) {
-                Ok(x) => x,
-                Err(e) => {
-                    err = Some((e, h.size));
-                    break;
-                }
-            };
-            if let Err(e) = d.map(h.ptr, handle) {
-                if let Err(r) = d.release(handle) {
-                    failed.push(r.call);
-                    pending.push((h.ptr, handle, false));
-                }
-                err = Some((e, h.size));
-                break;
-            }
-            done.push((h, handle));
-            if let Err(e) = d.set_access(h.ptr, h.size, &self.access_devices) {
+            let mut s = Steps::new(d);
+            let r = s.create(h.size).and_then(|handle| {
+                s.map(h.ptr, handle)?;
+                done.push((h, handle));
+                s.set_access(h.ptr, h.size, &self.access_devices)
+            });
+            steps.push((h.ptr, s));
+            if let Err(e) = r {
                 err = Some((e, h.size));
                 break;
             }
@@ -210,8 +208,9 @@ impl Pool {
         let Some((e, bytes)) = err else {
             return Ok(done);
         };
-        failed.push(e.call);
-        self.undo_seg_wake(&done, &mut failed, &mut pending);
+        let mut failed = vec![e.call];
+        let mut pending = Vec::new();
+        self.undo_seg_wake(&steps, &mut failed, &mut pending);
         let mut st = lock(&self.state);
         st.book_wake_leftovers(&failed, &pending);
         Err(if e.is_out_of_memory() {
@@ -221,25 +220,19 @@ impl Pool {
         })
     }
 
-    /// Undoes, latest first, the handles a wake of segments mapped (`done`): unmap,
-    /// release. Refused calls go to `failed`; what the driver keeps goes to
-    /// `pending` (address, handle, still mapped).
+    /// Undoes, latest first, the steps of a wake of segments (`steps`: address,
+    /// steps): unmap, release. Refused calls go to `failed`; what the driver keeps
+    /// goes to `pending` (address, handle, still mapped).
     fn undo_seg_wake(
         &self,
-        done: &[(SleepingHandle, PhysicalHandle)],
+        steps: &[(DevicePtr, Steps<'_>)],
         failed: &mut Vec<crate::driver::DriverCall>,
         pending: &mut Vec<(DevicePtr, PhysicalHandle, bool)>,
     ) {
-        let d = &*self.driver;
-        for &(h, handle) in done.iter().rev() {
-            if let Err(e) = d.unmap(h.ptr, h.size) {
-                failed.push(e.call);
-                pending.push((h.ptr, handle, true));
-                continue;
-            }
-            if let Err(e) = d.release(handle) {
-                failed.push(e.call);
-                pending.push((h.ptr, handle, false));
+        let left = undo_all(steps.iter().map(|(_, s)| s), failed);
+        for ((ptr, s), left) in steps.iter().zip(left).rev() {
+            if let (Some(handle), true) = (s.handle(), left.handle_live) {
+                pending.push((*ptr, handle, left.mapped));
             }
         }
     }
@@ -259,43 +252,37 @@ impl Pool {
         let mut calls = Vec::new();
         for &(p, off) in pieces {
             let size = p.handle.size;
-            let (handle, created) = if p.handle_live {
-                (p.handle, false)
-            } else {
-                match d.create(size) {
-                    Ok(h) => (h, true),
+            // A handle the driver kept at sleep is mapped again, not created: the
+            // undo releases only what these steps created.
+            let mut steps = Steps::new(d);
+            let created = !p.handle_live;
+            let handle = if created {
+                match steps.create(size) {
+                    Ok(h) => h,
                     Err(e) => {
                         failure = Some((e, size));
                         break;
                     }
                 }
+            } else {
+                p.handle
             };
             let step = (|| {
-                d.map(p.ptr, handle).map_err(|e| (e, false))?;
-                if let Err(e) = d.set_access(p.ptr, size, &self.access_devices) {
-                    return Err((e, true));
-                }
+                steps.map(p.ptr, handle)?;
+                steps.set_access(p.ptr, size, &self.access_devices)?;
                 if mode == Some(SleepMode::Offload) && off != u64::MAX && p.requested > 0 {
                     if let Some(buf) = host {
-                        if let Err(e) = d.copy_to_device(p.ptr, buf, off, p.requested) {
-                            return Err((e, true));
-                        }
+                        d.copy_to_device(p.ptr, buf, off, p.requested)?;
                     }
                 }
                 Ok(())
             })();
             match step {
                 Ok(()) => done.push((p, handle, created)),
-                Err((e, mapped)) => {
+                Err(e) => {
                     // Undo this piece.
-                    let mut still_mapped = false;
-                    if mapped {
-                        if let Err(u) = d.unmap(p.ptr, size) {
-                            calls.push(u.call);
-                            still_mapped = true;
-                        }
-                    }
-                    if still_mapped {
+                    let left = steps.undo(&mut calls);
+                    if left.mapped {
                         let copy = match (mode, host) {
                             (Some(SleepMode::Offload), Some(buf))
                                 if off != u64::MAX && p.requested > 0 =>
@@ -315,26 +302,23 @@ impl Pool {
                         }
                         return self.finish_wake(tag, host, &done, &calls, failure, false, seg);
                     }
-                    if created {
-                        if let Err(r) = d.release(handle) {
-                            // The driver keeps it: book it as the sleeping
-                            // allocation's kept handle.
-                            calls.push(r.call);
-                            let mut q = p;
-                            q.handle = handle;
-                            let mut st = lock(&self.state);
-                            let m = st.mapping_mut(q.slot);
-                            m.handle = handle;
-                            m.handle_live = true;
-                            let c = &mut st.counters;
-                            c.sleeping_held_count += 1;
-                            c.sleeping_bytes -= size;
-                            c.sleeping_held_bytes += size;
-                            c.physical_bytes += size;
-                            c.peak_physical_bytes = c.peak_physical_bytes.max(c.physical_bytes);
-                            if let Some(t) = st.tags.get_mut(&tag) {
-                                t.live_physical += size;
-                            }
+                    if left.handle_live {
+                        // The driver keeps it: book it as the sleeping
+                        // allocation's kept handle.
+                        let mut q = p;
+                        q.handle = handle;
+                        let mut st = lock(&self.state);
+                        let m = st.mapping_mut(q.slot);
+                        m.handle = handle;
+                        m.handle_live = true;
+                        let c = &mut st.counters;
+                        c.sleeping_held_count += 1;
+                        c.sleeping_bytes -= size;
+                        c.sleeping_held_bytes += size;
+                        c.physical_bytes += size;
+                        c.peak_physical_bytes = c.peak_physical_bytes.max(c.physical_bytes);
+                        if let Some(t) = st.tags.get_mut(&tag) {
+                            t.live_physical += size;
                         }
                     }
                     failure = Some((e, size));
@@ -357,19 +341,18 @@ impl Pool {
         calls: &mut Vec<crate::driver::DriverCall>,
     ) {
         let d = &*self.driver;
+        let steps: Vec<Steps<'_>> = done
+            .iter()
+            .map(|&(p, handle, created)| Steps::mapped(d, p.ptr, handle, created))
+            .collect();
+        let left = undo_all(steps.iter(), calls);
         let mut kept = Vec::new();
         let mut held = Vec::new();
-        while let Some((p, handle, created)) = done.pop() {
-            if let Err(e) = d.unmap(p.ptr, handle.size) {
-                calls.push(e.call);
+        for (&(p, handle, created), left) in done.iter().zip(left).rev() {
+            if left.mapped {
                 kept.push((p, handle, created));
-                continue;
-            }
-            if created {
-                if let Err(e) = d.release(handle) {
-                    calls.push(e.call);
-                    held.push((p, handle));
-                }
+            } else if left.handle_live {
+                held.push((p, handle));
             }
         }
         // Handles created now and kept by the driver: the sleeping allocation's.

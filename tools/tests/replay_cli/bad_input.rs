@@ -88,3 +88,39 @@ fn a_huge_bad_token_gives_a_short_message() {
         std::fs::remove_file(&bad).unwrap();
     }
 }
+
+/// Endless input on standard input (`-`): bytes that no flare-trace holds stop the
+/// reading at the chunk that has them, and the parser refuses line 1 at once (exit 2),
+/// instead of reading `/dev/zero` until memory runs out (a new user's try: 6.7 GB in 5
+/// s, never finished). Endless zeros and endless random bytes.
+#[test]
+fn endless_binary_input_on_stdin_is_refused_at_once() {
+    for (dev, problem) in [
+        ("/dev/zero", "unknown keyword"),
+        ("/dev/urandom", "not valid UTF-8"),
+    ] {
+        let input = std::fs::File::open(dev).expect("the device file");
+        let started = std::time::Instant::now();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_flare-replay"))
+            .arg("-")
+            .stdin(input)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run flare-replay");
+        // Reading on would take gigabytes; a chunk of 64 KiB takes microseconds.
+        while child.try_wait().expect("wait").is_none() {
+            if started.elapsed().as_secs() >= 10 {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{dev}: still reading after 10 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let o = child.wait_with_output().expect("its output");
+        assert_eq!(o.status.code(), Some(2), "{dev}: {}", stderr(&o));
+        assert!(stderr(&o).contains("<stdin>:1:"), "{dev}: {}", stderr(&o));
+        assert!(stderr(&o).contains(problem), "{dev}: {}", stderr(&o));
+        assert!(stdout(&o).is_empty(), "{dev}");
+    }
+}

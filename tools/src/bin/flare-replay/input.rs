@@ -2,6 +2,7 @@
 //! PyTorch snapshot imported as one, and `--convert`, which writes a snapshot's
 //! flare-trace instead of replaying it.
 
+use std::io::Read;
 use std::path::Path;
 
 use flare_package::trace::{self, Trace};
@@ -27,6 +28,47 @@ fn named_as_pickle(path: &Path) -> bool {
         .is_some_and(|e| e.eq_ignore_ascii_case("pickle") || e.eq_ignore_ascii_case("pkl"))
 }
 
+/// The most bytes an input is read to: a flare-trace of 16 GiB holds some 500 million
+/// lines, far beyond any recorded workload (the shipped traces are under 4 MB, a
+/// 20-graph warm-up's recording 2 MB); past it the reading stops and what was read is
+/// parsed (a truncated last line is refused like any other).
+const MAX_INPUT_BYTES: u64 = 16 << 30;
+
+/// Bytes read at a time, and how much text is read before a byte that no trace holds
+/// stops the reading.
+const CHUNK: usize = 64 << 10;
+
+/// Reads `r` to its end, at most [`MAX_INPUT_BYTES`]; with `may_be_text`, an input that
+/// does not start as a pickle stops at the first chunk holding a NUL byte or bytes that
+/// are not UTF-8 (no flare-trace holds them: the parser then refuses the line that has
+/// them, from what was read, at once). Endless or binary input (`/dev/zero`,
+/// `/dev/urandom` on standard input) is refused instead of read until memory runs out.
+fn read_bounded(r: impl std::io::Read, may_be_text: bool) -> std::io::Result<Vec<u8>> {
+    let mut r = r.take(MAX_INPUT_BYTES);
+    let mut bytes = Vec::new();
+    let mut chunk = vec![0u8; CHUNK];
+    loop {
+        let n = match r.read(&mut chunk) {
+            Ok(0) => return Ok(bytes),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let start = bytes.len();
+        bytes.extend_from_slice(&chunk[..n]);
+        let text = may_be_text && !torch_snapshot::looks_like_pickle(&bytes);
+        // A chunk may end inside a multi-byte character: only a sequence that is wrong,
+        // not one cut short, stops the reading.
+        if text
+            && (chunk[..n].contains(&0)
+                || std::str::from_utf8(&bytes[start.saturating_sub(3)..])
+                    .is_err_and(|e| e.error_len().is_some()))
+        {
+            return Ok(bytes);
+        }
+    }
+}
+
 /// Reads the input at `path` (standard input when `stdin`): a PyTorch snapshot when it
 /// starts as a pickle or is named as one ([`named_as_pickle`]), imported with
 /// `options`; else a flare-trace. Its name in reports is the path as given, or
@@ -46,10 +88,9 @@ pub(crate) fn read_input(
         path.display().to_string()
     };
     let read = if stdin {
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut bytes).map(|_| bytes)
+        read_bounded(std::io::stdin().lock(), true)
     } else {
-        std::fs::read(path)
+        std::fs::File::open(path).and_then(|f| read_bounded(f, !named_as_pickle(path)))
     };
     let bytes = read.map_err(|source| {
         let e = trace::TraceError::Io {

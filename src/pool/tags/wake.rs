@@ -311,15 +311,7 @@ impl Pool {
                         let m = st.mapping_mut(q.slot);
                         m.handle = handle;
                         m.handle_live = true;
-                        let c = &mut st.counters;
-                        c.sleeping_held_count += 1;
-                        c.sleeping_bytes -= size;
-                        c.sleeping_held_bytes += size;
-                        c.physical_bytes += size;
-                        c.peak_physical_bytes = c.peak_physical_bytes.max(c.physical_bytes);
-                        if let Some(t) = st.tags.get_mut(&tag) {
-                            t.live_physical += size;
-                        }
+                        book_kept_handle(&mut st, tag, size);
                     }
                     failure = Some((e, size));
                     break;
@@ -366,15 +358,7 @@ impl Pool {
                     m.handle_live = true;
                     m.tag
                 };
-                let c = &mut st.counters;
-                c.sleeping_held_count += 1;
-                c.sleeping_bytes -= size;
-                c.sleeping_held_bytes += size;
-                c.physical_bytes += size;
-                c.peak_physical_bytes = c.peak_physical_bytes.max(c.physical_bytes);
-                if let Some(t) = st.tags.get_mut(&tag) {
-                    t.live_physical += size;
-                }
+                book_kept_handle(&mut st, tag, size);
             }
         }
         *done = kept;
@@ -478,5 +462,21 @@ impl State {
         for &(ptr, handle, mapped) in pending {
             self.keep_pending_handle(ptr, handle, mapped);
         }
+    }
+}
+
+/// A sleeping allocation of `tag` (`size` bytes) whose wake could not release the new
+/// handle it mapped keeps that handle: it is counted as held while asleep
+/// (`sleeping_held_*`, no longer in `sleeping_bytes`), and in the physical bytes, the
+/// peak and the tag's live physical bytes, as the handle is the driver's memory.
+fn book_kept_handle(st: &mut State, tag: u32, size: u64) {
+    let c = &mut st.counters;
+    c.sleeping_held_count += 1;
+    c.sleeping_bytes -= size;
+    c.sleeping_held_bytes += size;
+    c.physical_bytes += size;
+    c.peak_physical_bytes = c.peak_physical_bytes.max(c.physical_bytes);
+    if let Some(t) = st.tags.get_mut(&tag) {
+        t.live_physical += size;
     }
 }

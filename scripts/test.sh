@@ -15,6 +15,9 @@ command -v cmake >/dev/null || need+=(cmake)
 command -v valgrind >/dev/null || need+=(valgrind)
 command -v g++ >/dev/null || need+=(g++)
 command -v python3 >/dev/null || need+=(python3)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+# cargo-c's build links OpenSSL (through cargo's own crates).
+[ -f /usr/include/openssl/ssl.h ] || need+=(libssl-dev)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "== installing ${need[*]}"
@@ -24,6 +27,14 @@ if [ ${#need[@]} -gt 0 ]; then
     echo "missing tools: ${need[*]} (install them, e.g. apt-get install ${need[*]})" >&2
     exit 1
   fi
+fi
+
+# cargo-c (cargo cinstall), the installer of the C library (tests/install/run.sh). Its
+# version follows the toolchain's: 0.10.24 is the last built on cargo 0.98 (Rust 1.95;
+# newer ones need a newer Rust). A first build of it takes about 10 minutes on 2 cores.
+if ! cargo cinstall --version >/dev/null 2>&1; then
+  echo "== installing cargo-c"
+  cargo install cargo-c --locked --version 0.10.24 --quiet
 fi
 
 echo "== cargo fmt --check"
@@ -49,8 +60,10 @@ echo "== loom models (the whole workspace's tests under --cfg flare_loom: the mo
 RUSTFLAGS="--cfg flare_loom" CARGO_TARGET_DIR=target/loom cargo test --release --workspace -- --nocapture --test-threads=1
 echo "== C and C++ programs and examples (examples/c, examples/cpp) linking the static library"
 bash tests/ffi/run.sh
+echo "== the C library installed into a prefix (cargo cinstall), used by out-of-tree CMake, pkg-config and cc consumers"
+bash tests/install/run.sh
 echo "== the Python package (python/): loading, the missing-library error, the PyTorch entry points on the simulated driver (no torch, no GPU)"
-cargo build --release -p flare-package
+cargo clib --quiet
 python3 -m unittest discover -s python/tests -v
 echo "== the Rust and Python examples on the simulated driver (examples/warmup.rs, examples/python/warmup.py)"
 cargo run --release --quiet -p flare-package --example warmup

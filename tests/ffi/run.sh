@@ -25,8 +25,8 @@ build="$here/build"
 mkdir -p "$build"
 cd "$root"
 
-echo "== cargo build --release --lib (libflare_package.a)"
-cargo build --release -p flare-package --lib --quiet
+echo "== cargo clib (target/release/libflare_package.a: .cargo/config.toml)"
+cargo clib --quiet
 lib="$root/target/release/libflare_package.a"
 [ -f "$lib" ] || { echo "missing $lib" >&2; exit 1; }
 

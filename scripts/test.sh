@@ -60,6 +60,10 @@ echo "== loom models (the whole workspace's tests under --cfg flare_loom: the mo
 RUSTFLAGS="--cfg flare_loom" CARGO_TARGET_DIR=target/loom cargo test --release --workspace -- --nocapture --test-threads=1
 echo "== C and C++ programs and examples (examples/c, examples/cpp) linking the static library"
 bash tests/ffi/run.sh
+echo "== the crate as crates.io would take it (cargo publish --dry-run: metadata, licences, README, what is packaged, a build from the package alone)"
+# (The test targets are left out of the package, and cargo says so once per target.)
+publish=$(cargo publish --dry-run -p flare-package --allow-dirty 2>&1) || { printf '%s\n' "$publish"; exit 1; }
+printf '%s\n' "$publish" | grep -v "^warning: ignoring test .* is not included in the published package$" | tail -n 4
 echo "== the C library installed into a prefix (cargo cinstall), used by out-of-tree CMake, pkg-config and cc consumers"
 bash tests/install/run.sh
 echo "== the Python package (python/): loading, the missing-library error, the PyTorch entry points on the simulated driver (no torch, no GPU)"

@@ -7,7 +7,8 @@
 #     and a request for a newer minor version refused;
 #   - pkg-config: `--cflags --libs` (shared) and `--static` (a prefix holding the
 #     static library alone, as `cargo cinstall --library-type staticlib` makes);
-#   - a plain cc line naming the static library.
+#   - a plain cc line naming the static library;
+# and builds it from source inside a CMake tree (cmake-source/, ExternalProject).
 # A shared consumer runs with the prefix's lib/ as its only loader path, and must fail
 # to start without it. The last line is "N passed, M failed"; exit 0 only when M is 0.
 #
@@ -148,6 +149,14 @@ check "cc: a plain line with the static library" \
   cc "${cflags[@]}" -I"$inc" "$here/consumer.c" "$prefix/lib/libflare_package.a" \
   -lpthread -ldl -lm -o "$work/cc_static"
 run_static "cc static" "$work/cc_static"
+
+# 4. From source inside a CMake tree: ExternalProject runs cargo cinstall at build time
+# (this checkout's target directory, so nothing is built twice).
+check "cmake from source (ExternalProject): configure" \
+  cmake -S "$here/cmake-source" -B "$work/cmake-source" -DFLARE_PACKAGE_SOURCE="$root" \
+  -DFLARE_PACKAGE_TARGET_DIR="$root/target" -DFLARE_EXPECT_VERSION="$version"
+check "cmake from source (ExternalProject): build" cmake --build "$work/cmake-source"
+run_static "cmake from source" "$work/cmake-source/consumer_c"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

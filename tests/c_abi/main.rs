@@ -6,5 +6,6 @@ mod common;
 
 mod c_programs;
 mod header;
+mod headers;
 mod torch_entry_points;
 mod torch_sleep_and_wake;

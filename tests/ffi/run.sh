@@ -95,10 +95,12 @@ run_torch_oom() { # run_torch_oom LABEL SUFFIX [WRAPPER...]
   run "torch OOM, no torchCheckFail$label" "$@" "$build/torch_oom$sfx" null
 }
 
-echo "== header alone compiles as C11 and C++17"
-printf '#include "flare_package.h"\n#include "flare_package.h"\nint main(void) { return 0; }\n' > "$build/header_only.c"
-gcc -std=c11 "${warn[@]}" -I"$root/include" -fsyntax-only "$build/header_only.c"
-g++ -std=c++17 "${warn[@]}" -I"$root/include" -fsyntax-only -x c++ "$build/header_only.c"
+echo "== each header alone (twice: its include guard) compiles as C11 and C++17"
+for h in flare_package.h flare_package_torch.h flare_package_sim.h; do
+  printf '#include "%s"\n#include "%s"\nint main(void) { return 0; }\n' "$h" "$h" > "$build/header_only.c"
+  gcc -std=c11 "${warn[@]}" -I"$root/include" -fsyntax-only "$build/header_only.c"
+  g++ -std=c++17 "${warn[@]}" -I"$root/include" -fsyntax-only -x c++ "$build/header_only.c"
+done
 
 echo "== README.md's C lines (its first \`\`\`c block) are lines of examples/c/warmup.c"
 awk '/^```c$/ { inside = 1; next }

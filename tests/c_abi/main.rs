@@ -4,6 +4,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod abi;
+mod abi_record;
 mod c_programs;
 mod header;
 mod headers;

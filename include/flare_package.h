@@ -1,8 +1,12 @@
 /*
- * flare_package.h: the C ABI of flare-package, a CUDA virtual-memory allocator.
+ * flare_package.h: the C ABI of flare-package, a CUDA virtual-memory allocator: what
+ * engines use. PyTorch's glue is in flare_package_torch.h, the simulated backend's
+ * test hooks in flare_package_sim.h.
  * Link target/release/libflare_package.a together with -lpthread -ldl -lm.
- * Every function returns a FlareStatus (except three helpers); outputs are written
- * only on success; flare_last_error_message gives the detail of a failure.
+ * Every function returns a FlareStatus (except the helpers that cannot fail);
+ * outputs are written only on success; flare_last_error_message gives the detail of
+ * a failure. flare_package_version() against FLARE_PACKAGE_VERSION: the library's
+ * version against this header's.
  * SPDX-License-Identifier: MIT OR Apache-2.0
  */
 
@@ -18,13 +22,13 @@
 /* The version of flare-package this header belongs to (Cargo.toml's version);
    flare_package_version() gives the library's, to compare at run time. */
 #define FLARE_PACKAGE_VERSION_MAJOR 0
-#define FLARE_PACKAGE_VERSION_MINOR 1
+#define FLARE_PACKAGE_VERSION_MINOR 2
 #define FLARE_PACKAGE_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, as flare_package_version() returns it. */
 #define FLARE_PACKAGE_VERSION (FLARE_PACKAGE_VERSION_MAJOR * 10000 + \
     FLARE_PACKAGE_VERSION_MINOR * 100 + FLARE_PACKAGE_VERSION_PATCH)
 /* "MAJOR.MINOR.PATCH", as flare_package_version_string() returns it. */
-#define FLARE_PACKAGE_VERSION_STRING "0.1.0"
+#define FLARE_PACKAGE_VERSION_STRING "0.2.0"
 
 /**
  * The value of `FlarePoolConfig::thread_cache_entries` that turns thread caches off
@@ -1378,6 +1382,23 @@ const char *flare_status_name(FlareStatus status);
  * `buf` is NULL or points to at least `len` writable bytes.
  */
 size_t flare_last_error_message(char *buf, size_t len);
+
+/**
+ * The version of the library linked at run time, as a number: `MAJOR * 10000 +
+ * MINOR * 100 + PATCH` (0.2.0 is 200), the encoding of the header's
+ * `FLARE_PACKAGE_VERSION`. A program compiled against a header checks that the
+ * library it runs with is of the same MAJOR and at least the header's MINOR
+ * (`flare_package_version() / 100 >= FLARE_PACKAGE_VERSION / 100` within one MAJOR:
+ * docs/c-guide.md, "ABI stability"). Cannot fail. Thread-safe.
+ */
+uint32_t flare_package_version(void);
+
+/**
+ * The version of the library linked at run time, `"MAJOR.MINOR.PATCH"` (as the
+ * header's `FLARE_PACKAGE_VERSION_STRING`). Static storage, never NULL, never freed.
+ * Cannot fail. Thread-safe.
+ */
+const char *flare_package_version_string(void);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,4 +1,6 @@
-//! The C ABI: the committed header, the C and C++ programs, and PyTorch's entry points.
+//! The C ABI: the committed headers (header.rs, headers.rs), the ABI record and its
+//! version rule (abi.rs, abi_record.rs), the C and C++ programs, and PyTorch's entry
+//! points.
 #![cfg(not(flare_loom))] // the loom build runs tests/loom/ alone
 
 #[path = "../common/mod.rs"]

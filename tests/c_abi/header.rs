@@ -1,59 +1,17 @@
-//! The committed C header `include/flare_package.h` must be exactly what cbindgen
-//! generates from the module `src/ffi/` with `cbindgen.toml`.
+//! The committed C headers (`include/flare_package.h`, `flare_package_torch.h`,
+//! `flare_package_sim.h`) must be exactly what cbindgen generates from the module
+//! `src/ffi/` with `cbindgen.toml` (`headers.rs` says how, and which item goes to
+//! which header), and must declare the contract.
 //!
-//! cbindgen reads `src/ffi/mod.rs` and the files of its submodules. It does not
-//! expand macros, and the C types are made by macros from the crate's lists
-//! (`src/ffi/generate.rs`), so their Rust source, which the macros record
-//! (`flare_package::ffi::cbindgen_sources`), is written to a file that cbindgen reads
-//! too.
-//!
-//! Regenerate it with:
+//! Regenerate all three with:
 //!
 //! ```sh
 //! FLARE_BLESS_HEADER=1 cargo test --test c_abi header
 //! ```
 
-use std::path::PathBuf;
+use crate::headers::{self, generated, header_of, Header, HEADERS};
 
 const BLESS_VAR: &str = "FLARE_BLESS_HEADER";
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn header_path() -> PathBuf {
-    root().join("include").join("flare_package.h")
-}
-
-/// The generated C types' Rust source, in a file of its own (one per process: the
-/// tests of this file run in parallel).
-fn generated_types_file() -> PathBuf {
-    static FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    FILE.get_or_init(|| {
-        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("flare_ffi_types_{}.rs", std::process::id()));
-        let source = flare_package::ffi::cbindgen_sources().join("\n\n");
-        std::fs::write(&path, source)
-            .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
-        path
-    })
-    .clone()
-}
-
-fn generate() -> String {
-    let root = root();
-    let config = cbindgen::Config::from_file(root.join("cbindgen.toml"))
-        .unwrap_or_else(|e| panic!("cannot read cbindgen.toml: {e}"));
-    let bindings = cbindgen::Builder::new()
-        .with_config(config)
-        .with_src(root.join("src").join("ffi").join("mod.rs"))
-        .with_src(generated_types_file())
-        .generate()
-        .unwrap_or_else(|e| panic!("cbindgen failed on src/ffi/: {e}"));
-    let mut out = Vec::new();
-    bindings.write(&mut out);
-    String::from_utf8(out).unwrap_or_else(|e| panic!("cbindgen wrote non-UTF-8: {e}"))
-}
 
 fn first_difference(a: &str, b: &str) -> String {
     for (i, (la, lb)) in a.lines().zip(b.lines()).enumerate() {
@@ -72,27 +30,31 @@ fn first_difference(a: &str, b: &str) -> String {
 }
 
 #[test]
-fn committed_header_is_what_cbindgen_generates() {
-    let generated = generate();
-    let path = header_path();
-    if std::env::var_os(BLESS_VAR).is_some_and(|v| !v.is_empty() && v != "0") {
-        std::fs::write(&path, &generated)
-            .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
-        eprintln!("wrote {}", path.display());
-        return;
+fn committed_headers_are_what_cbindgen_generates() {
+    let bless = std::env::var_os(BLESS_VAR).is_some_and(|v| !v.is_empty() && v != "0");
+    let mut stale = Vec::new();
+    for (header, generated) in HEADERS.iter().zip(generated()) {
+        let path = header.path();
+        if bless {
+            std::fs::write(&path, generated)
+                .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+            eprintln!("wrote {}", path.display());
+            continue;
+        }
+        match std::fs::read_to_string(&path) {
+            Ok(committed) if committed == *generated => {}
+            Ok(committed) => stale.push(format!(
+                "{} is stale: it is not what cbindgen generates from src/ffi/ and cbindgen.toml.\n{}",
+                path.display(),
+                first_difference(&committed, generated)
+            )),
+            Err(e) => stale.push(format!("cannot read {}: {e}", path.display())),
+        }
     }
-    let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "cannot read {}: {e}\nGenerate it with: {BLESS_VAR}=1 cargo test --test c_abi header",
-            path.display()
-        )
-    });
     assert!(
-        committed == generated,
-        "{} is stale: it is not what cbindgen generates from src/ffi/ and cbindgen.toml.\n{}\n\
-         Regenerate it with: {BLESS_VAR}=1 cargo test --test c_abi header  (then review and commit it)",
-        path.display(),
-        first_difference(&committed, &generated)
+        stale.is_empty(),
+        "{}\nRegenerate them with: {BLESS_VAR}=1 cargo test --test c_abi header  (then review and commit them)",
+        stale.join("\n")
     );
 }
 
@@ -106,11 +68,12 @@ fn define(header: &str, name: &str) -> Option<String> {
 
 #[test]
 fn version_macros_match_cargo_toml() {
-    // Checked on the generated text, so that a stale cbindgen.toml fails here even
-    // when the committed header was blessed from it.
+    // Checked on the generated text and on the committed header: the macros are made
+    // from CARGO_PKG_VERSION_* (headers::version_macros), so a version bump without
+    // regenerating the header fails here.
     for header in [
-        generate(),
-        std::fs::read_to_string(header_path()).unwrap_or_default(),
+        generate_core(),
+        std::fs::read_to_string(Header::Core.path()).unwrap_or_default(),
     ] {
         for (name, want) in [
             (
@@ -125,14 +88,91 @@ fn version_macros_match_cargo_toml() {
                 "FLARE_PACKAGE_VERSION_PATCH",
                 env!("CARGO_PKG_VERSION_PATCH"),
             ),
+            (
+                "FLARE_PACKAGE_VERSION_STRING",
+                &format!("\"{}\"", env!("CARGO_PKG_VERSION")),
+            ),
         ] {
             assert_eq!(
                 define(&header, name).as_deref(),
                 Some(want),
-                "{name} in the header must be Cargo.toml's {want}: edit after_includes in \
-                 cbindgen.toml, then run {BLESS_VAR}=1 cargo test --test c_abi header"
+                "{name} in the header must be Cargo.toml's {want}: run \
+                 {BLESS_VAR}=1 cargo test --test c_abi header"
             );
         }
+        // cbindgen.toml holds no number of its own.
+        let toml =
+            std::fs::read_to_string(headers::root().join("cbindgen.toml")).unwrap_or_default();
+        assert!(
+            !toml.contains("#define FLARE_PACKAGE_VERSION"),
+            "cbindgen.toml must not hold the version macros (tests/c_abi/headers.rs makes them)"
+        );
+    }
+}
+
+/// Whether `code` has `name(` with no identifier character before it.
+fn declares(code: &str, name: &str) -> bool {
+    code.match_indices(&format!("{name}(")).any(|(i, _)| {
+        !code[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
+}
+
+fn generate_core() -> String {
+    generated()[0].clone()
+}
+
+/// Every function cbindgen exports, each declared in exactly the header its name
+/// gives it (`headers::header_of`), none lost by the split: the names come from the
+/// Rust source (every `extern "C"` function of `src/ffi/`) and must each be declared
+/// once in all three headers together.
+#[test]
+fn each_function_is_declared_in_its_own_header_only() {
+    let functions: Vec<String> = headers::all_item_names()
+        .into_iter()
+        .filter(|n| n.starts_with("flare_"))
+        .collect();
+    assert!(
+        functions.len() >= 60,
+        "only {} functions found",
+        functions.len()
+    );
+    let mut counts = [0usize; 3];
+    for name in &functions {
+        for (i, (header, text)) in HEADERS.iter().zip(generated()).enumerate() {
+            let declared = declares(&without_comments(text), name);
+            assert_eq!(
+                declared,
+                header_of(name) == *header,
+                "{name} is {} {}",
+                if declared {
+                    "declared in"
+                } else {
+                    "missing from"
+                },
+                header.file_name()
+            );
+            counts[i] += usize::from(declared);
+        }
+    }
+    // The PyTorch glue and the test hooks are out of the core header.
+    assert!(
+        counts[0] >= 20 && counts[1] >= 20 && counts[2] >= 15,
+        "{counts:?}"
+    );
+    for (header, text) in HEADERS.iter().zip(generated()).skip(1) {
+        assert!(
+            text.contains("#include \"flare_package.h\""),
+            "{} must include flare_package.h",
+            header.file_name()
+        );
+        assert!(
+            !text.contains("typedef enum FlareStatus"),
+            "{} redeclares a core type",
+            header.file_name()
+        );
     }
 }
 
@@ -164,7 +204,7 @@ fn without_comments(header: &str) -> String {
 
 #[test]
 fn header_declares_the_whole_contract() {
-    let header = generate();
+    let header = generated().join("\n");
     for item in [
         "typedef struct FlarePool FlarePool;",
         "typedef enum FlareStatus {",

@@ -58,8 +58,24 @@ static void test_status_names(void) {
           offsetof(FlareSnapshot, sleeping_block_bytes) == 456 &&
           offsetof(FlareSnapshot, host_kept_bytes) == 464);
     CHECK(FLARE_THREAD_CACHE_OFF == UINT32_MAX);
-    CHECK(FLARE_PACKAGE_VERSION_MAJOR == 0 && FLARE_PACKAGE_VERSION_MINOR == 1 &&
-          FLARE_PACKAGE_VERSION_PATCH == 0);
+    /* The library's version at run time is the header's (both from Cargo.toml, issue
+     * 36): the number, its encoding, the string. */
+    {
+        char want[32];
+        const char *got = flare_package_version_string();
+        snprintf(want, sizeof want, "%d.%d.%d", FLARE_PACKAGE_VERSION_MAJOR,
+                 FLARE_PACKAGE_VERSION_MINOR, FLARE_PACKAGE_VERSION_PATCH);
+        CHECK(FLARE_PACKAGE_VERSION == FLARE_PACKAGE_VERSION_MAJOR * 10000 +
+                                           FLARE_PACKAGE_VERSION_MINOR * 100 +
+                                           FLARE_PACKAGE_VERSION_PATCH);
+        CHECK(flare_package_version() == FLARE_PACKAGE_VERSION);
+        CHECK(flare_package_version() / 10000 == FLARE_PACKAGE_VERSION_MAJOR &&
+              flare_package_version() / 100 % 100 == FLARE_PACKAGE_VERSION_MINOR &&
+              flare_package_version() % 100 == FLARE_PACKAGE_VERSION_PATCH);
+        CHECK(got != NULL && strcmp(got, want) == 0);
+        CHECK(strcmp(FLARE_PACKAGE_VERSION_STRING, want) == 0);
+        CHECK(flare_package_version_string() == got); /* static storage */
+    }
 }
 
 static void test_config(void) {

@@ -18,6 +18,8 @@
 
 #include "flare_package.h"
 #include "flare_package.h" /* twice on purpose: the include guard must hold */
+/* The simulated backend's test hooks (flare_sim_*, FlareDriverCall). */
+#include "flare_package_sim.h"
 
 #include <inttypes.h>
 #include <stddef.h>

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the release static library, then compiles and runs the C11 and C++17 ABI
-# tests, the C++17 tag program (tags.cpp), the out-of-memory path of flare_torch_alloc
+# tests, the C++17 tag program (tags.cpp), a caller compiled against the 0.1 header
+# (abi/struct_size_0_1.c: struct_size compatibility), the out-of-memory path of flare_torch_alloc
 # (torch_oom.cpp with a stand-in for PyTorch's torchCheckFail, fake_c10.cpp) and the
 # C and C++ examples (examples/c/warmup.c, examples/cpp/warmup.cpp; README.md's C
 # lines must be lines of the C example, so that the README cannot drift) against it:
@@ -76,6 +77,13 @@ compile() { # compile OUT LANG(c|cpp|tags) EXTRA_FLAGS...
   fi
 }
 
+# abi/struct_size_0_1.c (issue 36): compiled against the 0.1 header
+# (tests/ffi/abi/flare_package-0.1.h, never include/), linked with this library.
+compile_0_1() { # compile_0_1 OUT EXTRA_FLAGS...
+  local out=$1; shift
+  gcc -std=c11 "${warn[@]}" -g "$@" -I"$here/abi" "$here/abi/struct_size_0_1.c" "$lib" "${syslibs[@]}" -o "$out"
+}
+
 # torch_oom.cpp (issue 34) in four processes (its handler lookup is once per process):
 # the stand-in torchCheckFail in the program (exported, as a program linked with
 # libc10 has it), with and without FLARE_TORCH_OOM=null; in a library whose SONAME is
@@ -95,10 +103,12 @@ run_torch_oom() { # run_torch_oom LABEL SUFFIX [WRAPPER...]
   run "torch OOM, no torchCheckFail$label" "$@" "$build/torch_oom$sfx" null
 }
 
-echo "== header alone compiles as C11 and C++17"
-printf '#include "flare_package.h"\n#include "flare_package.h"\nint main(void) { return 0; }\n' > "$build/header_only.c"
-gcc -std=c11 "${warn[@]}" -I"$root/include" -fsyntax-only "$build/header_only.c"
-g++ -std=c++17 "${warn[@]}" -I"$root/include" -fsyntax-only -x c++ "$build/header_only.c"
+echo "== each header alone (twice: its include guard) compiles as C11 and C++17"
+for h in flare_package.h flare_package_torch.h flare_package_sim.h; do
+  printf '#include "%s"\n#include "%s"\nint main(void) { return 0; }\n' "$h" "$h" > "$build/header_only.c"
+  gcc -std=c11 "${warn[@]}" -I"$root/include" -fsyntax-only "$build/header_only.c"
+  g++ -std=c++17 "${warn[@]}" -I"$root/include" -fsyntax-only -x c++ "$build/header_only.c"
+done
 
 echo "== README.md's C lines (its first \`\`\`c block) are lines of examples/c/warmup.c"
 awk '/^```c$/ { inside = 1; next }
@@ -127,12 +137,14 @@ compile "$build/tags_cpp" tags -O2
 compile_example "$build/example_c" c -O2
 compile_example "$build/example_cpp" cpp -O2
 build_torch_oom "" -O2
+compile_0_1 "$build/struct_size_0_1" -O2
 run "C11" "$build/lifecycle_c"
 run "C++17" "$build/lifecycle_cpp"
 run "C++17 tags" "$build/tags_cpp"
 run_exit0 "C example" "$build/example_c"
 run_exit0 "C++ example" "$build/example_cpp"
 run_torch_oom "" ""
+run "0.1 caller's structs" "$build/struct_size_0_1"
 
 if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer (detect_leaks=1)"
@@ -143,6 +155,7 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   compile_example "$build/example_c_asan" c -g "${san[@]}"
   compile_example "$build/example_cpp_asan" cpp -g "${san[@]}"
   build_torch_oom _asan "${san[@]}"
+  compile_0_1 "$build/struct_size_0_1_asan" "${san[@]}"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   run "C11 asan+ubsan" "$build/lifecycle_c_asan"
@@ -151,6 +164,7 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   run_exit0 "C example asan+ubsan" "$build/example_c_asan"
   run_exit0 "C++ example asan+ubsan" "$build/example_cpp_asan"
   run_torch_oom " asan+ubsan" _asan
+  run "0.1 caller's structs asan+ubsan" "$build/struct_size_0_1_asan"
   unset ASAN_OPTIONS UBSAN_OPTIONS
 fi
 
@@ -163,6 +177,7 @@ if [ "${SKIP_VALGRIND:-0}" != 1 ]; then
   run "C++17 tags valgrind" "${vg[@]}" "$build/tags_cpp"
   run_exit0 "C example valgrind" "${vg[@]}" "$build/example_c"
   run_exit0 "C++ example valgrind" "${vg[@]}" "$build/example_cpp"
+  run "0.1 caller's structs valgrind" "${vg[@]}" "$build/struct_size_0_1"
   # The process-wide PyTorch allocator is never destroyed: its tables show as
   # "possibly lost" (interior pointers); definite leaks are still errors.
   run_torch_oom " valgrind" "" "${vg[@]}" --show-possibly-lost=no

@@ -15,6 +15,7 @@
 //
 // The last line printed is "N passed, 0 failed" (tests/ffi/run.sh checks it).
 #include "flare_package.h"
+#include "flare_package_sim.h" // flare_sim_inject_failure
 
 #include <cstdint>
 #include <cstdio>

@@ -10,7 +10,8 @@
  * "throws": a failure must throw the stand-in's exception (fake_c10.cpp, linked into
  * this program or dlopened RTLD_LOCAL from LIBRARY); "null": it must return NULL.
  * run.sh runs the four cases. Prints "N passed, M failed". */
-#include "flare_package.h"
+#include "flare_package_torch.h" // PyTorch's entry points (includes flare_package.h)
+#include "flare_package_sim.h"   // flare_torch_use_simulated
 
 #include <dlfcn.h>
 

@@ -11,6 +11,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "flare_package.h"
+#include "flare_package_sim.h" /* flare_sim_inject_failure */
 
 #include <dlfcn.h>
 #include <inttypes.h>

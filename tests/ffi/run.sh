@@ -6,14 +6,15 @@
 # C and C++ examples (examples/c/warmup.c, examples/cpp/warmup.cpp; README.md's C
 # lines must be lines of the C example, so that the README cannot drift) against it:
 # plainly, under AddressSanitizer + UndefinedBehaviorSanitizer
-# (leak detection on), under valgrind (memcheck, definite leaks are errors), and the
-# CMake consumer project when cmake is present. Exits non-zero on any failure.
+# (leak detection on) and under valgrind (memcheck, definite leaks are errors). The
+# installed library's consumers (CMake, pkg-config, cc) are tests/install/run.sh's.
+# Exits non-zero on any failure.
 #
 #   bash tests/ffi/run.sh
 #
 # Needs: cargo, gcc, g++ (with libasan/libubsan, as Debian's gcc ships them),
-# valgrind, and optionally cmake (>= 3.18). On Debian/Ubuntu:
-#   apt-get install -y gcc g++ valgrind cmake
+# valgrind. On Debian/Ubuntu:
+#   apt-get install -y gcc g++ valgrind
 # Set SKIP_VALGRIND=1 or SKIP_SANITIZERS=1 to leave a stage out (not in CI).
 #
 # Leak suppressions: none. Both LeakSanitizer and valgrind report no leak: every
@@ -181,17 +182,6 @@ if [ "${SKIP_VALGRIND:-0}" != 1 ]; then
   # The process-wide PyTorch allocator is never destroyed: its tables show as
   # "possibly lost" (interior pointers); definite leaks are still errors.
   run_torch_oom " valgrind" "" "${vg[@]}" --show-possibly-lost=no
-fi
-
-if command -v cmake >/dev/null; then
-  echo "== CMake consumer (imported target flare_package::flare_package)"
-  rm -rf "$build/cmake"
-  cmake -S "$here/cmake" -B "$build/cmake" -DFLARE_PACKAGE_ROOT="$root" >/dev/null
-  cmake --build "$build/cmake" >/dev/null
-  run "CMake C" "$build/cmake/flare_cmake_smoke"
-  run "CMake C++" "$build/cmake/flare_cmake_smoke_cpp"
-else
-  echo "== CMake consumer: SKIPPED (cmake not installed: apt-get install -y cmake)"
 fi
 
 echo "== GPU smoke program compiles (run it on a GPU machine with tests/ffi/gpu/run.sh)"

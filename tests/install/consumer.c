@@ -49,9 +49,13 @@ int main(void) {
 
     printf("header %s, expected %s\n", header_version, FLARE_EXPECT_VERSION);
     check(strcmp(header_version, FLARE_EXPECT_VERSION) == 0, "header version == Cargo.toml's");
-#ifdef FLARE_CHECK_RUNTIME_VERSION
-    FLARE_CHECK_RUNTIME_VERSION
-#endif
+    check(strcmp(FLARE_PACKAGE_VERSION_STRING, FLARE_EXPECT_VERSION) == 0,
+          "FLARE_PACKAGE_VERSION_STRING == Cargo.toml's");
+    printf("library %s (%u)\n", flare_package_version_string(), flare_package_version());
+    check(flare_package_version() == FLARE_PACKAGE_VERSION,
+          "flare_package_version() == FLARE_PACKAGE_VERSION (the library is the header's)");
+    check(strcmp(flare_package_version_string(), FLARE_EXPECT_VERSION) == 0,
+          "flare_package_version_string() == Cargo.toml's");
 
     memset(&s, 0, sizeof s);
     s.struct_size = sizeof s;

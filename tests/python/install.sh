@@ -32,6 +32,8 @@ fail() {
   echo "tests/python/install.sh: $*" >&2
   exit 1
 }
+python3 -c 'import venv, ensurepip' 2>/dev/null ||
+  fail "python3 cannot make virtual environments (Debian: apt-get install python3-venv)"
 step() {
   echo "-- $*"
   t0=$SECONDS

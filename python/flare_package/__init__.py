@@ -148,7 +148,7 @@ def library_path():
         f"in the checkout), build it in the checkout (`{BUILD_COMMAND}`), or set "
         f"{LIB_ENV}=/path/to/{LIB_NAME}"
     )
-    raise LibraryNotFound(f"flare_package: {LIB_NAME} not found; tried:\n{lines}\n{how}")
+    raise LibraryNotFound(f"flare_package: no shared library found; tried:\n{lines}\n{how}")
 
 
 def _sig(lib, name, restype, *argtypes):

@@ -61,7 +61,11 @@ class Loading(unittest.TestCase):
             self.assertEqual(path, site / "flare_package" / "_native" / "lib_native.so")
         elif not os.environ.get(fp.LIB_ENV):
             self.assertEqual(package, CHECKOUT / "python" / "flare_package")
-            self.assertEqual(path, CHECKOUT / "target" / "release" / "libflare_package.so")
+            # An editable install (`pip install -e ./python`) puts the library in
+            # the checkout's package; otherwise it is cargo's.
+            editable = package / "_native" / "lib_native.so"
+            cargo = CHECKOUT / "target" / "release" / "libflare_package.so"
+            self.assertEqual(path, editable if editable.is_file() else cargo)
         lib = fp.load()
         for name in (
             "flare_torch_alloc",

@@ -17,9 +17,11 @@
 #      (a network namespace of its own, `unshare -n`, where it can make one);
 #   5. when the library does not build (a `cargo rustc` that fails), `pip install
 #      ./python` fails, shows cargo's error and never says "Successfully
-#      installed" (the package is never installed without its library).
-# Needs python3 with venv and pip, cargo, and PyPI for steps 1, 2, 4 and 5's build
-# environments. Prints each step's time.
+#      installed" (the package is never installed without its library);
+#   6. `pip install .` from the repository root installs the same package (the root
+#      pyproject.toml is python/'s with the paths moved: compared here).
+# Needs python3 with venv and pip, cargo, and PyPI for the build environments of
+# steps 1, 2, 4, 5 and 6. Prints each step's time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -27,6 +29,11 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/flare-python.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 unset FLARE_PACKAGE_LIB
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# maturin builds flare-package as a dependency of python/Cargo.toml; in target/ that
+# build and the checkout's `cargo rustc -p flare-package --crate-type ...` undo each
+# other's fingerprint and rebuild the library each time (25 to 30 s each on 2 cores).
+# A target folder of its own: about 40 s the first time, a few seconds after.
+export CARGO_TARGET_DIR=$root/target/python
 
 fail() {
   echo "tests/python/install.sh: $*" >&2
@@ -89,7 +96,8 @@ wheel=$(basename "${wheels[0]}")
 echo "   $wheel"
 [[ $wheel =~ ^flare_package-${version//./\\.}-py3-none-manylinux_[0-9]+_[0-9]+_${arch}\.whl$ ]] ||
   fail "the wheel $wheel is not flare_package-$version-py3-none-manylinux_*_$arch.whl"
-python3 -m zipfile -l "${wheels[0]}" | grep -q ' *flare_package/_native/lib_native.so ' ||
+listing=$(python3 -m zipfile -l "${wheels[0]}")
+grep -q '^flare_package/_native/lib_native.so ' <<<"$listing" ||
   fail "the wheel $wheel has no flare_package/_native/lib_native.so"
 if cargo tree -q -p flare-package-python -e features --prefix none | grep -F 'flare-package feature "testing"'; then
   fail "the wheel's library is built with flare-package's testing feature"
@@ -157,4 +165,27 @@ fi
 echo "   failed as it must, with cargo's error: $(grep -m1 'a compile error' "$work/pip.log" | sed 's/^ *//')"
 took
 
-echo "the Python package installs (pip install ./python online and offline, pip wheel $wheel)"
+step "6. pip install . from the repository root (pyproject.toml there: the same package)"
+python3 - pyproject.toml python/pyproject.toml <<'EOF'
+import sys
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    print("   (no tomllib in this Python: the two pyproject.toml files not compared)")
+    sys.exit(0)
+root, python = (tomllib.load(open(p, "rb")) for p in sys.argv[1:])
+# The root's paths are python/'s with python/ in front; everything else is equal.
+moved = {"manifest-path": "python/Cargo.toml", "python-source": "python"}
+want = dict(python["tool"]["maturin"], **moved)
+assert root["tool"]["maturin"] == want, f"[tool.maturin]: {root['tool']['maturin']} != {want}"
+assert root["project"] == python["project"], "[project] differs between pyproject.toml and python/pyproject.toml"
+want = dict(python["build-system"], **{"backend-path": ["python/build_backend"]})
+assert root["build-system"] == want, f"[build-system]: {root['build-system']} != {want}"
+print("   pyproject.toml and python/pyproject.toml describe the same package")
+EOF
+"$work/online/bin/python" -m pip install -q --force-reinstall --no-deps . >"$work/pip.log" 2>&1 ||
+  { cat "$work/pip.log" >&2; fail "pip install . failed"; }
+took
+check_installed "$work/online"
+
+echo "the Python package installs (pip install ./python online and offline, pip install ., pip wheel $wheel)"

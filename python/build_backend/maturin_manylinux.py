@@ -2,13 +2,13 @@
 
 - The wheel's platform tag. Called by pip (``pip wheel``, ``pip install``), maturin
   tags a wheel ``linux_<arch>`` (it adds ``--compatibility off`` unless the build
-  arguments name a compatibility), which PyPI and other machines' pips refuse.
-  Here a bare ``--compatibility`` is added instead, the default of ``maturin
-  build``: the lowest ``manylinux_X_Y`` tag the library's symbol versions allow
-  (maturin's auditwheel check), ``manylinux_2_34_x86_64`` when built on glibc 2.34
-  or later. Build arguments that name a compatibility (``-C
-  maturin.build-args="--compatibility linux"``, or ``MATURIN_PEP517_ARGS``) are
-  left as they are.
+  arguments name a compatibility): a tag that PyPI refuses and that says nothing of
+  the glibc the library needs. Here a bare ``--compatibility`` is added instead,
+  the default of ``maturin build``: the lowest ``manylinux_X_Y`` tag the library's
+  symbol versions allow (maturin's auditwheel check): ``manylinux_2_34_x86_64`` for
+  this library built on glibc 2.36, which asks for symbols of glibc 2.34. Build
+  arguments that name a compatibility (``-C maturin.build-args="--compatibility
+  linux"``, or ``MATURIN_PEP517_ARGS``) are left as they are.
 - Finding ``maturin``. maturin's hooks run the ``maturin`` program by name; with
   ``pip install --no-build-isolation`` from an interpreter whose scripts folder is
   not on PATH (a virtual environment not activated, ``pip install --user``), it

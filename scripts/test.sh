@@ -69,6 +69,7 @@ bash tests/install/run.sh
 echo "== the Python package (python/): loading, the missing-library error, the PyTorch entry points on the simulated driver (no torch, no GPU)"
 cargo clib --quiet
 python3 -m unittest discover -s python/tests -v
+bash tests/python/install.sh  # pip install ./python in fresh venvs (online, offline), the wheel's tag, the tests against the installed package
 echo "== the Rust and Python examples on the simulated driver (examples/warmup.rs, examples/python/warmup.py)"
 cargo run --release --quiet -p flare-package --example warmup
 python3 examples/python/warmup.py --simulated

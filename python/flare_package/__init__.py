@@ -18,11 +18,12 @@ Also: ``retention()`` (a retention scope around warmup or capture), ``stats()``
 device with every tensor's address kept, then mapped again (``wake(zero=True)``
 zeroes what a discard sleep dropped: new memory holds stale bytes otherwise).
 
-The package is pure Python over the shared library the Rust crate builds
-(``libflare_package.so``); ``library_path()`` says where it looks (the
-``FLARE_PACKAGE_LIB`` variable, the copy installed inside this package by
-``scripts/install-python.sh``, then ``target/release`` of the checkout this file
-is in) and raises ``LibraryNotFound`` naming every path it tried. The pools are
+The package is Python (ctypes) over the shared library the Rust crate builds;
+``pip install ./python`` builds it with maturin and installs it inside this package
+(``flare_package/_native/lib_native.so``). ``library_path()`` says where it looks
+(the ``FLARE_PACKAGE_LIB`` variable, the library installed inside this package, then
+``target/release/libflare_package.so`` of the checkout this file is in) and raises
+``LibraryNotFound`` naming every path it tried. The pools are
 configured with ``FLARE_TORCH_*`` environment variables, read at the first
 allocation (docs/pytorch-guide.md). ``FLARE_TORCH_RECORD=PATH`` records every pool's
 calls as flare-trace v1, one file per pool (``PATH.dev0.tensor.trace``,
@@ -87,7 +88,14 @@ __all__ = [
 ]
 
 LIB_ENV = "FLARE_PACKAGE_LIB"
+# The library as the crate builds it (target/release of a checkout).
 LIB_NAME = "libflare_package.so"
+# The library inside the installed package, relative to this directory: where
+# maturin puts the cdylib of python/Cargo.toml for module-name
+# "flare_package._native" (python/pyproject.toml).
+PACKAGED_LIB = ("_native", "lib_native.so")
+# How to build the library in a checkout (a cdylib: Cargo.toml names no crate type).
+BUILD_COMMAND = "cargo rustc --release -p flare-package --lib --crate-type cdylib"
 # c10::detail::torchCheckFail(const char*, const char*, uint32_t, const char*):
 # throws c10::Error, which PyTorch's bindings turn into a RuntimeError.
 TORCH_CHECK_FAIL = "_ZN3c106detail14torchCheckFailEPKcS2_jS2_"
@@ -112,15 +120,15 @@ class FlareError(RuntimeError):
 
 def candidate_paths():
     """The paths ``library_path()`` tries, in order: ``$FLARE_PACKAGE_LIB`` (alone
-    when it is set), ``flare_package/lib/libflare_package.so`` (installed by
-    ``scripts/install-python.sh``), ``<checkout>/target/release/libflare_package.so``
+    when it is set), ``flare_package/_native/lib_native.so`` (put in the package by
+    ``pip install ./python``), ``<checkout>/target/release/libflare_package.so``
     (this file is ``<checkout>/python/flare_package/__init__.py``)."""
     env = os.environ.get(LIB_ENV)
     if env:
         return [pathlib.Path(env)]
     here = pathlib.Path(__file__).resolve().parent
     return [
-        here / "lib" / LIB_NAME,
+        here.joinpath(*PACKAGED_LIB),
         here.parent.parent / "target" / "release" / LIB_NAME,
     ]
 
@@ -136,11 +144,11 @@ def library_path():
     how = (
         f"{LIB_ENV} is set: it must name the library itself"
         if os.environ.get(LIB_ENV)
-        else "build it with `cargo build --release -p flare-package` in the checkout, "
-        "install with `bash scripts/install-python.sh`, or set "
+        else "install the package with the library inside it (`pip install ./python` "
+        f"in the checkout), build it in the checkout (`{BUILD_COMMAND}`), or set "
         f"{LIB_ENV}=/path/to/{LIB_NAME}"
     )
-    raise LibraryNotFound(f"flare_package: {LIB_NAME} not found; tried:\n{lines}\n{how}")
+    raise LibraryNotFound(f"flare_package: no shared library found; tried:\n{lines}\n{how}")
 
 
 def _sig(lib, name, restype, *argtypes):
@@ -150,7 +158,7 @@ def _sig(lib, name, restype, *argtypes):
         raise LibraryNotFound(
             f"flare_package: {lib._name} has no function {name}: it is not "
             f"{LIB_NAME}, or one older than this package (rebuild it with "
-            "`cargo build --release -p flare-package`)"
+            f"`{BUILD_COMMAND}`, or reinstall the package)"
         ) from e
     f.restype = restype
     f.argtypes = list(argtypes)

@@ -5,8 +5,12 @@ would call them: alloc/free with streams, the graph-pool hooks around a capture,
 record_stream, reset), with stats, trim, retention and the out-of-memory path; and
 sleep / wake / census of a device's tensor memory, the zeroing wake included.
 
-Run: python3 -m unittest discover -s python/tests (after
-`cargo build --release -p flare-package`).
+Run from the checkout: python3 -m unittest discover -s python/tests (after
+`cargo rustc --release -p flare-package --lib --crate-type cdylib`): the checkout's
+package, python/flare_package, with target/release/libflare_package.so. With
+FLARE_PACKAGE_TEST_INSTALLED=1 the tests import the package installed in the
+interpreter (`pip install ./python`) and check that its library is the one inside it
+(tests/python/install.sh runs them so in a fresh virtual environment).
 """
 
 import ctypes
@@ -15,10 +19,14 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import unittest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+INSTALLED = os.environ.get("FLARE_PACKAGE_TEST_INSTALLED") == "1"
+CHECKOUT = pathlib.Path(__file__).resolve().parents[2]
+if not INSTALLED:
+    sys.path.insert(0, str(CHECKOUT / "python"))
 import flare_package as fp  # noqa: E402
 
 MIB = 1 << 20
@@ -42,9 +50,22 @@ def faults(lib, device):
 
 
 class Loading(unittest.TestCase):
-    def test_loads_the_checkout_library_with_every_entry_point(self):
+    def test_loads_the_library_with_every_entry_point(self):
         path = fp.library_path()
-        self.assertEqual(path.name, "libflare_package.so")
+        package = pathlib.Path(fp.__file__).resolve().parent
+        if INSTALLED:
+            # pip put the package, and maturin the library inside it, in the
+            # interpreter's platform site-packages (the wheel is not pure Python).
+            site = pathlib.Path(sysconfig.get_paths()["platlib"]).resolve()
+            self.assertEqual(package, site / "flare_package")
+            self.assertEqual(path, site / "flare_package" / "_native" / "lib_native.so")
+        elif not os.environ.get(fp.LIB_ENV):
+            self.assertEqual(package, CHECKOUT / "python" / "flare_package")
+            # An editable install (`pip install -e ./python`) puts the library in
+            # the checkout's package; otherwise it is cargo's.
+            editable = package / "_native" / "lib_native.so"
+            cargo = CHECKOUT / "target" / "release" / "libflare_package.so"
+            self.assertEqual(path, editable if editable.is_file() else cargo)
         lib = fp.load()
         for name in (
             "flare_torch_alloc",
@@ -63,7 +84,7 @@ class Loading(unittest.TestCase):
         # The package copied where no library is, FLARE_PACKAGE_LIB unset.
         with tempfile.TemporaryDirectory() as tmp:
             pkg = pathlib.Path(tmp) / "a" / "b" / "flare_package"
-            shutil.copytree(pathlib.Path(fp.__file__).parent, pkg, ignore=shutil.ignore_patterns("lib", "__pycache__"))
+            shutil.copytree(pathlib.Path(fp.__file__).parent, pkg, ignore=shutil.ignore_patterns("_native", "__pycache__"))
             env = {k: v for k, v in os.environ.items() if k != fp.LIB_ENV}
             r = subprocess.run(
                 [sys.executable, "-c", "import flare_package; flare_package.load()"],
@@ -71,9 +92,10 @@ class Loading(unittest.TestCase):
             )
             self.assertNotEqual(r.returncode, 0)
             self.assertIn("LibraryNotFound", r.stderr)
-            self.assertIn(str(pkg / "lib" / "libflare_package.so"), r.stderr)
+            self.assertIn(str(pkg / "_native" / "lib_native.so"), r.stderr)
             self.assertIn(str(pathlib.Path(tmp) / "a" / "target" / "release" / "libflare_package.so"), r.stderr)
-            self.assertIn("cargo build --release -p flare-package", r.stderr)
+            self.assertIn("`pip install ./python`", r.stderr)
+            self.assertIn("`cargo rustc --release -p flare-package --lib --crate-type cdylib`", r.stderr)
 
     def test_the_variable_names_the_library_alone(self):
         old = os.environ.get(fp.LIB_ENV)

@@ -2,9 +2,13 @@
 """flare-package as PyTorch's allocator on a real GPU (issue 14): one command runs
 every part in its own process (the allocator is per process) and prints a summary.
 
-    cargo build --release -p flare-package
+    cargo rustc --release -p flare-package --lib --crate-type cdylib
     python3 python/tests/gpu/run_h200.py OUTDIR            # everything
     python3 python/tests/gpu/run_h200.py OUTDIR --parts reference,tensor
+
+The package is the checkout's (python/, not an installed one); the library is
+$FLARE_PACKAGE_LIB, else the checkout's target/release/libflare_package.so
+(flare_package.library_path()).
 
 Parts (each a subprocess with a timeout; one failing does not stop the others):
   reference   PyTorch's default allocator: eager and graph-replay logits of a

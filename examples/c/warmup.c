@@ -7,7 +7,7 @@
  * Runs anywhere: the pool is on the simulated H200 (no GPU). On a GPU, set
  * cfg.backend = FLARE_BACKEND_CUDA and cfg.device. Build from the checkout:
  *
- *   cargo build --release -p flare-package
+ *   cargo clib
  *   cc -std=c11 -I include examples/c/warmup.c target/release/libflare_package.a \
  *      -lpthread -ldl -lm -o warmup && ./warmup
  */

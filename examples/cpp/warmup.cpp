@@ -6,7 +6,7 @@
 //
 // Runs anywhere: the pool is on the simulated H200 (no GPU). Build from the checkout:
 //
-//   cargo build --release -p flare-package
+//   cargo clib
 //   c++ -std=c++17 -I include examples/cpp/warmup.cpp target/release/libflare_package.a
 //       -lpthread -ldl -lm -o warmup   (one line)
 //   ./warmup

@@ -10,8 +10,7 @@ next transient reuses the freed memory: the allocator holds 4 + 1 GiB, not 4 + 1
 
 The package is the installed one (``pip install ./python``: the library inside it)
 when there is one, else the checkout's (``python/``) with ``target/release`` of the
-checkout's library, after ``cargo rustc --release -p flare-package --lib
---crate-type cdylib``. With ``--simulated``, the
+checkout's library, after ``cargo clib``. With ``--simulated``, the
 simulated driver plays the GPU and this script calls the allocator's entry points
 through ctypes the way PyTorch calls them (``flare_torch_alloc`` /
 ``flare_torch_free``), so the same warm-up runs without PyTorch.

@@ -94,8 +94,9 @@ LIB_NAME = "libflare_package.so"
 # maturin puts the cdylib of python/Cargo.toml for module-name
 # "flare_package._native" (python/pyproject.toml).
 PACKAGED_LIB = ("_native", "lib_native.so")
-# How to build the library in a checkout (a cdylib: Cargo.toml names no crate type).
-BUILD_COMMAND = "cargo rustc --release -p flare-package --lib --crate-type cdylib"
+# How to build the library in a checkout (.cargo/config.toml: `cargo rustc` naming the
+# crate types, which Cargo.toml leaves out).
+BUILD_COMMAND = "cargo clib"
 # c10::detail::torchCheckFail(const char*, const char*, uint32_t, const char*):
 # throws c10::Error, which PyTorch's bindings turn into a RuntimeError.
 TORCH_CHECK_FAIL = "_ZN3c106detail14torchCheckFailEPKcS2_jS2_"

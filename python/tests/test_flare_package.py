@@ -6,7 +6,7 @@ record_stream, reset), with stats, trim, retention and the out-of-memory path; a
 sleep / wake / census of a device's tensor memory, the zeroing wake included.
 
 Run from the checkout: python3 -m unittest discover -s python/tests (after
-`cargo rustc --release -p flare-package --lib --crate-type cdylib`): the checkout's
+`cargo clib`): the checkout's
 package, python/flare_package, with target/release/libflare_package.so. With
 FLARE_PACKAGE_TEST_INSTALLED=1 the tests import the package installed in the
 interpreter (`pip install ./python`) and check that its library is the one inside it
@@ -95,7 +95,7 @@ class Loading(unittest.TestCase):
             self.assertIn(str(pkg / "_native" / "lib_native.so"), r.stderr)
             self.assertIn(str(pathlib.Path(tmp) / "a" / "target" / "release" / "libflare_package.so"), r.stderr)
             self.assertIn("`pip install ./python`", r.stderr)
-            self.assertIn("`cargo rustc --release -p flare-package --lib --crate-type cdylib`", r.stderr)
+            self.assertIn("`cargo clib`", r.stderr)
 
     def test_the_variable_names_the_library_alone(self):
         old = os.environ.get(fp.LIB_ENV)

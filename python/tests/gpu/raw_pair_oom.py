@@ -6,7 +6,7 @@ handler is set), must raise on a failed allocation instead of handing PyTorch NU
 which PyTorch wraps in a tensor at address 0 (pytorch #133280). The library finds
 PyTorch's ``c10::detail::torchCheckFail`` in the process itself.
 
-    cargo rustc --release -p flare-package --lib --crate-type cdylib
+    cargo clib
     python3 python/tests/gpu/raw_pair_oom.py [LIBRARY]
 
 LIBRARY: the shared library (default: ``$FLARE_PACKAGE_LIB``, else the checkout's
@@ -119,7 +119,7 @@ def main(argv):
         return 0
     path = library(argv)
     if not path.is_file():
-        print(f"no library at {path}: cargo rustc --release -p flare-package --lib --crate-type cdylib", file=sys.stderr)
+        print(f"no library at {path}: cargo clib", file=sys.stderr)
         return 2
     failed = 0
     for case, extra in [("raises", {}), ("null", {"FLARE_TORCH_OOM": "null"})]:

@@ -2,7 +2,7 @@
 """flare-package as PyTorch's allocator on a real GPU (issue 14): one command runs
 every part in its own process (the allocator is per process) and prints a summary.
 
-    cargo rustc --release -p flare-package --lib --crate-type cdylib
+    cargo clib
     python3 python/tests/gpu/run_h200.py OUTDIR            # everything
     python3 python/tests/gpu/run_h200.py OUTDIR --parts reference,tensor
 

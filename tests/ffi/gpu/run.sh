@@ -6,7 +6,7 @@
 #   tests/ffi/gpu/run.sh [path/to/libflare_package.a] [device]
 #
 # The library defaults to target/release/libflare_package.a (build it with
-# `cargo build --release -p flare-package --lib` on a machine with Rust; copy it along if the GPU
+# `cargo clib` on a machine with Rust; copy it along if the GPU
 # machine has none).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

@@ -3,10 +3,6 @@
 //!   rustc but not rustdoc, so without this the crate documentation's doctests would
 //!   be collected in the loom build and run against loom's locks outside a loom model
 //!   (which panics). Re-emitting the cfg from here gives it to both;
-//! - gives the shared library its soname, `libflare_package.so.MAJOR` (the C ABI only
-//!   grows within a major version: docs/c-guide.md, "Versions and the ABI"), on Linux,
-//!   for every build of the cdylib (`cargo rustc --crate-type cdylib`, cargo-c,
-//!   maturin), so that a program linked against it records the soname, not the file;
 //! - writes the CMake package files (`OUT_DIR/cmake/`, from `cmake/*.cmake.in`) with
 //!   Cargo.toml's version, which `cargo cinstall` installs
 //!   (`[package.metadata.capi.install.data]` in Cargo.toml).
@@ -28,10 +24,6 @@ fn main() {
     }
 
     let major = env("CARGO_PKG_VERSION_MAJOR");
-    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
-        println!("cargo::rustc-cdylib-link-arg=-Wl,-soname,libflare_package.so.{major}");
-    }
-
     let version = env("CARGO_PKG_VERSION");
     let minor = env("CARGO_PKG_VERSION_MINOR");
     let next_minor = minor

@@ -64,6 +64,14 @@ echo "== the crate as crates.io would take it (cargo publish --dry-run: metadata
 # (The test targets are left out of the package, and cargo says so once per target.)
 publish=$(cargo publish --dry-run -p flare-package --allow-dirty 2>&1) || { printf '%s\n' "$publish"; exit 1; }
 printf '%s\n' "$publish" | grep -v "^warning: ignoring test .* is not included in the published package$" | tail -n 4
+echo "== builds of the library with and without the testing feature have files of their own"
+# A C crate type in Cargo.toml's [lib] makes every build of the library write the same
+# unhashed target/release/deps/libflare_package.rlib, whichever features it has (issue
+# 36: a build without `testing` broke the tools' doctests, built with it).
+if [ -e target/release/deps/libflare_package.rlib ]; then
+  echo "target/release/deps/libflare_package.rlib exists: a build gave the library unhashed file names" >&2
+  exit 1
+fi
 echo "== the C library installed into a prefix (cargo cinstall), used by out-of-tree CMake, pkg-config and cc consumers"
 bash tests/install/run.sh
 echo "== the Python package (python/): loading, the missing-library error, the PyTorch entry points on the simulated driver (no torch, no GPU)"

@@ -6,9 +6,10 @@ every part in its own process (the allocator is per process) and prints a summar
     python3 python/tests/gpu/run_h200.py OUTDIR            # everything
     python3 python/tests/gpu/run_h200.py OUTDIR --parts reference,tensor
 
-The package is the checkout's (python/, not an installed one); the library is
-$FLARE_PACKAGE_LIB, else the checkout's target/release/libflare_package.so
-(flare_package.library_path()).
+The package is the checkout's (python/), the library $FLARE_PACKAGE_LIB, else the
+checkout's target/release/libflare_package.so (flare_package.library_path()). With
+FLARE_PACKAGE_TEST_INSTALLED=1 the package is the one installed in the running
+Python (`pip install ./python`, or the wheel), with the library inside it.
 
 Parts (each a subprocess with a timeout; one failing does not stop the others):
   reference   PyTorch's default allocator: eager and graph-replay logits of a
@@ -46,7 +47,8 @@ import traceback
 
 HERE = pathlib.Path(__file__).resolve()
 REPO = HERE.parents[3]
-sys.path.insert(0, str(REPO / "python"))
+if os.environ.get("FLARE_PACKAGE_TEST_INSTALLED") != "1":
+    sys.path.insert(0, str(REPO / "python"))
 
 PARTS = ["reference", "tensor", "mempool", "sanitizer", "decode", "two_gpu", "record"]
 # The decode part alternates processes of each allocator this many times (one

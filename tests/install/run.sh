@@ -57,8 +57,13 @@ refuse() {
 }
 same() { [ "$1" = "$2" ] || { echo "got '$1', want '$2'"; return 1; }; }
 
-echo "== cargo cinstall --release --prefix $prefix --libdir $prefix/lib"
-cargo cinstall --release -p flare-package --prefix "$prefix" --libdir "$prefix/lib"
+# The README's command, as it is written there (with /opt/flare for the prefix).
+readme_cmd='cargo cinstall --release -p flare-package --prefix /opt/flare --libdir /opt/flare/lib'
+check "README.md and docs/c-guide.md show the command this test runs" \
+  sh -c "grep -qxF '$readme_cmd' README.md && grep -qxF '$readme_cmd' docs/c-guide.md"
+read -ra cmd <<<"${readme_cmd//\/opt\/flare/$prefix}"
+echo "== ${cmd[*]}"
+"${cmd[@]}"
 
 # What landed in the prefix.
 inc=$prefix/include/flare_package

@@ -11,7 +11,7 @@ use super::generate::c_str;
 /// A decimal version component (`"12"`) as a number, at compile time. Not one, or
 /// 100 or more (the number `MAJOR * 10000 + MINOR * 100 + PATCH` would be ambiguous):
 /// the build stops.
-const fn component(s: &str) -> u32 {
+pub(in crate::ffi) const fn component(s: &str) -> u32 {
     let bytes = s.as_bytes();
     assert!(!bytes.is_empty(), "empty version component");
     let mut n = 0u32;
@@ -27,19 +27,23 @@ const fn component(s: &str) -> u32 {
     n
 }
 
-/// `MAJOR * 10000 + MINOR * 100 + PATCH` of Cargo.toml's version (0.2.0 is 200).
-pub(crate) const VERSION_NUMBER: u32 = {
-    let (major, minor, patch) = (
-        component(env!("CARGO_PKG_VERSION_MAJOR")),
-        component(env!("CARGO_PKG_VERSION_MINOR")),
-        component(env!("CARGO_PKG_VERSION_PATCH")),
-    );
+/// `MAJOR * 10000 + MINOR * 100 + PATCH` (1.2.3 is 10203), the encoding of
+/// `FLARE_PACKAGE_VERSION`. MINOR or PATCH of 100 or more, or a number past `u32`,
+/// would be ambiguous: the build stops (it is evaluated at compile time).
+pub(in crate::ffi) const fn encode(major: u32, minor: u32, patch: u32) -> u32 {
     assert!(
         minor < 100 && patch < 100 && major < 400_000,
         "MINOR and PATCH must stay below 100 for FLARE_PACKAGE_VERSION's encoding"
     );
     major * 10000 + minor * 100 + patch
-};
+}
+
+/// `MAJOR * 10000 + MINOR * 100 + PATCH` of Cargo.toml's version (0.2.0 is 200).
+pub(crate) const VERSION_NUMBER: u32 = encode(
+    component(env!("CARGO_PKG_VERSION_MAJOR")),
+    component(env!("CARGO_PKG_VERSION_MINOR")),
+    component(env!("CARGO_PKG_VERSION_PATCH")),
+);
 
 /// Cargo.toml's version, `"MAJOR.MINOR.PATCH"`, as a C string.
 const VERSION_STRING: &CStr = c_str(concat!(env!("CARGO_PKG_VERSION"), "\0"));

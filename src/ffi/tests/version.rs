@@ -32,3 +32,20 @@ fn version_string_is_cargo_toml_version() {
     // Static storage: the same pointer every time.
     assert_eq!(flare_package_version_string(), s);
 }
+
+#[test]
+fn version_components_and_their_encoding_take_every_digit() {
+    use crate::ffi::version::{component, encode};
+    // Several digits, so that each digit's place counts (Cargo.toml's 0.2.0 has one
+    // digit each and cannot tell).
+    assert_eq!(component("0"), 0);
+    assert_eq!(component("7"), 7);
+    assert_eq!(component("12"), 12);
+    assert_eq!(component("99"), 99);
+    assert_eq!(component("305"), 305);
+    // zstd's encoding, each component in its own decimal places.
+    assert_eq!(encode(0, 2, 0), 200);
+    assert_eq!(encode(1, 2, 3), 10203);
+    assert_eq!(encode(3, 0, 7), 30007);
+    assert_eq!(encode(12, 34, 56), 123456);
+}

@@ -53,8 +53,9 @@ enum Decl {
     },
 }
 
-/// `text` with its `/* */` and `//` comments left out.
-fn without_comments(text: &str) -> String {
+/// `text` with its `/* */` and `//` comments left out (a header's, for the ABI
+/// record and the header check).
+pub(crate) fn without_comments(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find("/*") {

@@ -9,6 +9,7 @@
 //! FLARE_BLESS_HEADER=1 cargo test --test c_abi header
 //! ```
 
+use crate::abi_record::without_comments;
 use crate::headers::{self, generated, header_of, Header, HEADERS};
 
 const BLESS_VAR: &str = "FLARE_BLESS_HEADER";
@@ -185,21 +186,6 @@ fn normalized(header: &str) -> String {
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// The header with its `/* ... */` comments left out.
-fn without_comments(header: &str) -> String {
-    let mut out = String::with_capacity(header.len());
-    let mut rest = header;
-    while let Some(start) = rest.find("/*") {
-        out.push_str(&rest[..start]);
-        match rest[start..].find("*/") {
-            Some(end) => rest = &rest[start + end + 2..],
-            None => return out,
-        }
-    }
-    out.push_str(rest);
-    out
 }
 
 #[test]

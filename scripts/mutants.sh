@@ -163,6 +163,10 @@ pass() {
   # --iterate pass would otherwise replace them with empty lists).
   if [ "$rc" = 4 ]; then
     echo "== $out: the tests fail on the unmutated tree; nothing tested, earlier results kept" >&2
+    # Keep the baseline's log: a failure here that the checkout's own run does not show
+    # (a test that fails only sometimes) is found from it.
+    cp "$out.tmp/mutants.out/log/baseline.log" "$out.baseline-failed.log" 2>/dev/null &&
+      echo "== the unmutated tree's test log: $out.baseline-failed.log" >&2
     rm -rf "$out.tmp"
     exit 4
   fi

@@ -11,9 +11,11 @@ use crate::error::Error;
 use crate::pool::Pool;
 
 mod report;
+mod samples;
 mod streams;
 
 pub use report::{ReplayError, ReplayReport, TagReplay};
+pub use samples::{PhysicalSample, PhysicalSamples};
 use streams::SimStreams;
 
 /// How often (in events) the progress callback is called.
@@ -43,7 +45,7 @@ pub fn replay(
     trace: &Trace,
     progress: Option<&dyn Fn(u64, u64)>,
 ) -> Result<ReplayReport, ReplayError> {
-    replay_inner(pool, trace, progress, None, false)
+    replay_inner(pool, trace, progress, None, None, false)
 }
 
 /// Replays a recorded trace (`docs/trace-format.md`, "Recorded traces") as the
@@ -58,7 +60,20 @@ pub fn replay_as_recorded(
     trace: &Trace,
     progress: Option<&dyn Fn(u64, u64)>,
 ) -> Result<ReplayReport, ReplayError> {
-    replay_inner(pool, trace, progress, None, true)
+    replay_inner(pool, trace, progress, None, None, true)
+}
+
+/// [`replay_as_recorded`], with the pool's physical bytes read after every event
+/// into `samples` (for a plot of memory over the trace: `flare-replay --plot`).
+///
+/// Errors: as [`replay`].
+pub fn replay_as_recorded_sampled(
+    pool: &Pool,
+    trace: &Trace,
+    progress: Option<&dyn Fn(u64, u64)>,
+    samples: &mut PhysicalSamples,
+) -> Result<ReplayReport, ReplayError> {
+    replay_inner(pool, trace, progress, None, Some(samples), true)
 }
 
 /// [`replay`], with the census of every tag the trace names
@@ -72,7 +87,23 @@ pub fn replay_census(
     progress: Option<&dyn Fn(u64, u64)>,
 ) -> Result<(ReplayReport, Vec<TagReplay>), ReplayError> {
     let mut tags = Vec::new();
-    let report = replay_inner(pool, trace, progress, Some(&mut tags), false)?;
+    let report = replay_inner(pool, trace, progress, Some(&mut tags), None, false)?;
+    Ok((report, tags))
+}
+
+/// [`replay_census`], with the pool's physical bytes read after every event into
+/// `samples` (for a plot of memory over the trace: `flare-replay --plot`). The
+/// replay's own time ([`ReplayReport::seconds`]) then includes the reads.
+///
+/// Errors: as [`replay`].
+pub fn replay_sampled(
+    pool: &Pool,
+    trace: &Trace,
+    progress: Option<&dyn Fn(u64, u64)>,
+    samples: &mut PhysicalSamples,
+) -> Result<(ReplayReport, Vec<TagReplay>), ReplayError> {
+    let mut tags = Vec::new();
+    let report = replay_inner(pool, trace, progress, Some(&mut tags), Some(samples), false)?;
     Ok((report, tags))
 }
 
@@ -81,6 +112,7 @@ fn replay_inner(
     trace: &Trace,
     progress: Option<&dyn Fn(u64, u64)>,
     tags: Option<&mut Vec<TagReplay>>,
+    mut samples: Option<&mut PhysicalSamples>,
     as_recorded: bool,
 ) -> Result<ReplayReport, ReplayError> {
     let start_snapshot = pool.snapshot();
@@ -136,6 +168,8 @@ fn replay_inner(
     // Whether an `oom` line injected failures for the next allocation: what that
     // allocation did not take is dropped after it, never left for a later call.
     let mut injected = false;
+    // Events done (for the samples' last point).
+    let mut processed: u64 = 0;
 
     for (i, (&event, &line)) in trace.events.iter().zip(&trace.lines).enumerate() {
         if let Some(report) = progress {
@@ -295,6 +329,13 @@ fn replay_inner(
             failure = Some((line, e));
             break;
         }
+        if let Some(s) = samples.as_deref_mut() {
+            s.read(i as u64, pool);
+        }
+        processed = i as u64 + 1;
+    }
+    if let Some(s) = samples {
+        s.close(processed);
     }
 
     if let Some(out) = tags {

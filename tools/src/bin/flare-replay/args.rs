@@ -126,6 +126,17 @@ library's, chosen on the shipped traces. (The C ABI's `best_fit_max_waste_percen
 reads 0 as that default instead, because an older caller's zeroed struct padding
 reads 0 there.) Ignored by the other policies.";
 
+/// `--help` on `--plot`.
+const PLOT_HELP: &str = "\
+Also draw the one input's memory over its events to OUT, as SVG or PNG (from OUT's
+extension): one line per replay (policy, or the recorded pool with --as-recorded)
+of the physical memory the pool held, the bytes live (the sum of the live
+allocations' sizes) and the lower bound as a dashed level. The events are grouped in
+runs (at most 2000 a line), each drawn at the largest value any of its events
+reached, so no peak is lost. A replay that ran out of memory stops with a cross.
+The table (or --json) is printed as without --plot. Takes exactly one input (a
+trace, a recorded trace or a PyTorch snapshot).";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "flare-replay",
@@ -188,6 +199,11 @@ pub(crate) struct Args {
         conflicts_with_all = ["convert", "backend", "capacity", "policy", "best_fit_waste_percent"]
     )]
     pub(crate) as_recorded: bool,
+
+    /// Also draw the one input's memory over its events to OUT (.svg or .png): the
+    /// physical memory of each replay, the bytes live and the lower bound.
+    #[arg(long, value_name = "OUT", conflicts_with = "convert", long_help = PLOT_HELP)]
+    pub(crate) plot: Option<PathBuf>,
 
     /// Trace files (flare-trace v1) or PyTorch memory snapshots; `-` is standard
     /// input.

@@ -16,6 +16,7 @@
 mod args;
 mod input;
 mod output;
+mod plot;
 
 use std::cell::Cell;
 use std::io::{IsTerminal, Write};
@@ -125,6 +126,9 @@ fn run(args: &Args) -> Result<(), Stop> {
     if let Some(out) = &args.convert {
         return convert(out, &traces);
     }
+    if let Some(out) = &args.plot {
+        plot::check(out, traces.len())?;
+    }
     if args.as_recorded {
         return run_as_recorded(args, &traces);
     }
@@ -161,6 +165,7 @@ fn run(args: &Args) -> Result<(), Stop> {
         let mut rows: Vec<(ReusePolicy, ReplayReport)> = Vec::new();
         let mut census: Vec<(ReusePolicy, Vec<trace::TagReplay>)> = Vec::new();
         let mut granularity = 0;
+        let mut lines = Vec::new();
         for &policy in &args.policy.0 {
             let pool = Pool::new(config.clone().with_policy(policy)).map_err(|e| {
                 (
@@ -169,8 +174,13 @@ fn run(args: &Args) -> Result<(), Stop> {
                 )
             })?;
             granularity = pool.granularity();
-            let (report, tags) = replay_with_progress(&pool, t, policy, show_progress)
-                .map_err(|e| (EXIT_FAILED, format!("replay ({}): {e}", policy.name())))?;
+            let mut samples = args.plot.as_ref().map(|_| plot::samples_for(t));
+            let (report, tags) =
+                replay_with_progress(&pool, t, policy, show_progress, samples.as_mut())
+                    .map_err(|e| (EXIT_FAILED, format!("replay ({}): {e}", policy.name())))?;
+            if let Some(s) = &samples {
+                lines.push(plot::line_of(policy.name(), s, &report));
+            }
             census.push((policy, tags));
             pool.destroy().map_err(|e| {
                 (
@@ -188,6 +198,9 @@ fn run(args: &Args) -> Result<(), Stop> {
             if t.has_tags() {
                 emit(&render_census(&census))?;
             }
+        }
+        if let Some(out) = &args.plot {
+            plot::write(out, t, granularity, lines)?;
         }
     }
     Ok(())
@@ -216,8 +229,16 @@ fn run_as_recorded(args: &Args, traces: &[Input]) -> Result<(), Stop> {
         };
         let pool = Pool::new(recorded.pool_config())
             .map_err(|e| (EXIT_FAILED, format!("cannot create the pool: {e}")))?;
-        let report = trace::replay_as_recorded(&pool, t, None)
-            .map_err(|e| (EXIT_FAILED, format!("replay (as recorded): {e}")))?;
+        let mut samples = args.plot.as_ref().map(|_| plot::samples_for(t));
+        let report = match samples.as_mut() {
+            Some(s) => trace::replay_as_recorded_sampled(&pool, t, None, s),
+            None => trace::replay_as_recorded(&pool, t, None),
+        }
+        .map_err(|e| (EXIT_FAILED, format!("replay (as recorded): {e}")))?;
+        if let (Some(out), Some(s)) = (&args.plot, &samples) {
+            let line = plot::line_of("as recorded", s, &report);
+            plot::write(out, t, recorded.granularity, vec![line])?;
+        }
         pool.destroy().map_err(|e| {
             (
                 EXIT_FAILED,
@@ -261,9 +282,17 @@ fn replay_with_progress(
     t: &Trace,
     policy: ReusePolicy,
     show: bool,
+    mut samples: Option<&mut trace::PhysicalSamples>,
 ) -> Result<(ReplayReport, Vec<trace::TagReplay>), trace::ReplayError> {
+    let run = |progress: Option<&dyn Fn(u64, u64)>,
+               samples: Option<&mut trace::PhysicalSamples>| {
+        match samples {
+            Some(s) => trace::replay_sampled(pool, t, progress, s),
+            None => trace::replay_census(pool, t, progress),
+        }
+    };
     if !show {
-        return trace::replay_census(pool, t, None);
+        return run(None, samples.as_deref_mut());
     }
     let bar = ProgressBar::with_draw_target(Some(t.len() as u64), ProgressDrawTarget::hidden());
     if let Ok(style) =
@@ -281,7 +310,7 @@ fn replay_with_progress(
         }
         bar.set_position(done);
     };
-    let result = trace::replay_census(pool, t, Some(&on_progress));
+    let result = run(Some(&on_progress), samples);
     bar.finish_and_clear();
     result
 }

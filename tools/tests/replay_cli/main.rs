@@ -13,6 +13,7 @@ mod as_recorded;
 mod bad_input;
 mod help;
 mod json;
+mod plot;
 mod stdio;
 mod table;
 

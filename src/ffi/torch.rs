@@ -354,7 +354,9 @@ fn flare_torch_record_stream_inner(ptr: *mut c_void, stream: FlareStream) {
 /// streams once its fences completed, `cuEventSynchronize`), and destroys the graph
 /// pools PyTorch released whose allocations are all freed. Graph pools PyTorch still
 /// holds keep everything (their graphs replay into it). A device with a capture
-/// begun is skipped. Failures are recorded. Thread-safe.
+/// begun is skipped; a tensor pool with a retention scope open keeps what it
+/// retains, and that is no failure (`torch.cuda.graph` calls `empty_cache` before
+/// each capture). Failures are recorded. Thread-safe.
 #[no_mangle]
 pub extern "C" fn flare_torch_reset() {
     hook("flare_torch_reset", || allocator()?.reset());

@@ -365,7 +365,11 @@ impl TorchAllocator {
     /// `emptyCache` (`flare_torch_reset`, called by `torch.cuda.empty_cache()`):
     /// trims every device's tensor and mempool pools (releases what is idle; graph
     /// pools keep theirs), and destroys released graph pools with nothing live. A
-    /// device with a graph pool begun (a capture may be open) is skipped.
+    /// device with a graph pool begun (a capture may be open) is skipped. A tensor
+    /// pool with a retention scope open keeps what it retains, with no error
+    /// (`torch.cuda.graph` calls `empty_cache` before each capture, and a scope is
+    /// opened around a warmup of captures; its finish releases); unlike
+    /// [`TorchAllocator::trim`], which refuses.
     ///
     /// Errors: the first trim or destroy failure; every device is tried.
     pub fn reset(&self) -> Result<()> {
@@ -378,7 +382,15 @@ impl TorchAllocator {
             let dead = Device::take_destroyable(&mut g);
             d.publish(&g);
             drop(g);
-            for r in [d.tensor.trim(), d.mempool.trim(), Device::destroy(dead)] {
+            // Inside the tensor pool's retention scope `empty_cache` releases
+            // nothing, and is no failure: the scope retains by design (`torch.cuda.graph`
+            // calls `empty_cache` before every capture, and a warmup of captures is
+            // what a scope is opened around; the scope's finish releases).
+            let tensor = match d.tensor.trim() {
+                Err(Error::ScopeState(_)) => Ok(()),
+                r => r,
+            };
+            for r in [tensor, d.mempool.trim(), Device::destroy(dead)] {
                 if first.is_ok() {
                     first = r;
                 }

@@ -27,6 +27,9 @@ def parser(doc):
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cuda (default) or cpu (the smoke test: the flare allocators are skipped)")
     ap.add_argument("--timeout", type=int, default=0, help="seconds per child (default: per workload, config.TIMEOUTS)")
+    ap.add_argument("--deadline", type=int, default=0,
+                    help="seconds for the whole run (default: none): each child's timeout is cut to what is left, "
+                         "and runs that no longer fit are recorded as skipped, so that the report is always written")
     ap.add_argument("--warn-only", action="store_true",
                     help="deterministic algorithms in warn-only mode (flash attention's backward is then not deterministic)")
     ap.add_argument("--no-budget", action="store_true", help="skip the largest-size search under the memory budget")
@@ -61,6 +64,8 @@ def validate(a):
         raise UsageError(f"--rounds must be at least 1, not {a.rounds}")
     if a.timeout < 0:
         raise UsageError(f"--timeout must be positive, not {a.timeout}")
+    if a.deadline < 0:
+        raise UsageError(f"--deadline must be positive, not {a.deadline}")
     if a.quick and a.tiny:
         raise UsageError("--quick and --tiny are two sizes: choose one")
     return a

@@ -21,6 +21,12 @@ REPO = HERE.parents[1]
 RUN = HERE / "run.py"
 
 
+# With --deadline: seconds kept for the final report, and the least a child is
+# started with.
+REPORT_RESERVE_S = 15
+MIN_CHILD_S = 20
+
+
 def stamp():
     return time.strftime("%H:%M:%S")
 
@@ -145,6 +151,7 @@ def main(a):
         "device": a.device,
         "warn_only": a.warn_only,
         "budget_search": not a.no_budget,
+        "deadline_s": a.deadline or None,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "host": platform.node(),
         "commit": git_commit(),
@@ -174,6 +181,14 @@ def main(a):
             say(f"({i + 1}/{len(plan)}) {w} / {v} / round {r}: SKIPPED: {reason}")
             continue
         timeout = a.timeout or config.TIMEOUTS[size][w]
+        if a.deadline:
+            left = a.deadline - (time.time() - t_start) - REPORT_RESERVE_S
+            if left < MIN_CHILD_S:
+                rec = skipped(spec, f"out of time: --deadline {a.deadline} s reached")
+                (runs_dir / f"{spec['run_id']}.json").write_text(json.dumps(rec))
+                say(f"({i + 1}/{len(plan)}) {w} / {v} / round {r}: SKIPPED: out of time (--deadline {a.deadline} s)")
+                continue
+            timeout = int(min(timeout, left))
         say(f"({i + 1}/{len(plan)}) {w} / {v} / round {r}: started (timeout {timeout} s)")
         rec = run_child(spec, timeout, runs_dir)
         say(f"({i + 1}/{len(plan)}) {w} / {v} / round {r}: {line(rec)}")

@@ -57,6 +57,12 @@ def num(x, fmt="{:.2f}"):
     return "–" if x is None else fmt.format(x)
 
 
+def params(n):
+    if not n:
+        return "?"
+    return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
+
+
 def outputs_cell(s):
     if s["outputs_equal"] is None:
         return "–"
@@ -90,7 +96,7 @@ def table(ws):
 STEP_NAMES = {"serving": "generate call", "graphs": "replay", "training": "training step"}
 
 
-def markdown(summary, runs, metas, pictures):
+def markdown(summary, runs, metas, pictures, self_eq=None):
     lines = ["# Workload benchmark (issue 39)", ""]
     lines.append("Made by `python3 python/bench/run.py` (docs/workloads.md: the workloads and how each figure is measured).")
     lines.append("")
@@ -121,6 +127,10 @@ def markdown(summary, runs, metas, pictures):
         "and p99; *spread*: (largest - smallest) / median of the rounds' medians of the same allocator.",
         "",
     ]
+    if self_eq:
+        lines.append("Each allocator against itself (every round's outputs equal to its first round's): "
+                     + ", ".join(f"{k} {'equal' if v else '**differ**'}" for k, v in sorted(self_eq.items())) + ".")
+        lines.append("")
     for w, ws in summary.items():
         lines.append(f"## {w}")
         lines.append("")
@@ -131,7 +141,7 @@ def markdown(summary, runs, metas, pictures):
         if some:
             b = some.get("figures", {}).get("budget") or {}
             mdl = some.get("model") or {}
-            lines.append(f"Model: {mdl.get('parameters', 0) / 1e9:.3f} B parameters, attention {mdl.get('attn_implementation')}. "
+            lines.append(f"Model: {params(mdl.get('parameters'))} parameters, attention {mdl.get('attn_implementation')}. "
                          f"Step: one {STEP_NAMES[w]}. Outputs compared: {some.get('outputs', {}).get('kind')}, "
                          f"reference run `{ws['reference']}`.")
             if "budget_bytes" in b:
@@ -205,7 +215,7 @@ def pictures_for(summary, runs, into):
         if caps:
             ax.axvline(max(caps) + 0.5, color="grey", linestyle=":", linewidth=1)
             ax.text(max(caps) + 1, ax.get_ylim()[1] * 0.98, "captures | replays", va="top", fontsize=8, color="grey")
-        ax.set_xlabel(f"step ({STEP_NAMES.get(w, 'step')})")
+        ax.set_xlabel("step (captures, then replays)" if caps else f"step ({STEP_NAMES.get(w, 'step')})")
         ax.set_ylabel("driver memory in use over the baseline, GiB (peak within the step)")
         gpu = next((r.get("env", {}).get("gpu") for r in chosen.values()), "")
         ax.set_title(f"{w}: memory over steps ({gpu})")
@@ -232,5 +242,5 @@ def write_all(dirs, into, pictures=True):
     tmp = into / "results.json.tmp"
     tmp.write_text(json.dumps(results, default=str))
     tmp.replace(into / "results.json")
-    (into / "report.md").write_text(markdown(summary, runs, metas, pics))
+    (into / "report.md").write_text(markdown(summary, runs, metas, pics, results["self_equality"]))
     return summary

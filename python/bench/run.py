@@ -22,22 +22,24 @@ around warm-up and capture; flare-mempool does not run training: use_mem_pool
 routes only the calling thread, and backward runs on autograd's thread):
   serving   4 processes; graphs 5; training 3.
 
-Time on one H100 (estimates: the CPU smoke test measured only the import of
-torch + transformers, 4 s on this 2-core machine; model build on the GPU ~1-2 s;
-each process ~10 s of start-up), one round:
+Time on one H100 (estimates: the CPU smoke test could measure only the imports of
+torch + transformers, 4-6 s on a 2-core machine; process start-up with the model
+built on the GPU ~8-10 s), one round:
   serving    200 generate calls (batch 1-8, prompt 32-3072 log-uniform, 8 new
-             tokens) ~35 s + budget search ~5 s + start ~10 s = ~50 s a process,
-             ~3.5 min for 4;
-  graphs     35 captures + 600 replays ~10 s + search ~3 s + start ~10 s = ~25 s
-             a process, ~2 min for 5;
-  training   200 steps (batch 4, length 64-2048 log-uniform) ~25 s + search
-             ~5 s + start ~10 s = ~40 s a process, ~2 min for 3.
-  Whole: ~8 min (budget 12). Split in two calls of at most 9 minutes:
-    call 1: --workloads serving            (~3.5 min, timeouts 4 x 240 s)
-    call 2: --workloads graphs,training    (~4 min, timeouts 5 x 180 + 3 x 240 s)
-    then:   --report OUT1 OUT2 --into DIR  (merges; no GPU)
+             tokens; ~250 ms a call with transformers' eager decode) ~50 s +
+             budget search ~5 s + start ~10 s = ~70 s a process: ~5 min for 4;
+  graphs     35 warm-ups + captures ~2 s, 600 replays ~2 s, search ~2 s, start
+             ~10 s = ~15 s a process: ~1.5 min for 5;
+  training   200 steps (batch 4, length 64-2048 log-uniform, ~100 ms a step)
+             ~20 s + search ~2 s + start ~10 s = ~30 s a process: ~1.5 min for 3.
+  Whole: ~8 min (the budget is 12). In two calls of at most 9 minutes:
+    call 1: run.py OUT1 --workloads serving --deadline 520          (~5 min)
+    call 2: run.py OUT2 --workloads graphs,training --deadline 520  (~3 min)
+    then:   run.py --report OUT1 OUT2 --into DIR                    (merges; no GPU)
+  --deadline S cuts each child's timeout to what is left of S seconds and skips
+  (records as skipped) the runs that no longer fit, so a call ends with its report.
   --quick: every workload and allocator in under 2 minutes (13 processes of
-  ~6 s). --rounds R multiplies the time by R (rounds after the first skip the
+  ~6-8 s). --rounds R multiplies the time by R (rounds after the first skip the
   budget search).
 """
 

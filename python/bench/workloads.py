@@ -243,6 +243,7 @@ class Training(Workload):
                      output=lambda v: v)
 
     def probe_step(self, n):
+        self.opt.zero_grad(set_to_none=True)  # a probe that failed in backward left some
         self.train_step(self.cfg["probe_batch"], n, 11)
 
 

@@ -244,7 +244,11 @@ def run(spec, res, write):
             if spec.get("budget") and cuda:
                 budget_search(ctx, wl, res, driver, baseline)
             elif spec.get("budget"):
-                res["figures"]["budget"] = {"skipped": "the budget search needs CUDA (the ballast comes from the driver)"}
+                # The CPU: no ballast, so no budget; the probes run (the code path).
+                c = ctx.workload_cfg
+                best, probes, exact = search.largest_fitting(wl.probe, c["probe_start"], c["probe_limit"], c["probe_step"], c["probe_max"])
+                res["figures"]["budget"] = {"skipped": "the budget search needs CUDA (the ballast comes from the driver); "
+                                                       f"on the CPU the probes ran without a budget: {probes}"}
             f["allocator_details"] = ctx.view.details()
     finally:
         ctx.sampler.stop()

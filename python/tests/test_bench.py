@@ -353,5 +353,48 @@ class Plan(unittest.TestCase):
         self.assertNotEqual(C.digest([[1, 2], [3, 4]]), C.digest([[1, 2], [3, 5]]))
 
 
+FLARE_VIEW = r"""
+import json, sys, types
+sys.path.insert(0, sys.argv[1])
+import flare_package as fp
+fp.use_simulated(1 << 30, 1)
+lib = fp.load()
+from bench.memory import AllocatorView
+v = AllocatorView(None, "flare", types.SimpleNamespace(type="cuda", index=0))
+p = lib.flare_torch_alloc(3 << 20, 0, None)
+q = lib.flare_torch_alloc(1000, 0, None)
+a = (v.live(), v.held(), v.peak())
+lib.flare_torch_free(p, 3 << 20, 0, None)
+b = (v.live(), v.held(), v.peak())
+print(json.dumps({"a": a, "b": b, "details": v.details()}))
+"""
+
+
+class FlareCounters(unittest.TestCase):
+    """The benchmark's reading of flare_package.stats() (live, held, peak), on the
+    simulated driver, in a process of its own (use_simulated must come before any
+    allocation of the process). Skipped when the library is not built."""
+
+    def test_stats_keys_the_benchmark_reads(self):
+        python = str(BENCH.parent)
+        env = dict(os.environ)
+        probe = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import flare_package as fp; print(fp.library_path())", python],
+                               capture_output=True, text=True, env=env, timeout=60)
+        if probe.returncode != 0:
+            self.skipTest(f"flare_package's library not found: {probe.stderr.strip().splitlines()[-1:]}")
+        p = subprocess.run([sys.executable, "-c", FLARE_VIEW, python], capture_output=True, text=True, env=env, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out = json.loads(p.stdout)
+        (live, held, peak), (live2, held2, peak2) = out["a"], out["b"]
+        self.assertEqual(live, (3 << 20) + 1000)  # live_requested_bytes: as asked, not rounded
+        self.assertGreaterEqual(held, (3 << 20) + 1000)
+        self.assertEqual(peak["bytes"], held)
+        self.assertEqual(peak["pools"]["graph_pools"], [])
+        self.assertEqual(live2, 1000)
+        self.assertGreaterEqual(peak2["bytes"], held2)
+        self.assertEqual(out["details"]["hook_failures"], 0)
+        self.assertIn("live_requested_bytes", out["details"]["tensor"])
+
+
 if __name__ == "__main__":
     unittest.main()

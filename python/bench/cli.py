@@ -30,6 +30,10 @@ def parser(doc):
     ap.add_argument("--deadline", type=int, default=0,
                     help="seconds for the whole run (default: none): each child's timeout is cut to what is left, "
                          "and runs that no longer fit are recorded as skipped, so that the report is always written")
+    ap.add_argument("--runs-dir", type=pathlib.Path,
+                    help="where each child writes its own JSON (default OUTDIR/runs); results.json holds every run "
+                         "too, so a directory outside OUTDIR leaves OUTDIR with a few files (the device tool brings "
+                         "back at most 8)")
     ap.add_argument("--warn-only", action="store_true",
                     help="deterministic algorithms in warn-only mode (flash attention's backward is then not deterministic)")
     ap.add_argument("--no-budget", action="store_true", help="skip the largest-size search under the memory budget")
@@ -52,6 +56,8 @@ def validate(a):
         return a
     if a.into is not None:
         raise UsageError("--into goes with --report")
+    if a.runs_dir is not None and a.report:
+        raise UsageError("--runs-dir does not go with --report")
     if len(a.outdirs) != 1:
         raise UsageError(f"one OUTDIR expected, got {len(a.outdirs)}")
     a.outdir = a.outdirs[0]

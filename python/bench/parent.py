@@ -139,7 +139,8 @@ def line(rec):
 
 def main(a):
     out = a.outdir
-    runs_dir = out / "runs"
+    out.mkdir(parents=True, exist_ok=True)
+    runs_dir = a.runs_dir or out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     size = "tiny" if a.tiny else ("quick" if a.quick else "full")
     meta = {
@@ -152,17 +153,21 @@ def main(a):
         "warn_only": a.warn_only,
         "budget_search": not a.no_budget,
         "deadline_s": a.deadline or None,
+        "runs_dir": str(runs_dir),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "host": platform.node(),
         "commit": git_commit(),
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     plan = schedule(a.workloads, a.allocators, a.rounds)
+    ids = {f"{w}.{v}.r{r}" for w, v, r in plan}
+    for stale in ids:
+        (runs_dir / f"{stale}.json").unlink(missing_ok=True)  # an earlier call's, into the same directory
     say(f"{len(plan)} runs ({size}, device {a.device}, {a.rounds} round(s)) into {out}")
     t_start = time.time()
     for i, (w, v, r) in enumerate(plan):
         spec = {
-            "run_id": f"{w}.{v}.r{r}",
+            "run_id": f"{w}.{v}.r{r}",  # the ids above
             "workload": w,
             "allocator": v,
             "round": r,
@@ -196,17 +201,17 @@ def main(a):
             for ln in rec["stderr_tail"].strip().splitlines()[-8:]:
                 print(f"    {ln}", flush=True)
         try:
-            report.write_all([out], out, pictures=False)
+            report.write_all([out], out, pictures=False, runs_dir=runs_dir, only=ids)
         except Exception as e:  # noqa: BLE001
             say(f"partial report failed: {type(e).__name__}: {e}")
     meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     meta["seconds"] = round(time.time() - t_start, 1)
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
-    summary = report.write_all([out], out, pictures=True)
+    summary = report.write_all([out], out, pictures=True, runs_dir=runs_dir, only=ids)
     say(f"done in {meta['seconds']} s: {out / 'results.json'}, {out / 'report.md'}")
     for w, ws in summary.items():
         for a_, t in ws["targets"].items():
             states = ", ".join(f"{k} {v['state']}" for k, v in t.items())
             print(f"    {w} / {a_}: {states}", flush=True)
-    failed = [r for r in report.load_runs([out]) if r.get("status") == "failed"]
+    failed = [r for r in report.load_runs([out], runs_dir=runs_dir, only=ids) if r.get("status") == "failed"]
     return 1 if failed else 0

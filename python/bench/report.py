@@ -11,13 +11,16 @@ from . import aggregate, config
 GIB = config.GIB
 
 
-def load_runs(dirs):
+def load_runs(dirs, runs_dir=None, only=None):
     """Every run of each directory (its runs/*.json, else its results.json's
-    runs), each with its source: the directory's name."""
+    runs), each with its source: the directory's name. ``runs_dir``: where the
+    children of a single directory wrote (--runs-dir); ``only``: the run ids to
+    keep (the parent's plan: a runs directory may hold another call's too)."""
     out = []
     for d in dirs:
         d = pathlib.Path(d)
-        files = sorted((d / "runs").glob("*.json")) if (d / "runs").is_dir() else []
+        rd = pathlib.Path(runs_dir) if runs_dir is not None else d / "runs"
+        files = sorted(rd.glob("*.json")) if rd.is_dir() else []
         runs = []
         if files:
             for f in files:
@@ -28,8 +31,9 @@ def load_runs(dirs):
                                  "workload": f.stem.split(".")[0], "allocator": "?"})
         elif (d / "results.json").exists():
             runs = json.loads((d / "results.json").read_text()).get("runs", [])
+        if only is not None:
+            runs = [r for r in runs if r.get("run_id") in only]
         for r in runs:
-            r.setdefault("source", d.name)
             r["source"] = d.name
         out.append(runs)
     return aggregate.merge(*out)
@@ -229,12 +233,12 @@ def pictures_for(summary, runs, into):
     return out
 
 
-def write_all(dirs, into, pictures=True):
+def write_all(dirs, into, pictures=True, runs_dir=None, only=None):
     """Loads, aggregates and writes results.json, report.md (and the PNGs) into
     ``into``; returns the summary."""
     into = pathlib.Path(into)
     into.mkdir(parents=True, exist_ok=True)
-    runs = load_runs(dirs)
+    runs = load_runs(dirs, runs_dir, only)
     metas = load_meta(dirs)
     summary = aggregate.summarize(runs)
     pics = pictures_for(summary, runs, into) if pictures else {}

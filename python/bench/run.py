@@ -33,9 +33,12 @@ built on the GPU ~8-10 s), one round:
   training   200 steps (batch 4, length 64-2048 log-uniform, ~100 ms a step)
              ~20 s + search ~2 s + start ~10 s = ~30 s a process: ~1.5 min for 3.
   Whole: ~8 min (the budget is 12). In two calls of at most 9 minutes:
-    call 1: run.py OUT1 --workloads serving --deadline 520          (~5 min)
-    call 2: run.py OUT2 --workloads graphs,training --deadline 520  (~3 min)
-    then:   run.py --report OUT1 OUT2 --into DIR                    (merges; no GPU)
+    call 1: run.py $OUT/serving --workloads serving --deadline 520 --runs-dir /tmp/runs1          (~5 min)
+    call 2: run.py $OUT/graphs-training --workloads graphs,training --deadline 520 --runs-dir /tmp/runs2  (~3 min)
+    then:   run.py --report OUT1 OUT2 --into DIR        (merges the two results.json; no GPU)
+  (--runs-dir outside $OUT: the device tool brings back at most 8 files; OUTDIR
+  then holds results.json, report.md, meta.json and the PNGs, and results.json
+  holds every run.)
   --deadline S cuts each child's timeout to what is left of S seconds and skips
   (records as skipped) the runs that no longer fit, so a call ends with its report.
   --quick: every workload and allocator in under 2 minutes (13 processes of

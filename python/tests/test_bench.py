@@ -279,6 +279,29 @@ class ReportFromSavedJson(unittest.TestCase):
             self.assertIn("(no picture: matplotlib not available", md)
 
 
+class ParentWithoutChildren(unittest.TestCase):
+    def test_skipped_runs_are_reported_and_runs_dir_is_honoured(self):
+        # On the CPU the flare allocators are skipped, and flare-mempool does not
+        # run training: the parent starts no child (no torch needed) and still
+        # writes its results and report.
+        with tempfile.TemporaryDirectory() as root:
+            out, runs = pathlib.Path(root) / "out", pathlib.Path(root) / "runs"
+            p = run_cli(str(out), "--device", "cpu", "--workloads", "training", "--allocators", "flare,flare-mempool",
+                        "--runs-dir", str(runs))
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertIn("(1/2) training / flare / round 0: SKIPPED: skipped on the CPU", p.stdout)
+            self.assertEqual(sorted(f.name for f in runs.iterdir()), ["training.flare-mempool.r0.json", "training.flare.r0.json"])
+            self.assertEqual(sorted(f.name for f in out.iterdir()), ["meta.json", "report.md", "results.json"])
+            res = json.loads((out / "results.json").read_text())
+            self.assertEqual(sorted(r["status"] for r in res["runs"]), ["skipped", "skipped"])
+            md = (out / "report.md").read_text()
+            self.assertIn("backward runs on autograd's device thread", md)
+            # The report re-made from results.json alone (no runs/ beside it).
+            p = run_cli("--report", str(out))
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(len(json.loads((out / "results.json").read_text())["runs"]), 2)
+
+
 class Search(unittest.TestCase):
     def search(self, limit_fits, start, limit, step, max_probes):
         seen = []

@@ -9,8 +9,10 @@ Definitions (docs/workloads.md repeats them):
   runs' medians (the allocator against itself; None with one round); the ratio
   is the allocator's median of medians over the default allocator's.
 - growth: over the "run" steps, max of the second half minus max of the first
-  half (the second half starts at n // 2), of the per-step driver peak and of the
-  allocator's live bytes.
+  half (the second half starts at n // 2), of the driver memory at the end of each
+  step (what the process holds between steps: what an allocator accumulates), and
+  of the allocator's live bytes at the end of each step; also of the per-step
+  driver peak (informative: it follows the largest shapes of each half).
 - memory figures: per allocator the largest over its rounds (a peak is a worst
   case); the largest fit under the budget: the smallest over the rounds that
   searched.
@@ -65,7 +67,8 @@ def run_figures(run):
         "steps": len(steps),
         "median_ms": median(ms),
         "p99_ms": p99(ms),
-        "growth_driver_bytes": growth([s.get("driver_peak") for s in steps]),
+        "growth_driver_bytes": growth([s.get("driver") for s in steps]),
+        "growth_driver_peak_bytes": growth([s.get("driver_peak") for s in steps]),
         "growth_live_bytes": growth([s.get("live") for s in steps]),
         "driver_peak_bytes": f.get("driver_peak_bytes"),
         "driver_peak_step_bytes": f.get("driver_peak_step_bytes"),
@@ -144,7 +147,7 @@ def summarize_allocator(runs, ref):
     }
     for k in ("driver_peak_bytes", "driver_peak_step_bytes", "allocator_peak_bytes", "driver_after_bytes",
               "driver_after_empty_cache_bytes", "held_after_bytes", "held_after_empty_cache_bytes",
-              "growth_driver_bytes", "growth_live_bytes", "warmup_capture_s"):
+              "growth_driver_bytes", "growth_driver_peak_bytes", "growth_live_bytes", "warmup_capture_s"):
         s[k] = largest(f[k] for f in figs)
     s["allocator_peak_source"] = next((f["allocator_peak_source"] for f in figs if f["allocator_peak_source"]), None)
     s["budget_largest"] = smallest(f["budget_largest"] for f in figs)

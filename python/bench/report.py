@@ -78,7 +78,7 @@ def outputs_cell(s):
 
 def table(ws):
     head = ("| allocator | runs ok | peak driver GiB (sampled) | per step | allocator peak GiB | after run | after empty_cache "
-            "| growth driver MiB | growth live MiB | largest fit | median ms | p99 ms | spread | vs default | outputs |")
+            "| growth driver MiB (end / peak) | growth live MiB | largest fit | median ms | p99 ms | spread | vs default | outputs |")
     rows = [head, "|" + " --- |" * (head.count("|") - 1)]
     for a, s in ws["allocators"].items():
         if not s["ok"]:
@@ -90,7 +90,7 @@ def table(ws):
         rows.append(
             f"| {a} | {s['ok']}/{s['runs']} | {gib(s['driver_peak_bytes'])} | {gib(s['driver_peak_step_bytes'])} "
             f"| {gib(s['allocator_peak_bytes'])} | {gib(s['driver_after_bytes'])} | {gib(s['driver_after_empty_cache_bytes'])} "
-            f"| {signed_mib(s['growth_driver_bytes'])} | {signed_mib(s['growth_live_bytes'])} "
+            f"| {signed_mib(s['growth_driver_bytes'])} / {signed_mib(s['growth_driver_peak_bytes'])} | {signed_mib(s['growth_live_bytes'])} "
             f"| {'–' if s['budget_largest'] is None else s['budget_largest']} "
             f"| {num(s['median_ms'])} | {num(s['p99_ms'])} | {spread} | {ratio} | {outputs_cell(s)} |"
         )
@@ -123,7 +123,9 @@ def markdown(summary, runs, metas, pictures, self_eq=None):
         "the per-step samples; *per step* the largest per-step peak. *Allocator peak*: "
         "`torch.cuda.max_memory_reserved()` for PyTorch's allocators and flare-mempool (whose MemPool PyTorch's "
         "caching allocator manages), the sum of the pools' `peak_physical_bytes` from `flare_package.stats()` for "
-        "flare. *Growth*: the largest per-step value of the run's second half minus that of its first half. "
+        "flare. *Growth*: the largest per-step value of the run's second half minus that of its first half, "
+        "of the driver memory at the end of each step (what the process holds between steps; the target's figure) "
+        "and of the per-step peak (which follows the largest shapes drawn in each half), and of the live bytes. "
         "*Largest fit*: the largest prompt length (serving), decode batch (graphs) or sequence length (training) "
         "that runs when the process may use the budget (the workload's weights, optimizer states or KV cache as "
         "computed from the config, plus a fixed headroom), the rest of the device taken by a ballast allocated "

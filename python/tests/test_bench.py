@@ -144,7 +144,20 @@ class Statistics(unittest.TestCase):
         self.assertEqual(f["median_ms"], 3.5)
         self.assertEqual(f["p99_ms"], 100.0)
         self.assertEqual(f["growth_driver_bytes"], 10 - 2)
+        self.assertEqual(f["growth_driver_peak_bytes"], 10 - 2)
         self.assertEqual(f["growth_live_bytes"], 0)
+
+
+    def test_growth_target_figure_is_the_end_of_step_memory(self):
+        A = B["aggregate"]
+        r = make_run("serving", "default", 0, [1.0] * 4, GIB, ["a"] * 4)
+        # Held between steps: 1, 1, 3, 3 (grows by 2); peaks: 9, 5, 6, 6 (the
+        # largest call came first: the peak series "shrinks" by 3).
+        for s, end, peak in zip(r["steps"], [1, 1, 3, 3], [9, 5, 6, 6]):
+            s["driver"], s["driver_peak"] = end, peak
+        f = A.run_figures(r)
+        self.assertEqual(f["growth_driver_bytes"], 2)
+        self.assertEqual(f["growth_driver_peak_bytes"], -3)
 
 
 class Summary(unittest.TestCase):

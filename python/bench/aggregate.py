@@ -211,7 +211,11 @@ def targets(allocs):
     torch_peaks = [allocs.get(a, {}).get("driver_peak_bytes") for a in config.PYTORCH_ALLOCATORS]
     for a in config.FLARE_ALLOCATORS:
         s = allocs.get(a)
-        if s is None or not s["ok"]:
+        if s is None:
+            continue
+        if not s["ok"]:
+            if s["failed"]:  # a failed run is a miss on every target, never left out
+                out[a] = {"run": verdict("misses", f"no run finished: {', '.join(s['failed'])} failed")}
             continue
         t = {}
         peak = s["driver_peak_bytes"]

@@ -285,6 +285,8 @@ class ReportFromSavedJson(unittest.TestCase):
         self.assertIn("- flare, memory: **MISSES**", md)
         self.assertIn("- flare, outputs: **MISSES**: training.flare.r0: 1 of 4 steps differ (first: [3])", md)
         self.assertIn("`serving.flare-mempool.r0` failed", md)
+        self.assertEqual(s["serving"]["targets"]["flare-mempool"]["run"]["state"], "misses")
+        self.assertIn("- flare-mempool, run: **MISSES**: no run finished: serving.flare-mempool.r0 failed", md)
         self.assertIn("RuntimeError: boom", md)
         try:
             import matplotlib  # noqa: F401

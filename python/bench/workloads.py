@@ -198,14 +198,11 @@ class Graphs(Workload):
             rec.step("run", replay, {"batch": b}, output=lambda t: t.tolist())
 
     def probe_step(self, n):
-        dec = None
-        try:
-            dec = M.DecodeStep(self.torch, self.model, n, self.cfg["probe_ctx"])
-            graph, ids, pos, out = self.capture_one(dec, n)
-            if graph is not None:
-                graph.replay()
-        finally:
-            dec = graph = out = None  # noqa: F841
+        # Its cache and graph are dropped on return (or with the exception).
+        dec = M.DecodeStep(self.torch, self.model, n, self.cfg["probe_ctx"])
+        graph = self.capture_one(dec, n)[0]
+        if graph is not None:
+            graph.replay()
 
 
 class Training(Workload):

@@ -289,7 +289,7 @@ class ReportFromSavedJson(unittest.TestCase):
         self.assertIn("- flare-mempool, run: **MISSES**: no run finished: serving.flare-mempool.r0 failed", md)
         self.assertIn("RuntimeError: boom", md)
         try:
-            import matplotlib  # noqa: F401
+            import matplotlib  # noqa: F401, PLC0415
         except ImportError:
             self.assertIn("(no picture: matplotlib not available", md)
 

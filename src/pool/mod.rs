@@ -20,6 +20,7 @@ mod create;
 mod fit;
 mod free;
 mod guards;
+mod history;
 mod index;
 mod miss;
 mod record;
@@ -41,6 +42,10 @@ pub use config::{
     DEFAULT_THREAD_CACHE_ENTRIES, SEGMENT_BLOCK_ROUND_BYTES, SEGMENT_SMALL_MAX_BYTES,
 };
 pub use guards::{Allocation, RetentionScope};
+pub use history::{
+    history_frame, set_history_frame, BlockState, HistoryAction, HistoryEvent, LayoutBlock,
+    LayoutSegment,
+};
 pub(crate) use snapshot::snapshot_counters;
 pub use snapshot::Snapshot;
 pub(crate) use streams::check_forgettable;
@@ -89,6 +94,9 @@ pub struct Pool {
     gate: tag_gate::TagGate,
     /// The recording ([`PoolConfig::record_path`]; `record.rs`), `None` when off.
     rec: Option<Arc<record::Recorder>>,
+    /// The history ring ([`PoolConfig::history_events`]; `history/`), `None` when
+    /// off (also held by the books, whose steps write to it).
+    history: Option<Arc<history::History>>,
     /// A pool that only captures allocate from (a PyTorch graph pool,
     /// [`Pool::dedicate_to_captures`]): memory freed during a capture on its own
     /// stream goes back to that stream's heap or bucket at once (coalescing), as a
@@ -134,8 +142,13 @@ impl Pool {
                 &record::header(&config, granularity, device_total),
             ))
         });
+        let history = (config.history_events > 0)
+            .then(|| Arc::new(history::History::new(config.history_events)));
+        let mut state = State::new(granularity);
+        state.history = history.clone();
         Ok(Pool {
             rec,
+            history,
             caches,
             segments: config.reuse_policy.is_segments(),
             whole_threshold: config.segment_whole_threshold_bytes,
@@ -148,7 +161,7 @@ impl Pool {
             cross_stream: config.cross_stream_reuse,
             access_devices,
             device_total,
-            state: Mutex::new(State::new(granularity)),
+            state: Mutex::new(state),
             releases_done: Condvar::new(),
             gate: tag_gate::TagGate::new(),
             captures_only: std::sync::atomic::AtomicBool::new(false),

@@ -34,12 +34,13 @@ static void test_status_names(void) {
      * 72, after 4 bytes of padding behind cross_stream_reuse (64..68), then the u32
      * thread_cache_entries at 80 and, after 4 bytes of padding (84..88), the u64
      * thread_cache_bytes at 88, up to 96, then the pointer record_path at 96, up to
-     * 104; the snapshot's eight segment counters after
+     * 104, then the u64 history_events at 104, up to 112; the snapshot's eight segment counters after
      * stream_call_failures (296..304), up to 368, then the four thread-cache counters,
      * up to 400, then the six sleep counters (issue 15), up to 448, then the two
      * sleeping block counters (segments per tag), up to 464, then the kept host
      * buffer's bytes, up to 472. */
-    CHECK(sizeof(FlarePoolConfig) == 104 && offsetof(FlarePoolConfig, record_path) == 96 &&
+    CHECK(sizeof(FlarePoolConfig) == 112 && offsetof(FlarePoolConfig, record_path) == 96 &&
+          offsetof(FlarePoolConfig, history_events) == 104 &&
           offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72 &&
           offsetof(FlarePoolConfig, thread_cache_entries) == 80 &&
           offsetof(FlarePoolConfig, thread_cache_bytes) == 88);

@@ -40,17 +40,14 @@ impl Pool {
         let _order = self.record_order();
         // Tag 0's memory through the caches: they check its gate under their mutex.
         let gate = &self.gate;
-        if let Some(freed) = self
-            .caches
-            .free(
+        if let Some(freed) = self.caches.free(
             ptr,
             id,
             &self.state,
             self.rec.as_deref(),
             self.history.as_deref(),
             gate,
-        )
-        {
+        ) {
             return self.after_cache_free(freed?);
         }
         let mut st = lock(&self.state);

@@ -179,6 +179,11 @@ impl Pool {
         self.granularity
     }
 
+    /// The device ordinal whose memory the pool allocates ([`PoolConfig::device`]).
+    pub fn device(&self) -> i32 {
+        self.access_devices.first().copied().unwrap_or(0)
+    }
+
     /// The reuse policy.
     pub fn policy(&self) -> ReusePolicy {
         self.policy

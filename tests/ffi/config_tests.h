@@ -17,15 +17,16 @@ static void test_status_names(void) {
         "FLARE_STATUS_DRIVER_ERROR",    "FLARE_STATUS_NO_DRIVER",
         "FLARE_STATUS_INTERNAL",        "FLARE_STATUS_REQUEST_TOO_LARGE",
         "FLARE_STATUS_TAG_STATE",       "FLARE_STATUS_STREAM_STATE",
+        "FLARE_STATUS_IO",
     };
     int i;
-    for (i = 0; i <= 11; i++) {
+    for (i = 0; i <= 12; i++) {
         const char *n = flare_status_name((FlareStatus)i);
         CHECK(n != NULL && strcmp(n, names[i]) == 0);
     }
     /* 15 is inside the enum's value range in C++ too, but no enumerator. */
     CHECK(strcmp(flare_status_name((FlareStatus)15), "FLARE_STATUS_UNRECOGNIZED") == 0);
-    CHECK(strcmp(flare_status_name((FlareStatus)12), "FLARE_STATUS_UNRECOGNIZED") == 0);
+    CHECK(strcmp(flare_status_name((FlareStatus)13), "FLARE_STATUS_UNRECOGNIZED") == 0);
     CHECK(FLARE_STATUS_REQUEST_TOO_LARGE == 9 && FLARE_STATUS_INTERNAL == 8 &&
           FLARE_CALL_SYNCHRONIZE == 7 && FLARE_REUSE_SEGMENTS == 3 &&
           FLARE_REUSE_NONE == 2 && FLARE_BACKEND_SIMULATED == 1);

@@ -29,7 +29,9 @@ mod stream_lifetime;
 mod tag_state_races;
 mod tags;
 mod torch;
+// memory_viz snapshots and the history frame (issue 38).
 mod version;
+mod viz;
 
 const MIB: u64 = 1 << 20;
 

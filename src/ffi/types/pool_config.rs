@@ -152,7 +152,7 @@ versioned_struct! {
         /// memory_viz names them, the oldest overwritten once it is full; the
         /// `device_traces` of `flare_pool_dump_snapshot`. 0 (the default) turns it
         /// off: a branch per call. On, each event takes the ring's own lock and about
-        /// 100 bytes. At offset 104. Added in 0.2.0 after `record_path` (`sizeof` grew
+        /// 100 bytes. At offset 104. Added in 0.3.0 after `record_path` (`sizeof` grew
         /// from 104 to 112): an older caller's `struct_size` of 104 leaves it 0.
         pub history_events: u64,
     }

@@ -315,7 +315,12 @@ impl Pool {
 
 /// The two events of a free of `ptr` (`requested` bytes asked, of `tag`, on raw
 /// stream `stream`): requested and completed, written as one step.
-pub(in crate::pool) fn free_pair(ptr: DevicePtr, requested: u64, stream: u64, tag: u32) -> [What; 2] {
+pub(in crate::pool) fn free_pair(
+    ptr: DevicePtr,
+    requested: u64,
+    stream: u64,
+    tag: u32,
+) -> [What; 2] {
     [
         What::new(HistoryAction::FreeRequested, ptr, requested, stream, tag),
         What::new(HistoryAction::FreeCompleted, ptr, requested, stream, tag),
@@ -323,7 +328,13 @@ pub(in crate::pool) fn free_pair(ptr: DevicePtr, requested: u64, stream: u64, ta
 }
 
 /// A `segment_map` (`map`) or `segment_unmap` of `size` bytes at `ptr`.
-pub(in crate::pool) fn segment(map: bool, ptr: DevicePtr, size: u64, stream: u64, tag: u32) -> What {
+pub(in crate::pool) fn segment(
+    map: bool,
+    ptr: DevicePtr,
+    size: u64,
+    stream: u64,
+    tag: u32,
+) -> What {
     let action = if map {
         HistoryAction::SegmentMap
     } else {

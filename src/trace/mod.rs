@@ -42,4 +42,7 @@ pub(crate) use parse::is_legacy_stream_name;
 pub use parse::{parse, parse_reader, parse_str};
 pub use parsed::Trace;
 pub use recorded::{RecordedConfig, RECORDED_HEADER, RECORDED_KEYS};
-pub use replay::{replay, replay_as_recorded, replay_census, ReplayError, ReplayReport, TagReplay};
+pub use replay::{
+    replay, replay_as_recorded, replay_census, replay_census_then, ReplayError, ReplayReport,
+    TagReplay,
+};

@@ -43,7 +43,7 @@ pub fn replay(
     trace: &Trace,
     progress: Option<&dyn Fn(u64, u64)>,
 ) -> Result<ReplayReport, ReplayError> {
-    replay_inner(pool, trace, progress, None, false)
+    replay_inner(pool, trace, progress, None, None, false)
 }
 
 /// Replays a recorded trace (`docs/trace-format.md`, "Recorded traces") as the
@@ -58,7 +58,7 @@ pub fn replay_as_recorded(
     trace: &Trace,
     progress: Option<&dyn Fn(u64, u64)>,
 ) -> Result<ReplayReport, ReplayError> {
-    replay_inner(pool, trace, progress, None, true)
+    replay_inner(pool, trace, progress, None, None, true)
 }
 
 /// [`replay`], with the census of every tag the trace names
@@ -71,8 +71,22 @@ pub fn replay_census(
     trace: &Trace,
     progress: Option<&dyn Fn(u64, u64)>,
 ) -> Result<(ReplayReport, Vec<TagReplay>), ReplayError> {
+    replay_census_then(pool, trace, progress, &mut |_| {})
+}
+
+/// [`replay_census`], calling `at_end` with the pool when the trace's events are
+/// done (or stopped), before the census and before the replay frees what is live
+/// (`flare-replay --viz` writes its memory_viz snapshot there).
+///
+/// Errors: as [`replay`].
+pub fn replay_census_then(
+    pool: &Pool,
+    trace: &Trace,
+    progress: Option<&dyn Fn(u64, u64)>,
+    at_end: &mut dyn FnMut(&Pool),
+) -> Result<(ReplayReport, Vec<TagReplay>), ReplayError> {
     let mut tags = Vec::new();
-    let report = replay_inner(pool, trace, progress, Some(&mut tags), false)?;
+    let report = replay_inner(pool, trace, progress, Some(&mut tags), Some(at_end), false)?;
     Ok((report, tags))
 }
 
@@ -81,6 +95,7 @@ fn replay_inner(
     trace: &Trace,
     progress: Option<&dyn Fn(u64, u64)>,
     tags: Option<&mut Vec<TagReplay>>,
+    at_end: Option<&mut dyn FnMut(&Pool)>,
     as_recorded: bool,
 ) -> Result<ReplayReport, ReplayError> {
     let start_snapshot = pool.snapshot();
@@ -297,6 +312,9 @@ fn replay_inner(
         }
     }
 
+    if let Some(f) = at_end {
+        f(pool);
+    }
     if let Some(out) = tags {
         *out = trace
             .tags()

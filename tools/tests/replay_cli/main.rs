@@ -15,6 +15,7 @@ mod help;
 mod json;
 mod stdio;
 mod table;
+mod viz;
 
 use std::path::{Path, PathBuf};
 

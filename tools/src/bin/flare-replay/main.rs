@@ -16,6 +16,7 @@
 mod args;
 mod input;
 mod output;
+mod viz;
 
 use std::cell::Cell;
 use std::io::{IsTerminal, Write};
@@ -128,6 +129,15 @@ fn run(args: &Args) -> Result<(), Stop> {
     if args.as_recorded {
         return run_as_recorded(args, &traces);
     }
+    if args.viz.is_some() && traces.len() != 1 {
+        return Err(Stop::Failed(
+            EXIT_BAD_INPUT,
+            format!(
+                "--viz takes exactly one input (its snapshot is of one trace), not {}",
+                traces.len()
+            ),
+        ));
+    }
     // Stream-ordered lines replay on the simulated driver only: refused before any
     // trace replays, not after those before it.
     if args.backend == BackendArg::Cuda {
@@ -162,15 +172,35 @@ fn run(args: &Args) -> Result<(), Stop> {
         let mut census: Vec<(ReusePolicy, Vec<trace::TagReplay>)> = Vec::new();
         let mut granularity = 0;
         for &policy in &args.policy.0 {
-            let pool = Pool::new(config.clone().with_policy(policy)).map_err(|e| {
+            let config = PoolConfig {
+                history_events: args
+                    .viz
+                    .as_ref()
+                    .map_or(0, |_| viz::history_events(t.len())),
+                ..config.clone()
+            };
+            let pool = Pool::new(config.with_policy(policy)).map_err(|e| {
                 (
                     EXIT_FAILED,
                     format!("cannot create a {} pool: {e}", args.backend.name()),
                 )
             })?;
             granularity = pool.granularity();
-            let (report, tags) = replay_with_progress(&pool, t, policy, show_progress)
+            let mut viz_error = None;
+            let viz_path = args
+                .viz
+                .as_ref()
+                .map(|out| viz::path_for(out, policy, args.policy.0.len() > 1));
+            let mut at_end = |pool: &Pool| {
+                if let Some(path) = &viz_path {
+                    viz::write(pool, path, &mut viz_error);
+                }
+            };
+            let (report, tags) = replay_with_progress(&pool, t, policy, show_progress, &mut at_end)
                 .map_err(|e| (EXIT_FAILED, format!("replay ({}): {e}", policy.name())))?;
+            if let Some(e) = viz_error {
+                return Err(Stop::Failed(EXIT_FAILED, e));
+            }
             census.push((policy, tags));
             pool.destroy().map_err(|e| {
                 (
@@ -261,9 +291,10 @@ fn replay_with_progress(
     t: &Trace,
     policy: ReusePolicy,
     show: bool,
+    at_end: &mut dyn FnMut(&Pool),
 ) -> Result<(ReplayReport, Vec<trace::TagReplay>), trace::ReplayError> {
     if !show {
-        return trace::replay_census(pool, t, None);
+        return trace::replay_census_then(pool, t, None, at_end);
     }
     let bar = ProgressBar::with_draw_target(Some(t.len() as u64), ProgressDrawTarget::hidden());
     if let Ok(style) =
@@ -281,7 +312,7 @@ fn replay_with_progress(
         }
         bar.set_position(done);
     };
-    let result = trace::replay_census(pool, t, Some(&on_progress));
+    let result = trace::replay_census_then(pool, t, Some(&on_progress), at_end);
     bar.finish_and_clear();
     result
 }

@@ -112,7 +112,9 @@ pub struct HistoryEvent {
 /// The count behind [`HistoryEvent::seq`].
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
-crate::sync::thread_local! {
+// std's `thread_local!` under loom too (loom's takes no `const` initialiser, and no
+// loom model turns the history on).
+std::thread_local! {
     /// The calling thread's frame ([`set_history_frame`]).
     static FRAME: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
 }

@@ -4,6 +4,8 @@
 //! - [`Allocation`], [`RetentionScope`]: guards that free / abort on drop.
 //! - [`ReusePolicy`], [`PoolConfig`], [`Backend`]: configuration.
 //! - [`Snapshot`]: the counters, copied atomically.
+//! - [`HistoryEvent`], [`LayoutSegment`]: the history ring and the mapped memory as
+//!   memory_viz draws it (issue 38; `history/`).
 //!
 //! Every mapping is in exactly one state: live, idle (retained or cached; a mapping
 //! being released by another thread is still idle in the books, but out of the reuse

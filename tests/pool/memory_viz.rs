@@ -215,6 +215,78 @@ fn segments_under_a_mixed_load_read_back_consistent() {
     }
 }
 
+/// A tag's sleep and wake: memory_viz has no sleep, so a sleep shows as the tag's
+/// allocations freed and their memory unmapped, a wake as mapped and allocated again
+/// at the same addresses. The snapshot taken asleep leaves the tag's memory out and
+/// replays back consistently, and so does the one taken after the wake; the tag's
+/// allocations' events are exactly those.
+#[test]
+fn sleep_and_wake_read_back_consistent() {
+    use flare_package::{HistoryAction::*, SleepMode};
+    for policy in [ReusePolicy::BestFit, ReusePolicy::Segments] {
+        for mode in [SleepMode::Discard, SleepMode::Offload] {
+            let pool = pool_with(policy, 4096);
+            let keep = pool.allocate_raw(3 * MIB).unwrap();
+            let a = pool.allocate_tagged_raw(5 * MIB, None, 7).unwrap();
+            let b = pool.allocate_tagged_raw(1000, None, 7).unwrap();
+            let (before, _) = pool.history();
+            pool.sleep(7, mode).unwrap();
+            let path = temp(&format!("sleep-{}.pickle", policy.name()));
+            pool.dump_snapshot(&path).unwrap();
+            let snap = pool.snapshot();
+            model(
+                &path,
+                &format!(
+                    r#"{{"total_bytes": {}, "allocated_bytes": {}}}"#,
+                    snap.physical_bytes,
+                    snap.live_mapped_bytes + snap.block_live_bytes
+                ),
+            );
+            pool.wake(7).unwrap();
+            pool.dump_snapshot(&path).unwrap();
+            let snap = pool.snapshot();
+            model(
+                &path,
+                &format!(
+                    r#"{{"total_bytes": {}, "allocated_bytes": {}}}"#,
+                    snap.physical_bytes,
+                    snap.live_mapped_bytes + snap.block_live_bytes
+                ),
+            );
+            let _ = std::fs::remove_file(&path);
+            let (events, _) = pool.history();
+            let mine: Vec<_> = events[before.len()..]
+                .iter()
+                .filter(|e| matches!(e.action, Alloc | FreeRequested | FreeCompleted))
+                .map(|e| (e.action, e.addr, e.size, e.tag))
+                .collect();
+            let mut want = Vec::new();
+            for p in [(a, 5 * MIB), (b, 1000)] {
+                want.push((FreeRequested, p.0, p.1, 7));
+                want.push((FreeCompleted, p.0, p.1, 7));
+            }
+            for p in [(a, 5 * MIB), (b, 1000)] {
+                want.push((Alloc, p.0, p.1, 7));
+            }
+            // Each allocation's own order is fixed; between them, the books' order.
+            let key =
+                |x: &(flare_package::HistoryAction, u64, u64, u32)| (x.0 as u8 == Alloc as u8, x.1);
+            let mut got_sorted = mine.clone();
+            got_sorted.sort_by_key(key);
+            want.sort_by_key(key);
+            assert_eq!(got_sorted, want, "{policy:?} {mode:?}: {mine:?}");
+            let unmaps = events[before.len()..]
+                .iter()
+                .filter(|e| e.action == SegmentUnmap)
+                .count();
+            assert!(unmaps >= 1, "{policy:?}: the sleep unmaps");
+            pool.free_raw(a).unwrap();
+            pool.free_raw(b).unwrap();
+            pool.free_raw(keep).unwrap();
+        }
+    }
+}
+
 /// A path that cannot be written: `Error::Io` naming it, the pool unchanged.
 #[test]
 fn an_unwritable_path_is_an_io_error() {

@@ -252,6 +252,36 @@ impl State {
     }
 }
 
+impl State {
+    /// A live allocation of a tag that sleeps (`asleep`) or wakes, when the history
+    /// is on: memory_viz has no sleep, so a sleep shows as the allocation freed (and
+    /// a whole mapping's memory unmapped), a wake as mapped and allocated again at the
+    /// same address. A segment's handles are written by [`State::history_handle`].
+    pub(in crate::pool) fn history_sleep(&self, slot: u32, asleep: bool) {
+        let Some(h) = &self.history else { return };
+        let (ptr, requested, tag) = st_free(self, slot);
+        let m = self.mref(slot);
+        let (size, block) = (m.size(), m.is_block());
+        let stream = if block {
+            self.segs
+                .segs
+                .get(m.seg as usize)
+                .map_or(0, |s| heap_stream(self, s.key))
+        } else {
+            0
+        };
+        let [fr, fc] = super::free_pair(ptr, requested, stream, tag);
+        let map = super::segment(!asleep, ptr, size, 0, tag);
+        let alloc = What::new(super::HistoryAction::Alloc, ptr, requested, stream, tag);
+        match (asleep, block) {
+            (true, true) => h.write(&[fr, fc]),
+            (true, false) => h.write(&[fr, fc, map]),
+            (false, true) => h.write(&[alloc]),
+            (false, false) => h.write(&[map, alloc]),
+        }
+    }
+}
+
 /// A live slot's address, requested bytes and tag.
 fn st_free(st: &State, slot: u32) -> (DevicePtr, u64, u32) {
     let m = st.mref(slot);

@@ -29,8 +29,11 @@
 //!   ([`Error::OutOfMemory`](crate::Error::OutOfMemory)), with the bytes asked and the
 //!   device's free memory (`cuMemGetInfo`) then.
 //!
-//! Not written: a tag's sleep and wake (its memory is unmapped and mapped back at the
-//! same addresses; a snapshot taken while it sleeps leaves its memory out).
+//! - A tag's sleep and wake: memory_viz has no sleep, so a sleep is written as each
+//!   live allocation of the tag freed (`free_requested`, `free_completed`) and its
+//!   memory unmapped (`segment_unmap` of a whole mapping, or of each handle of the
+//!   tag's segments), a wake as the memory mapped and each allocation allocated again
+//!   at the same address; a snapshot taken while the tag sleeps leaves its memory out.
 //!
 //! A frame: a short string the calling thread sets ([`set_history_frame`]) that every
 //! event of that thread carries, in any pool, until it is changed or cleared (the

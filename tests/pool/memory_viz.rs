@@ -287,6 +287,57 @@ fn sleep_and_wake_read_back_consistent() {
     }
 }
 
+/// Four threads at once (allocations, frees, scopes and trims: the stress mix of
+/// `many_threads`), with the history on: the events the threads wrote replay back
+/// from the final segments as the page replays them (every free and unmap written
+/// before the memory could be handed out again, every map before its first block).
+#[test]
+fn many_threads_write_a_trace_that_replays_back() {
+    use crate::common::hammer::{hammer, Params};
+    use std::sync::Arc;
+    for policy in [ReusePolicy::BestFit, ReusePolicy::Segments] {
+        let pool = Arc::new(
+            Pool::new(PoolConfig {
+                history_events: 1 << 20,
+                ..PoolConfig::simulated(flare_package::SimConfig {
+                    capacity_bytes: 1 << 40,
+                    ..Default::default()
+                })
+                .with_policy(policy)
+            })
+            .unwrap(),
+        );
+        hammer(
+            pool.clone(),
+            Params {
+                threads: 4,
+                scope_threads: 1,
+                ops: 1500,
+                max_live: 12,
+                max_bytes: 64 * MIB,
+                limit: std::time::Duration::from_secs(120),
+                captures: false,
+                small_sizes: true,
+            },
+        );
+        let (events, dropped) = pool.history();
+        assert_eq!(dropped, 0);
+        assert!(events.len() > 6000, "{}", events.len());
+        let path = temp(&format!("threads-{}.pickle", policy.name()));
+        pool.dump_snapshot(&path).unwrap();
+        let snap = pool.snapshot();
+        model(
+            &path,
+            &format!(
+                r#"{{"total_bytes": {}, "allocated_bytes": {}}}"#,
+                snap.physical_bytes,
+                snap.live_mapped_bytes + snap.block_live_bytes
+            ),
+        );
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
 /// A path that cannot be written: `Error::Io` naming it, the pool unchanged.
 #[test]
 fn an_unwritable_path_is_an_io_error() {

@@ -22,13 +22,13 @@
 /* The version of flare-package this header belongs to (Cargo.toml's version);
    flare_package_version() gives the library's, to compare at run time. */
 #define FLARE_PACKAGE_VERSION_MAJOR 0
-#define FLARE_PACKAGE_VERSION_MINOR 2
+#define FLARE_PACKAGE_VERSION_MINOR 3
 #define FLARE_PACKAGE_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, as flare_package_version() returns it. */
 #define FLARE_PACKAGE_VERSION (FLARE_PACKAGE_VERSION_MAJOR * 10000 + \
     FLARE_PACKAGE_VERSION_MINOR * 100 + FLARE_PACKAGE_VERSION_PATCH)
 /* "MAJOR.MINOR.PATCH", as flare_package_version_string() returns it. */
-#define FLARE_PACKAGE_VERSION_STRING "0.2.0"
+#define FLARE_PACKAGE_VERSION_STRING "0.3.0"
 
 /**
  * The value of `FlarePoolConfig::thread_cache_entries` that turns thread caches off
@@ -108,6 +108,12 @@ typedef enum FlareStatus {
      * (`flare_pool_forget_stream`) while it is being captured. Nothing changed.
      */
     FLARE_STATUS_STREAM_STATE = 11,
+    /**
+     * A file could not be written (`flare_pool_dump_snapshot`, issue 38: a missing
+     * directory, no permission, a full disk); the message names the file and the
+     * system's reason. The pool is unchanged.
+     */
+    FLARE_STATUS_IO = 12,
 } FlareStatus;
 
 /**
@@ -360,6 +366,16 @@ typedef struct FlarePoolConfig {
      * to 104): an older caller's `struct_size` of 96 leaves it NULL.
      */
     const char *record_path;
+    /**
+     * Events the pool's history ring keeps (issue 38): its recent allocations,
+     * frees, mappings made and released and out-of-memory refusals, as PyTorch's
+     * memory_viz names them, the oldest overwritten once it is full; the
+     * `device_traces` of `flare_pool_dump_snapshot`. 0 (the default) turns it
+     * off: a branch per call. On, each event takes the ring's own lock and about
+     * 100 bytes. At offset 104. Added in 0.3.0 after `record_path` (`sizeof` grew
+     * from 104 to 112): an older caller's `struct_size` of 104 leaves it 0.
+     */
+    uint64_t history_events;
 } FlarePoolConfig;
 
 /**
@@ -1399,6 +1415,40 @@ uint32_t flare_package_version(void);
  * Cannot fail. Thread-safe.
  */
 const char *flare_package_version_string(void);
+
+/**
+ * Writes the pool's memory_viz snapshot to the file `path` (created or truncated): a
+ * pickle that PyTorch's memory_viz opens (`pytorch.org/memory_viz`, or
+ * `torch.cuda._memory_viz`): the pool's mapped memory as segments tiled by blocks
+ * (allocated or not, with requested sizes and tags) and, when
+ * `FlarePoolConfig.history_events` is set, its recent events (`device_traces`:
+ * alloc, free_requested, free_completed, segment_map, segment_unmap, oom). Format:
+ * docs/c-guide.md, "memory_viz snapshots".
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL or empty argument;
+ * `FLARE_STATUS_IO` when the file cannot be written (the message names it and the
+ * reason); `FLARE_STATUS_INTERNAL` on a poisoned pool. The pool is unchanged.
+ * Thread-safe: the segments are taken under the pool's lock, the events under the
+ * ring's.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool; `path` is NULL or a NUL-terminated string.
+ */
+enum FlareStatus flare_pool_dump_snapshot(const struct FlarePool *pool, const char *path);
+
+/**
+ * Sets the calling thread's frame: every history event this thread writes from now
+ * on, in any pool (and in PyTorch's allocator), carries `frame` (memory_viz shows it
+ * as the event's stack: `flare_package:0:FRAME`) until the next call; NULL clears
+ * it. A short label of the caller's choosing (a phase, a layer, a request), copied.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a frame that is not UTF-8 (the frame
+ * is left as it was). Thread-safe (the frame is the calling thread's).
+ *
+ * # Safety
+ * `frame` is NULL or a NUL-terminated string.
+ */
+enum FlareStatus flare_history_set_frame(const char *frame);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -307,6 +307,22 @@ FlareStatus flare_torch_wake(int device, int zero, FlareStream stream);
  */
 size_t flare_torch_census(int device, char *buf, size_t len);
 
+/**
+ * Writes one memory_viz snapshot of PyTorch's allocator to the file `path` (created
+ * or truncated; `flare_package.dump_snapshot(path)` in Python): every device made so
+ * far, its tensor pool, its mempool pool and every graph pool (which PyTorch's own
+ * snapshot does not show for a pluggable allocator), and with `FLARE_TORCH_HISTORY`
+ * set, their recent events merged in order.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL or empty path or a bad
+ * `FLARE_TORCH_*` variable; `FLARE_STATUS_IO` when the file cannot be written.
+ * Thread-safe.
+ *
+ * # Safety
+ * `path` is NULL or a NUL-terminated string.
+ */
+FlareStatus flare_torch_dump_snapshot(const char *path);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -110,6 +110,17 @@ pub enum Error {
     /// No CUDA driver could be loaded or initialised (libcuda absent, no device).
     #[error("no CUDA driver: {0}")]
     NoDriver(String),
+
+    /// A file could not be written (a memory_viz snapshot: issue 38): `path`, and
+    /// what the system said.
+    #[error("cannot write {path}: {message}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The system's message (no space left, permission denied, no such
+        /// directory...).
+        message: String,
+    },
 }
 
 /// What the caller can do about an out-of-memory.

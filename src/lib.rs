@@ -9,7 +9,8 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 // The layers, each built on those below it:
-// - ffi (the C ABI), torch (PyTorch's pools), trace (flare-trace v1 and its replay);
+// - ffi (the C ABI), torch (PyTorch's pools), trace (flare-trace v1 and its replay), viz
+//   (memory_viz snapshots);
 // - backend: builds the driver a configuration names, and the pool on it;
 // - pool: the allocator, over any driver;
 // - driver: the Driver trait, and its CUDA and simulated backends;
@@ -21,6 +22,7 @@ pub mod ffi;
 pub mod pool;
 pub mod torch;
 pub mod trace;
+pub mod viz;
 
 pub(crate) mod lists;
 pub(crate) mod sync;
@@ -38,7 +40,7 @@ pub use driver::{
 };
 pub use error::{Error, Result};
 pub use pool::{
-    Allocation, Backend, CrossStreamReuse, Pool, PoolConfig, RetentionScope, ReusePolicy,
-    SleepMode, Snapshot, TagCensus,
+    set_history_frame, Allocation, Backend, CrossStreamReuse, HistoryAction, HistoryEvent, Pool,
+    PoolConfig, RetentionScope, ReusePolicy, SleepMode, Snapshot, TagCensus,
 };
 pub use units::fmt_bytes;

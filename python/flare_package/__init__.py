@@ -216,6 +216,8 @@ def load():
     _sig(lib, "flare_torch_sim_read", st, i, vp, vp, sz)
     _sig(lib, "flare_last_error_message", sz, ctypes.c_char_p, sz)
     _sig(lib, "flare_status_name", ctypes.c_char_p, st)
+    _sig(lib, "flare_torch_dump_snapshot", st, ctypes.c_char_p)
+    _sig(lib, "flare_history_set_frame", st, ctypes.c_char_p)
     _lib = lib
     if os.environ.get("FLARE_TORCH_RECORD"):
         # The process-wide pools are never destroyed: write what they buffered.
@@ -312,6 +314,39 @@ def record_flush():
     file and waits for the writes. Called at exit (registered by ``load()``);
     nothing to do when not recording."""
     load().flare_torch_record_flush()
+
+
+def dump_snapshot(path):
+    """Writes one memory_viz snapshot of every pool of the process (each device's
+    tensor pool, its mempool pool and every CUDA graph pool, which PyTorch's own
+    ``torch.cuda.memory._snapshot()`` does not show for a pluggable allocator) to
+    ``path``: a pickle that ``pytorch.org/memory_viz`` opens and
+    ``torch.cuda._memory_viz`` renders (``segment_plot``, ``trace_plot``). Its
+    ``device_traces`` hold each pool's recent events when ``FLARE_TORCH_HISTORY=N``
+    (events kept per pool) was set before the first allocation; without it, the
+    segments alone. Raises ``FlareError`` (``FLARE_STATUS_IO``) when the file cannot
+    be written."""
+    _check("flare_torch_dump_snapshot", load().flare_torch_dump_snapshot(os.fsencode(path)))
+
+
+def set_history_frame(frame=None):
+    """Sets the calling thread's frame: every history event it writes from now on
+    (``FLARE_TORCH_HISTORY``) carries ``frame``, a short label of your choosing (a
+    phase, a layer, a request), shown by memory_viz as the event's stack
+    (``flare_package:0:FRAME``); ``None`` clears it."""
+    arg = None if frame is None else str(frame).encode("utf-8")
+    _check("flare_history_set_frame", load().flare_history_set_frame(arg))
+
+
+@contextlib.contextmanager
+def history_frame(frame):
+    """``with history_frame("prefill"):``: the frame of the events written inside
+    (``set_history_frame``), cleared at the end."""
+    set_history_frame(frame)
+    try:
+        yield
+    finally:
+        set_history_frame(None)
 
 
 def install():

@@ -70,6 +70,8 @@ mod torch_oom;
 
 mod torch_tags;
 
+mod viz;
+
 // The loom build runs the loom models alone (these tests make pools outside a model).
 // One module per file of this module (`tests/pool.rs` tests `pool.rs`, ...).
 #[cfg(all(test, not(flare_loom)))]
@@ -124,6 +126,7 @@ pub use types::{
     RawDriverCall, RawSleepMode, RawStatus, FLARE_THREAD_CACHE_OFF,
 };
 pub use version::{flare_package_version, flare_package_version_string};
+pub use viz::{flare_history_set_frame, flare_pool_dump_snapshot, flare_torch_dump_snapshot};
 
 /// The Rust source of the C types that macros generate, in the header's order, for
 /// cbindgen (which does not expand macros): `tests/c_abi/header.rs` gives them to it

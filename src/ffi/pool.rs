@@ -235,6 +235,7 @@ pub(crate) fn read_config(config: &ConfigArg<'_>) -> Result<PoolConfig, Error> {
         thread_cache_entries: thread_cache_entries(c.thread_cache_entries),
         thread_cache_bytes: or_default(c.thread_cache_bytes, DEFAULT_THREAD_CACHE_BYTES),
         record_path: caller.record_path()?,
+        history_events: usize::try_from(c.history_events).unwrap_or(usize::MAX),
     })
 }
 
@@ -329,6 +330,7 @@ fn flare_pool_config_init_inner(config: Option<&mut [MaybeUninit<u8>]>) {
             thread_cache_entries,
             thread_cache_bytes,
             record_path,
+            history_events,
             struct_size: _,
         } = FlarePoolConfig::default_for_layout();
         d.struct_size = size as u32; // at most size_of::<FlarePoolConfig>()
@@ -347,6 +349,7 @@ fn flare_pool_config_init_inner(config: Option<&mut [MaybeUninit<u8>]>) {
         d.thread_cache_entries = thread_cache_entries;
         d.thread_cache_bytes = thread_cache_bytes;
         d.record_path = record_path;
+        d.history_events = history_events;
         // SAFETY: `defaults` has `size_of::<FlarePoolConfig>() >= prefix` bytes, all
         // initialised (zeroed, then whole fields written), and is a separate local.
         let bytes = unsafe {

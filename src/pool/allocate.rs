@@ -72,6 +72,7 @@ impl Pool {
         let _order = self.record_order();
         self.record_call_start();
         let r = self.allocate_sync_inner(bytes);
+        self.history_alloc(&r, |(p, _)| *p, bytes, 0, None);
         match &r {
             Ok((ptr, _)) => {
                 if let Some(rec) = &self.rec {

@@ -280,6 +280,14 @@ pub struct PoolConfig {
     ///
     /// [`Error::InvalidArgument`]: crate::Error::InvalidArgument
     pub record_path: Option<std::path::PathBuf>,
+    /// Events the history ring keeps (issue 38; default 0: off): the pool's recent
+    /// allocations, frees, mappings made and released and out-of-memory refusals,
+    /// as PyTorch's memory_viz names them, the oldest overwritten once the ring is
+    /// full ([`Pool::history`](crate::Pool::history), and the `device_traces` of
+    /// [`Pool::dump_snapshot`](crate::Pool::dump_snapshot)). Off, it costs one
+    /// branch per call; on, each event takes the ring's own lock (a free writes
+    /// two events) and about 100 bytes of the ring.
+    pub history_events: usize,
 }
 
 impl Default for PoolConfig {
@@ -296,6 +304,7 @@ impl Default for PoolConfig {
             thread_cache_entries: DEFAULT_THREAD_CACHE_ENTRIES,
             thread_cache_bytes: DEFAULT_THREAD_CACHE_BYTES,
             record_path: None,
+            history_events: 0,
         }
     }
 }

@@ -30,6 +30,7 @@ impl Pool {
                 st.counters.mappings_created += 1;
                 st.add_physical(size, size);
                 let slot = st.add_slot(Mapping::created(reservation, handle, requested));
+                st.history_whole(slot, true);
                 Ok(st.make_live(slot, requested))
             }
             Err(err) => {

@@ -40,10 +40,14 @@ impl Pool {
         let _order = self.record_order();
         // Tag 0's memory through the caches: they check its gate under their mutex.
         let gate = &self.gate;
-        if let Some(freed) = self
-            .caches
-            .free(ptr, id, &self.state, self.rec.as_deref(), gate)
-        {
+        if let Some(freed) = self.caches.free(
+            ptr,
+            id,
+            &self.state,
+            self.rec.as_deref(),
+            self.history.as_deref(),
+            gate,
+        ) {
             return self.after_cache_free(freed?);
         }
         let mut st = lock(&self.state);
@@ -63,7 +67,7 @@ impl Pool {
     ) -> Result<()> {
         // Streams from `record_stream` do not matter here: the release synchronizes
         // every device.
-        let (slot, _recorded) = st.free_live(ptr, id)?;
+        let (slot, _recorded) = st.free_live(ptr, id, None)?;
         if let Some(rec) = &self.rec {
             rec.free(ptr, None);
         }
@@ -124,6 +128,7 @@ impl Pool {
             let m = st.mapping_mut(slot);
             m.state = MappingState::Releasing;
             batch.mappings.push((slot, *m));
+            st.history_whole(slot, false);
             st.collect_retries(&mut batch, true);
             st.start_release(&mut batch);
         }

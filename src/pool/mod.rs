@@ -4,6 +4,8 @@
 //! - [`Allocation`], [`RetentionScope`]: guards that free / abort on drop.
 //! - [`ReusePolicy`], [`PoolConfig`], [`Backend`]: configuration.
 //! - [`Snapshot`]: the counters, copied atomically.
+//! - [`HistoryEvent`], [`LayoutSegment`]: the history ring and the mapped memory as
+//!   memory_viz draws it (issue 38; `history/`).
 //!
 //! Every mapping is in exactly one state: live, idle (retained or cached; a mapping
 //! being released by another thread is still idle in the books, but out of the reuse
@@ -20,6 +22,7 @@ mod create;
 mod fit;
 mod free;
 mod guards;
+mod history;
 mod index;
 mod miss;
 mod record;
@@ -41,6 +44,10 @@ pub use config::{
     DEFAULT_THREAD_CACHE_ENTRIES, SEGMENT_BLOCK_ROUND_BYTES, SEGMENT_SMALL_MAX_BYTES,
 };
 pub use guards::{Allocation, RetentionScope};
+pub use history::{
+    history_frame, set_history_frame, BlockState, HistoryAction, HistoryEvent, LayoutBlock,
+    LayoutSegment,
+};
 pub(crate) use snapshot::snapshot_counters;
 pub use snapshot::Snapshot;
 pub(crate) use streams::check_forgettable;
@@ -89,6 +96,9 @@ pub struct Pool {
     gate: tag_gate::TagGate,
     /// The recording ([`PoolConfig::record_path`]; `record.rs`), `None` when off.
     rec: Option<Arc<record::Recorder>>,
+    /// The history ring ([`PoolConfig::history_events`]; `history/`), `None` when
+    /// off (also held by the books, whose steps write to it).
+    history: Option<Arc<history::History>>,
     /// A pool that only captures allocate from (a PyTorch graph pool,
     /// [`Pool::dedicate_to_captures`]): memory freed during a capture on its own
     /// stream goes back to that stream's heap or bucket at once (coalescing), as a
@@ -134,8 +144,13 @@ impl Pool {
                 &record::header(&config, granularity, device_total),
             ))
         });
+        let history = (config.history_events > 0)
+            .then(|| Arc::new(history::History::new(config.history_events)));
+        let mut state = State::new(granularity);
+        state.history = history.clone();
         Ok(Pool {
             rec,
+            history,
             caches,
             segments: config.reuse_policy.is_segments(),
             whole_threshold: config.segment_whole_threshold_bytes,
@@ -148,7 +163,7 @@ impl Pool {
             cross_stream: config.cross_stream_reuse,
             access_devices,
             device_total,
-            state: Mutex::new(State::new(granularity)),
+            state: Mutex::new(state),
             releases_done: Condvar::new(),
             gate: tag_gate::TagGate::new(),
             captures_only: std::sync::atomic::AtomicBool::new(false),
@@ -164,6 +179,11 @@ impl Pool {
     /// a multiple of it.
     pub fn granularity(&self) -> u64 {
         self.granularity
+    }
+
+    /// The device ordinal whose memory the pool allocates ([`PoolConfig::device`]).
+    pub fn device(&self) -> i32 {
+        self.access_devices.first().copied().unwrap_or(0)
     }
 
     /// The reuse policy.

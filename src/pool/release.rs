@@ -77,6 +77,9 @@ impl State {
         let m = self.mapping_mut(slot);
         m.state = MappingState::Releasing;
         batch.mappings.push((slot, *m));
+        if m.piece == Piece::Whole {
+            self.history_whole(slot, false);
+        }
     }
 
     /// Every idle mapping any caller could take, the synchronous API's, and those
@@ -177,6 +180,9 @@ impl State {
                 m.state = MappingState::Idle;
                 m.retry = true;
                 *self.mapping_mut(slot) = m;
+                if m.piece == Piece::Whole {
+                    self.history_whole(slot, true);
+                }
                 self.index_insert(slot, m.bucket);
                 self.retry.push(slot);
             }

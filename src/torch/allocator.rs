@@ -99,6 +99,7 @@ impl TorchAllocator {
             backend: self.config.backend,
             device,
             peer_devices: self.config.peer_devices.clone(),
+            history_events: self.config.history_events,
             ..PoolConfig::default()
         };
         let driver = crate::backend::open(&base)?;

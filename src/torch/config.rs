@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::pool::{Backend, CrossStreamReuse, ReusePolicy};
 
 /// The environment variables [`TorchConfig::from_env`] reads, with what each sets.
-pub const ENV_VARS: [(&str, &str); 10] = [
+pub const ENV_VARS: [(&str, &str); 11] = [
     (
         "FLARE_TORCH_BACKEND",
         "`cuda` (default) or `sim` (the simulated driver: no GPU, for tests)",
@@ -55,6 +55,13 @@ pub const ENV_VARS: [(&str, &str); 10] = [
          `PATH.devN.graph-K.trace` (the K-th graph pool of device N, from 1); \
          replay one with `flare-replay --as-recorded`; default none",
     ),
+    (
+        "FLARE_TORCH_HISTORY",
+        "events each pool's history ring keeps (issue 38): its recent allocations, \
+         frees, mappings and out-of-memory refusals, written by \
+         `flare_package.dump_snapshot(path)` as memory_viz's `device_traces`; \
+         default 0 (off)",
+    ),
 ];
 
 /// How a [`TorchAllocator`] makes its pools.
@@ -88,6 +95,11 @@ pub struct TorchConfig {
     ///
     /// [`PoolConfig::record_path`]: crate::pool::PoolConfig::record_path
     pub record_path: Option<std::path::PathBuf>,
+    /// Events each pool's history ring keeps (`FLARE_TORCH_HISTORY`; default 0:
+    /// off), as [`PoolConfig::history_events`] says.
+    ///
+    /// [`PoolConfig::history_events`]: crate::pool::PoolConfig::history_events
+    pub history_events: usize,
 }
 
 impl Default for TorchConfig {
@@ -101,6 +113,7 @@ impl Default for TorchConfig {
             cross_stream_reuse: CrossStreamReuse::WhenComplete,
             peer_devices: Vec::new(),
             record_path: None,
+            history_events: 0,
         }
     }
 }
@@ -227,6 +240,11 @@ impl TorchConfig {
                 })?;
                 c.peer_devices.push(d);
             }
+        }
+        if let Some(v) = var("FLARE_TORCH_HISTORY") {
+            c.history_events = v.trim().parse().map_err(|_| {
+                Error::InvalidArgument(format!("FLARE_TORCH_HISTORY={v:?}: not a number of events"))
+            })?;
         }
         if let Some(v) = get("FLARE_TORCH_RECORD").filter(|v| !v.is_empty()) {
             // A prefix of file names: `/tmp` would write `/tmp.dev0.tensor.trace` in

@@ -79,6 +79,7 @@ impl Device {
             peer_devices: config.peer_devices.clone(),
             cross_stream_reuse: config.cross_stream_reuse,
             record_path: config.record_file(self.index, &format!("graph-{number}")),
+            history_events: config.history_events,
             ..PoolConfig::default()
         }
     }

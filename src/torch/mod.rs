@@ -51,6 +51,7 @@ mod device;
 mod json;
 mod sleep;
 mod stream_forget;
+mod viz;
 
 pub use allocator::{PoolKind, TorchAllocator};
 pub use config::{TorchConfig, ENV_VARS};
@@ -67,3 +68,5 @@ pub type MempoolId = (u64, u64);
 
 #[cfg(all(test, not(flare_loom)))]
 mod tests;
+#[cfg(all(test, not(flare_loom)))]
+mod viz_tests;

@@ -43,6 +43,7 @@ pub use parse::{parse, parse_reader, parse_str};
 pub use parsed::Trace;
 pub use recorded::{RecordedConfig, RECORDED_HEADER, RECORDED_KEYS};
 pub use replay::{
-    replay, replay_as_recorded, replay_as_recorded_sampled, replay_census, replay_sampled,
-    PhysicalSample, PhysicalSamples, ReplayError, ReplayReport, TagReplay,
+    replay, replay_as_recorded, replay_as_recorded_sampled, replay_census, replay_census_then,
+    replay_observed, replay_sampled, PhysicalSample, PhysicalSamples, ReplayError, ReplayReport,
+    TagReplay,
 };

@@ -211,6 +211,7 @@ impl RecordedConfig {
             thread_cache_entries: self.thread_cache_entries,
             thread_cache_bytes: self.thread_cache_bytes,
             record_path: None,
+            history_events: 0,
         }
     }
 }

@@ -244,7 +244,12 @@ fn header_declares_the_whole_contract() {
         "uint32_t reuse_policy;",
         "uint32_t best_fit_max_waste_percent;",
         "uint64_t thread_cache_bytes;",
-        "const char *record_path; } FlarePoolConfig;",
+        "const char *record_path;",
+        // The history ring (issue 38), at the end of the configuration.
+        "uint64_t history_events; } FlarePoolConfig;",
+        "FlareStatus flare_pool_dump_snapshot(const FlarePool *pool, const char *path);",
+        "FlareStatus flare_history_set_frame(const char *frame);",
+        "FLARE_STATUS_IO = 12,",
         // Thread caches (issue 13): the value of thread_cache_entries that turns them
         // off (0 is the default), in the header's own spelling of UINT32_MAX.
         "#define FLARE_THREAD_CACHE_OFF UINT32_MAX",
@@ -260,7 +265,7 @@ fn header_declares_the_whole_contract() {
     for decl in [
         "FLARE_REUSE_NONE = 2, FLARE_REUSE_SEGMENTS = 3, } FlareReusePolicy;",
         "uint32_t cross_stream_reuse; uint64_t segment_whole_threshold_bytes; \
-         uint32_t thread_cache_entries; uint64_t thread_cache_bytes; const char *record_path; } FlarePoolConfig;",
+         uint32_t thread_cache_entries; uint64_t thread_cache_bytes; const char *record_path; uint64_t history_events; } FlarePoolConfig;",
         "uint64_t stream_call_failures; uint64_t segment_count; uint64_t segment_handles; \
          uint64_t segment_mapped_bytes; uint64_t block_live_count; uint64_t block_live_bytes; \
          uint64_t block_free_bytes; uint64_t segment_handles_lent; uint64_t segment_lent_bytes; \

@@ -17,15 +17,16 @@ static void test_status_names(void) {
         "FLARE_STATUS_DRIVER_ERROR",    "FLARE_STATUS_NO_DRIVER",
         "FLARE_STATUS_INTERNAL",        "FLARE_STATUS_REQUEST_TOO_LARGE",
         "FLARE_STATUS_TAG_STATE",       "FLARE_STATUS_STREAM_STATE",
+        "FLARE_STATUS_IO",
     };
     int i;
-    for (i = 0; i <= 11; i++) {
+    for (i = 0; i <= 12; i++) {
         const char *n = flare_status_name((FlareStatus)i);
         CHECK(n != NULL && strcmp(n, names[i]) == 0);
     }
     /* 15 is inside the enum's value range in C++ too, but no enumerator. */
     CHECK(strcmp(flare_status_name((FlareStatus)15), "FLARE_STATUS_UNRECOGNIZED") == 0);
-    CHECK(strcmp(flare_status_name((FlareStatus)12), "FLARE_STATUS_UNRECOGNIZED") == 0);
+    CHECK(strcmp(flare_status_name((FlareStatus)13), "FLARE_STATUS_UNRECOGNIZED") == 0);
     CHECK(FLARE_STATUS_REQUEST_TOO_LARGE == 9 && FLARE_STATUS_INTERNAL == 8 &&
           FLARE_CALL_SYNCHRONIZE == 7 && FLARE_REUSE_SEGMENTS == 3 &&
           FLARE_REUSE_NONE == 2 && FLARE_BACKEND_SIMULATED == 1);
@@ -34,12 +35,13 @@ static void test_status_names(void) {
      * 72, after 4 bytes of padding behind cross_stream_reuse (64..68), then the u32
      * thread_cache_entries at 80 and, after 4 bytes of padding (84..88), the u64
      * thread_cache_bytes at 88, up to 96, then the pointer record_path at 96, up to
-     * 104; the snapshot's eight segment counters after
+     * 104, then the u64 history_events at 104, up to 112; the snapshot's eight segment counters after
      * stream_call_failures (296..304), up to 368, then the four thread-cache counters,
      * up to 400, then the six sleep counters (issue 15), up to 448, then the two
      * sleeping block counters (segments per tag), up to 464, then the kept host
      * buffer's bytes, up to 472. */
-    CHECK(sizeof(FlarePoolConfig) == 104 && offsetof(FlarePoolConfig, record_path) == 96 &&
+    CHECK(sizeof(FlarePoolConfig) == 112 && offsetof(FlarePoolConfig, record_path) == 96 &&
+          offsetof(FlarePoolConfig, history_events) == 104 &&
           offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72 &&
           offsetof(FlarePoolConfig, thread_cache_entries) == 80 &&
           offsetof(FlarePoolConfig, thread_cache_bytes) == 88);

@@ -4,7 +4,7 @@
 #include <pthread.h>
 
 /* The layouts on a 64-bit target, at compile time (lifecycle.cpp has the same). */
-_Static_assert(sizeof(FlarePoolConfig) == 104, "FlarePoolConfig layout");
+_Static_assert(sizeof(FlarePoolConfig) == 112, "FlarePoolConfig layout");
 _Static_assert(offsetof(FlarePoolConfig, record_path) == 96, "FlarePoolConfig layout");
 _Static_assert(offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72,
                "FlarePoolConfig layout");

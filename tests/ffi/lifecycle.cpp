@@ -9,7 +9,7 @@
 #include <vector>
 
 static_assert(std::is_standard_layout<FlareSnapshot>::value, "FlareSnapshot is plain C");
-static_assert(sizeof(FlarePoolConfig) == 104, "FlarePoolConfig layout");
+static_assert(sizeof(FlarePoolConfig) == 112, "FlarePoolConfig layout");
 static_assert(offsetof(FlarePoolConfig, record_path) == 96, "FlarePoolConfig layout");
 static_assert(offsetof(FlarePoolConfig, cross_stream_reuse) == 64, "FlarePoolConfig layout");
 static_assert(offsetof(FlarePoolConfig, segment_whole_threshold_bytes) == 72,

@@ -23,6 +23,8 @@
 //!   created and released through the pool, against the same driver sequence (create,
 //!   reserve, map, set access, synchronize, unmap, release, free the reservation)
 //!   made directly on the same simulated driver: the ratio is the pool's own overhead.
+//! - `history/<2MiB|segments-4KiB>/<off|on>`: the pairs of `reuse/2MiB/0` and
+//!   `reuse/segments-4KiB/0` with the history ring off and on (issue 38), in one run.
 //! - `replay/<policy>/<trace>`: the replay of each shipped trace on a fresh pool of
 //!   each policy (best-fit, segments; parsing and the pool's creation outside the
 //!   timed loop, its drop too); throughput in events per second.
@@ -88,7 +90,12 @@ fn filler_sizes(size: u64, n: usize) -> Vec<u64> {
 /// A pool inside an open retention scope holding one idle mapping of `size` bytes
 /// and `idle` idle mappings of other, distinct sizes that do not fit it.
 fn pool_with_idle(size: u64, idle: usize) -> Pool {
-    let pool = Pool::new(big_sim()).expect("simulated pool");
+    pool_with_idle_on(big_sim(), size, idle)
+}
+
+/// [`pool_with_idle`] with `config`.
+fn pool_with_idle_on(config: PoolConfig, size: u64, idle: usize) -> Pool {
+    let pool = Pool::new(config).expect("simulated pool");
     pool.retention_begin().expect("scope");
     let mut ptrs = Vec::with_capacity(idle + 1);
     for s in filler_sizes(size, idle) {
@@ -144,7 +151,12 @@ fn live_filler(size: u64) -> u64 {
 /// [`hole_sizes`]) after each, then a free block of `free` bytes between two live
 /// blocks; `size` bytes are then served from that block.
 fn segments_with_holes(size: u64, free: u64, n: usize) -> Pool {
-    let pool = Pool::new(big_sim().with_policy(ReusePolicy::Segments)).expect("simulated pool");
+    segments_with_holes_on(big_sim(), size, free, n)
+}
+
+/// [`segments_with_holes`] with `config` (its policy set to segments).
+fn segments_with_holes_on(config: PoolConfig, size: u64, free: u64, n: usize) -> Pool {
+    let pool = Pool::new(config.with_policy(ReusePolicy::Segments)).expect("simulated pool");
     pool.retention_begin().expect("scope");
     let filler = live_filler(size);
     let mut holes: Vec<DevicePtr> = Vec::with_capacity(n + 1);
@@ -346,6 +358,47 @@ fn replay(c: &mut Criterion) {
     g.finish();
 }
 
+/// The reuse pair of `reuse/2MiB/0` and `reuse/segments-4KiB/0` with the history
+/// ring off (the default) and on (`PoolConfig::history_events`, a ring of 4096
+/// events, full after the first iterations: every pair then overwrites three slots),
+/// in the same run (issue 38).
+fn history(c: &mut Criterion) {
+    let mut g = c.benchmark_group("history");
+    for (on, events) in [("off", 0), ("on", 4096)] {
+        let config = || PoolConfig {
+            history_events: events,
+            ..big_sim()
+        };
+        let mut pool: Option<Pool> = None;
+        g.bench_function(BenchmarkId::new("2MiB", on), |b| {
+            let pool = pool.get_or_insert_with(|| pool_with_idle_on(config(), 2 * MIB, 0));
+            b.iter(|| {
+                let p = pool.allocate_raw(black_box(2 * MIB)).expect("hit");
+                pool.free_raw(p).expect("free");
+            })
+        });
+        if let Some(pool) = pool {
+            assert_eq!(pool.history_on(), events > 0);
+            assert_eq!(pool.snapshot().mappings_created, 1, "every pair was a hit");
+        }
+        let mut pool: Option<Pool> = None;
+        g.bench_function(BenchmarkId::new("segments-4KiB", on), |b| {
+            let pool =
+                pool.get_or_insert_with(|| segments_with_holes_on(config(), 4 * KIB, 4 * KIB, 0));
+            b.iter(|| {
+                let p = pool.allocate_raw(black_box(4 * KIB)).expect("hit");
+                pool.free_raw(p).expect("free");
+            })
+        });
+        if let Some(pool) = pool {
+            let (events_kept, dropped) = pool.history();
+            assert_eq!(events_kept.len(), events);
+            assert_eq!(dropped > 0, events > 0);
+        }
+    }
+    g.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_millis(500))
@@ -356,6 +409,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = reuse, reuse_async, miss, replay
+    targets = reuse, reuse_async, miss, replay, history
 }
 criterion_main!(benches);

@@ -30,7 +30,7 @@ fn config_init_writes_at_most_config_size_bytes() {
     // 56..60, best_fit_max_waste_percent 60..64, cross_stream_reuse 64..68, padding
     // 68..72 (a u64 is 8-aligned), segment_whole_threshold_bytes 72..80,
     // thread_cache_entries 80..84, padding 84..88, thread_cache_bytes 88..96,
-    // record_path 96..104; no tail padding.
+    // record_path 96..104, history_events 104..112; no tail padding.
     for size in [0, 1, 3] {
         assert!(init_into(size).0.iter().all(|&b| b == 0xcd), "size {size}");
     }
@@ -99,12 +99,20 @@ fn config_init_writes_at_most_config_size_bytes() {
         assert_eq!(u32_at(&b, 0), size as u32, "size {size}");
         assert!(b.0[96..].iter().all(|&x| x == 0xcd), "size {size}");
     }
-    // This header's struct, and a newer caller's larger one: 104 bytes written (the
-    // padding before segment_whole_threshold_bytes and before thread_cache_bytes
-    // zeroed, record_path NULL), struct_size says 104, the rest untouched.
-    for size in [104, 128] {
+    // A caller compiled before history_events (sizeof 104): its 104 bytes.
+    for size in [104, 111] {
         let b = init_into(size);
-        assert_eq!(u32_at(&b, 0), 104, "size {size}");
+        assert_eq!(u32_at(&b, 0), size as u32, "size {size}");
+        assert!(b.0[96..104].iter().all(|&x| x == 0), "record_path NULL");
+        assert!(b.0[104..].iter().all(|&x| x == 0xcd), "size {size}");
+    }
+    // This header's struct, and a newer caller's larger one: 112 bytes written (the
+    // padding before segment_whole_threshold_bytes and before thread_cache_bytes
+    // zeroed, record_path NULL, history_events 0), struct_size says 112, the rest
+    // untouched.
+    for size in [112, 128] {
+        let b = init_into(size);
+        assert_eq!(u32_at(&b, 0), 112, "size {size}");
         assert_eq!(u32_at(&b, 12), 0, "best fit");
         assert_eq!(u32_at(&b, 60), 30, "the default waste bound");
         assert_eq!(u32_at(&b, 64), 0, "FLARE_CROSS_STREAM_WHEN_COMPLETE");
@@ -125,7 +133,8 @@ fn config_init_writes_at_most_config_size_bytes() {
             "thread_cache_bytes, size {size}"
         );
         assert!(b.0[96..104].iter().all(|&x| x == 0), "record_path NULL");
-        assert!(b.0[104..].iter().all(|&x| x == 0xcd), "size {size}");
+        assert!(b.0[104..112].iter().all(|&x| x == 0), "history_events 0");
+        assert!(b.0[112..].iter().all(|&x| x == 0xcd), "size {size}");
     }
     // NULL is a no-op.
     // SAFETY: NULL is allowed.
@@ -133,7 +142,7 @@ fn config_init_writes_at_most_config_size_bytes() {
     // What an older caller initialised creates a pool with the defaults.
     let b = init_into(40);
     let mut older = FlarePoolConfig::default_for_layout();
-    // SAFETY: `b` has 128 bytes, `older` is a whole FlarePoolConfig (104 bytes);
+    // SAFETY: `b` has 128 bytes, `older` is a whole FlarePoolConfig (112 bytes);
     // every byte pattern is a valid FlarePoolConfig.
     unsafe {
         ptr::copy_nonoverlapping(

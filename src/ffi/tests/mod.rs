@@ -1,6 +1,6 @@
 //! Tests of the C ABI called from Rust, as C calls it, one module per file of
 //! `src/ffi` (`boundary`, `pool` and `config`, `memory`, `stream`, `sim`, `tags`,
-//! `torch`, `version`) and two of races and lifetimes: statuses and messages, NULL pools and
+//! `torch`, `version`, `viz`) and two of races and lifetimes: statuses and messages, NULL pools and
 //! outputs, misaligned outputs, `struct_size` versioning, zero and overflowing sizes,
 //! unknown pointers, the counters after an allocate and free, scopes, tags, fault
 //! injection, the panic boundary and poisoning, destroy reports, the last error's
@@ -29,7 +29,9 @@ mod stream_lifetime;
 mod tag_state_races;
 mod tags;
 mod torch;
+// memory_viz snapshots and the history frame (issue 38).
 mod version;
+mod viz;
 
 const MIB: u64 = 1 << 20;
 

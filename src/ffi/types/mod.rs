@@ -40,12 +40,12 @@ pub(crate) use versioned::{struct_prefix, VersionedOut};
 /// and created streams are passed through unchanged. On the simulated backend, a
 /// handle from `flare_sim_stream_create`, or NULL.
 pub type FlareStream = *mut c_void;
-// The layouts the C tests assert too (`sizeof` 104, 472, 40 and 72 on 64-bit targets).
+// The layouts the C tests assert too (`sizeof` 112, 472, 40 and 72 on 64-bit targets).
 const _: () = assert!(size_of::<FlareStatus>() == 4 && size_of::<FlareBackend>() == 4);
 const _: () = assert!(size_of::<FlareReusePolicy>() == 4 && size_of::<FlareDriverCall>() == 4);
 const _: () = assert!(size_of::<FlareCrossStreamReuse>() == 4);
 const _: () = assert!(size_of::<FlareSnapshot>() == 8 + 58 * 8);
-const _: () = assert!(size_of::<FlarePoolConfig>() == 104);
+const _: () = assert!(size_of::<FlarePoolConfig>() == 112);
 const _: () = assert!(size_of::<FlareDestroyReport>() == 8 + 4 * 8);
 const _: () = assert!(size_of::<FlareTagCensus>() == 8 + 8 * 8);
 const _: () = assert!(size_of::<FlareSleepMode>() == 4);

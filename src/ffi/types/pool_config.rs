@@ -147,6 +147,14 @@ versioned_struct! {
         /// offset 96. Added in 0.1.0 after `thread_cache_bytes` (`sizeof` grew from 96
         /// to 104): an older caller's `struct_size` of 96 leaves it NULL.
         pub record_path: *const std::ffi::c_char,
+        /// Events the pool's history ring keeps (issue 38): its recent allocations,
+        /// frees, mappings made and released and out-of-memory refusals, as PyTorch's
+        /// memory_viz names them, the oldest overwritten once it is full; the
+        /// `device_traces` of `flare_pool_dump_snapshot`. 0 (the default) turns it
+        /// off: a branch per call. On, each event takes the ring's own lock and about
+        /// 100 bytes. At offset 104. Added in 0.3.0 after `record_path` (`sizeof` grew
+        /// from 104 to 112): an older caller's `struct_size` of 104 leaves it 0.
+        pub history_events: u64,
     }
 }
 
@@ -176,6 +184,7 @@ impl FlarePoolConfig {
             thread_cache_entries: DEFAULT_THREAD_CACHE_ENTRIES,
             thread_cache_bytes: DEFAULT_THREAD_CACHE_BYTES,
             record_path: ptr::null(),
+            history_events: 0,
         }
     }
 }

@@ -47,6 +47,10 @@ c_enum! {
     /// A stream in the wrong state for the call (issue 34): forgetting a stream
     /// (`flare_pool_forget_stream`) while it is being captured. Nothing changed.
     FLARE_STATUS_STREAM_STATE = 11 <- StreamState;
+    /// A file could not be written (`flare_pool_dump_snapshot`, issue 38: a missing
+    /// directory, no permission, a full disk); the message names the file and the
+    /// system's reason. The pool is unchanged.
+    FLARE_STATUS_IO = 12 <- Io;
 }
 /// A `FlareStatus` as C passes it: read as its integer so that any value is
 /// defined. Rendered as `FlareStatus` in the header.

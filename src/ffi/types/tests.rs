@@ -88,13 +88,19 @@ fn struct_prefix_rounds_down_to_field_boundaries() {
     assert_eq!(offset_of!(FlarePoolConfig, thread_cache_bytes), 88);
     // record_path (a pointer at 96) grew it to 104.
     assert_eq!(offset_of!(FlarePoolConfig, record_path), 96);
-    assert_eq!(FlarePoolConfig::FIELD_ENDS.last().copied(), Some(104));
-    assert_eq!(size_of::<FlarePoolConfig>(), 104);
+    // history_events (a u64 at 104, issue 38) grew it to 112.
+    assert_eq!(offset_of!(FlarePoolConfig, history_events), 104);
+    assert_eq!(FlarePoolConfig::FIELD_ENDS.last().copied(), Some(112));
+    assert_eq!(size_of::<FlarePoolConfig>(), 112);
     check_prefixes::<FlarePoolConfig>(
         &FlarePoolConfig::FIELD_ENDS,
         &[
+            (112, Some(112)),
+            (4096, Some(112)),
+            // A caller compiled before history_events (sizeof 104): every field up
+            // to record_path, not history_events (read as 0: off).
             (104, Some(104)),
-            (4096, Some(104)),
+            (111, Some(104)),
             // A caller compiled before record_path (sizeof 96): every field up to
             // thread_cache_bytes, not record_path (read as NULL).
             (96, Some(96)),

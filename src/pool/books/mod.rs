@@ -108,6 +108,8 @@ pub(super) struct State {
     /// Recorded lines held back for the line of the call whose locked section
     /// learnt them ([`super::record::Held`]).
     pub(super) rec_held: super::record::Held,
+    /// The pool's history ring (`history/`), `None` when off.
+    pub(super) history: Option<std::sync::Arc<super::history::History>>,
 }
 
 impl State {
@@ -170,6 +172,7 @@ impl State {
             tier_slots: 0,
             tags: HashMap::new(),
             rec_held: super::record::Held::default(),
+            history: None,
         }
     }
 
@@ -324,12 +327,14 @@ impl State {
 
     /// Frees live `ptr` (with `id`, only if it is that allocation): makes its slot
     /// idle ([`State::make_idle`]) and returns it with the buckets of the streams
-    /// `record_stream` gave it. Errors: [`Error::UnknownPointer`](crate::Error::UnknownPointer),
+    /// `record_stream` gave it; the free (on `stream`, `None` for the synchronous
+    /// `free`) goes to the history ring, when on. Errors: [`Error::UnknownPointer`](crate::Error::UnknownPointer),
     /// nothing changed.
     pub(super) fn free_live(
         &mut self,
         ptr: DevicePtr,
         id: Option<u64>,
+        stream: Option<Stream>,
     ) -> crate::Result<(u32, Option<Vec<u32>>)> {
         let unknown = crate::Error::UnknownPointer { ptr };
         // One hash lookup on the common path: removed first, put back on a mismatch.
@@ -338,6 +343,8 @@ impl State {
             self.live.insert(ptr, slot);
             return Err(crate::Error::UnknownPointer { ptr });
         }
+        // Before the memory can be handed out again (the lock is held).
+        self.history_free(slot, super::history::raw(stream));
         self.make_idle(slot);
         let recorded = if self.recorded.is_empty() {
             None

@@ -5,6 +5,7 @@ use super::deltas::add;
 use super::{to_books, Caches, Freed, Held, Inner, ThreadCache, TIER_KEY};
 use crate::driver::DevicePtr;
 use crate::pool::books::{MappingState, State, SYNC_FREED};
+use crate::pool::history::{free_pair, History};
 use crate::pool::segments::home_of;
 use crate::pool::table::{Entry, IDLE, LIVE};
 use crate::pool::tag_gate::TagGate;
@@ -28,6 +29,7 @@ impl Caches {
         id: Option<u64>,
         state: &'a Mutex<State>,
         rec: Option<&crate::pool::record::Recorder>,
+        history: Option<&History>,
         gate: &TagGate,
     ) -> Option<crate::Result<Freed<'a>>> {
         if !self.enabled || (self.used.load(Ordering::Relaxed) == 0 && !self.is_open()) {
@@ -44,11 +46,14 @@ impl Caches {
                 .tlb
                 .with(&self.table, ptr, false, |entry| {
                     let (e, owner) = claim(entry, ptr, id)?;
+                    let requested = entry.requested.load(Ordering::Relaxed);
                     // Recorded before the memory can be handed out again.
                     if let Some(r) = rec {
                         r.free(ptr, None);
                     }
-                    let requested = entry.requested.load(Ordering::Relaxed);
+                    if let Some(h) = history {
+                        h.write(&free_pair(ptr, requested, 0, 0));
+                    }
                     let remote = if open && owner != c.id {
                         self.cache(owner).filter(|o| self.reserve_remote(o, e.size))
                     } else {
@@ -92,10 +97,13 @@ impl Caches {
                     return self.refuse_closed(ptr, id);
                 }
                 let (e, _) = claim(entry, ptr, id)?;
+                let requested = entry.requested.load(Ordering::Relaxed);
                 if let Some(r) = rec {
                     r.free(ptr, None);
                 }
-                let requested = entry.requested.load(Ordering::Relaxed);
+                if let Some(h) = history {
+                    h.write(&free_pair(ptr, requested, 0, 0));
+                }
                 st.tier_deltas.freed(e.size, requested, e.block);
                 to_books(&mut st, e.slot);
                 Some(Ok(Freed::Books(st, e.slot)))
@@ -149,7 +157,7 @@ impl Caches {
         mut st: MutexGuard<'a, State>,
         rec: Option<&crate::pool::record::Recorder>,
     ) -> crate::Result<Freed<'a>> {
-        let (slot, recorded) = st.free_live(ptr, id)?;
+        let (slot, recorded) = st.free_live(ptr, id, None)?;
         if let Some(r) = rec {
             r.free(ptr, None);
         }

@@ -153,7 +153,9 @@ impl State {
                 0,
             )
         });
-        self.place_range(claim.seg, claim.ptr, size, hslot)
+        let placed = self.place_range(claim.seg, claim.ptr, size, hslot);
+        self.history_handle(hslot, true);
+        placed
     }
 
     /// Handle `hslot`, mapped at `ptr` (`size` bytes) at segment `sid`'s growing end,

@@ -113,7 +113,9 @@ impl State {
         m.reservation.ptr = ptr;
         m.alias = lend.old_ptr;
         let sid = m.seg;
-        self.place_range(sid, ptr, size, lend.slot)
+        let placed = self.place_range(sid, ptr, size, lend.slot);
+        self.history_handle(lend.slot, true);
+        placed
     }
 
     /// A lend that failed (its new mapping refused, or undone): the handle goes back

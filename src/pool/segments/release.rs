@@ -257,6 +257,8 @@ impl State {
                 }
             }
         }
+        self.history_handle(h.slot, false);
+        let seg = &mut self.segs.segs[sid as usize];
         seg.handles.remove(i);
         seg.busy += 1;
         let c = &mut self.counters;
@@ -308,6 +310,7 @@ impl State {
             seg.tail_end = ptr + size;
         }
         self.merge_free(b);
+        self.history_handle(slot, true);
     }
 
     /// A handle of segment `sid` was unmapped (released or left pending): its range

@@ -41,6 +41,7 @@ impl Pool {
         let _order = self.record_order();
         self.record_call_start();
         let r = self.allocate_async_unrecorded(bytes, stream);
+        self.history_alloc(&r, |p| *p, bytes, 0, Some(stream));
         match &r {
             Ok(ptr) => {
                 if let Some(rec) = &self.rec {

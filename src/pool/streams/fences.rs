@@ -234,6 +234,7 @@ impl Pool {
                 m.state = MappingState::Releasing;
                 let m = *m;
                 batch.mappings.push((slot, m));
+                st.history_whole(slot, false);
             } else {
                 st.index_insert(slot, ANY);
             }

@@ -78,7 +78,7 @@ impl Pool {
         let mut batch = Batch::default();
         {
             let mut st = st;
-            let (slot, recorded) = st.free_live(ptr, id)?;
+            let (slot, recorded) = st.free_live(ptr, id, Some(stream))?;
             if self.rec.is_some() {
                 // What this section's poll learns is written with this free's line.
                 st.rec_held.hold();

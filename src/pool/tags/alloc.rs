@@ -74,6 +74,7 @@ impl Pool {
         self.record_call_start();
         let r = self.allocate_tagged_unrecorded(bytes, stream, tag);
         self.leave(entry);
+        self.history_alloc(&r, |p| *p, bytes, tag, stream);
         match &r {
             Ok(ptr) => self.record_tagged(*ptr, bytes, tag, stream),
             Err(e) => self.record_failed(e, bytes, tag, stream),

@@ -476,6 +476,7 @@ impl Pool {
         let mut list = Vec::with_capacity(entries.len());
         for (q, off) in entries {
             let size = q.handle.size;
+            st.history_sleep(q.slot, true);
             {
                 let m = st.mapping_mut(q.slot);
                 m.asleep = true;

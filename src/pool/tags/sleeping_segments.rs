@@ -148,6 +148,13 @@ impl State {
         if plan.segs.is_empty() {
             return;
         }
+        // The history (when on): the live blocks freed, then their handles unmapped.
+        for &(slot, _, _) in &plan.live {
+            self.history_sleep(slot, true);
+        }
+        for &(h, _, _) in &plan.handles {
+            self.history_handle(h.slot, false);
+        }
         let mut handle_bytes = 0;
         for &(h, _, alias) in &plan.handles {
             let c = &mut self.counters;
@@ -246,6 +253,7 @@ impl State {
             c.segment_mapped_bytes += h.size;
             self.add_physical(h.size, 0);
             handle_bytes += h.size;
+            self.history_handle(h.slot, true);
         }
         let mut live_bytes = 0;
         for &(slot, _) in &ss.live {
@@ -254,6 +262,7 @@ impl State {
                 m.asleep = false;
                 m.size()
             };
+            self.history_sleep(slot, false);
             let c = &mut self.counters;
             c.block_live_count += 1;
             c.block_live_bytes += size;

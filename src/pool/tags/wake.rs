@@ -396,6 +396,7 @@ impl Pool {
                 m.handle = *handle;
                 was_held && !created
             };
+            st.history_sleep(p.slot, false);
             let c = &mut st.counters;
             c.live_mapped_bytes += size;
             c.peak_live_mapped_bytes = c.peak_live_mapped_bytes.max(c.live_mapped_bytes);

@@ -45,7 +45,7 @@ pub fn replay(
     trace: &Trace,
     progress: Option<&dyn Fn(u64, u64)>,
 ) -> Result<ReplayReport, ReplayError> {
-    replay_inner(pool, trace, progress, None, None, false)
+    replay_inner(pool, trace, progress, None, None, None, false)
 }
 
 /// Replays a recorded trace (`docs/trace-format.md`, "Recorded traces") as the
@@ -60,7 +60,7 @@ pub fn replay_as_recorded(
     trace: &Trace,
     progress: Option<&dyn Fn(u64, u64)>,
 ) -> Result<ReplayReport, ReplayError> {
-    replay_inner(pool, trace, progress, None, None, true)
+    replay_inner(pool, trace, progress, None, None, None, true)
 }
 
 /// [`replay_as_recorded`], with the pool's physical bytes read after every event
@@ -73,7 +73,7 @@ pub fn replay_as_recorded_sampled(
     progress: Option<&dyn Fn(u64, u64)>,
     samples: &mut PhysicalSamples,
 ) -> Result<ReplayReport, ReplayError> {
-    replay_inner(pool, trace, progress, None, Some(samples), true)
+    replay_inner(pool, trace, progress, None, Some(samples), None, true)
 }
 
 /// [`replay`], with the census of every tag the trace names
@@ -86,9 +86,21 @@ pub fn replay_census(
     trace: &Trace,
     progress: Option<&dyn Fn(u64, u64)>,
 ) -> Result<(ReplayReport, Vec<TagReplay>), ReplayError> {
-    let mut tags = Vec::new();
-    let report = replay_inner(pool, trace, progress, Some(&mut tags), None, false)?;
-    Ok((report, tags))
+    replay_observed(pool, trace, progress, None, None)
+}
+
+/// [`replay_census`], calling `at_end` with the pool when the trace's events are
+/// done (or stopped), before the census and before the replay frees what is live
+/// (`flare-replay --viz` writes its memory_viz snapshot there).
+///
+/// Errors: as [`replay`].
+pub fn replay_census_then(
+    pool: &Pool,
+    trace: &Trace,
+    progress: Option<&dyn Fn(u64, u64)>,
+    at_end: &mut dyn FnMut(&Pool),
+) -> Result<(ReplayReport, Vec<TagReplay>), ReplayError> {
+    replay_observed(pool, trace, progress, None, Some(at_end))
 }
 
 /// [`replay_census`], with the pool's physical bytes read after every event into
@@ -102,8 +114,31 @@ pub fn replay_sampled(
     progress: Option<&dyn Fn(u64, u64)>,
     samples: &mut PhysicalSamples,
 ) -> Result<(ReplayReport, Vec<TagReplay>), ReplayError> {
+    replay_observed(pool, trace, progress, Some(samples), None)
+}
+
+/// [`replay_census`] with both observers, each optional: the pool's physical bytes
+/// read after every event into `samples` ([`replay_sampled`]) and `at_end` called
+/// with the pool when the trace's events are done ([`replay_census_then`]).
+///
+/// Errors: as [`replay`].
+pub fn replay_observed(
+    pool: &Pool,
+    trace: &Trace,
+    progress: Option<&dyn Fn(u64, u64)>,
+    samples: Option<&mut PhysicalSamples>,
+    at_end: Option<&mut dyn FnMut(&Pool)>,
+) -> Result<(ReplayReport, Vec<TagReplay>), ReplayError> {
     let mut tags = Vec::new();
-    let report = replay_inner(pool, trace, progress, Some(&mut tags), Some(samples), false)?;
+    let report = replay_inner(
+        pool,
+        trace,
+        progress,
+        Some(&mut tags),
+        samples,
+        at_end,
+        false,
+    )?;
     Ok((report, tags))
 }
 
@@ -113,6 +148,7 @@ fn replay_inner(
     progress: Option<&dyn Fn(u64, u64)>,
     tags: Option<&mut Vec<TagReplay>>,
     mut samples: Option<&mut PhysicalSamples>,
+    at_end: Option<&mut dyn FnMut(&Pool)>,
     as_recorded: bool,
 ) -> Result<ReplayReport, ReplayError> {
     let start_snapshot = pool.snapshot();
@@ -336,6 +372,9 @@ fn replay_inner(
     }
     if let Some(s) = samples {
         s.close(processed);
+    }
+    if let Some(f) = at_end {
+        f(pool);
     }
 
     if let Some(out) = tags {

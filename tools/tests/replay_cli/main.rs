@@ -16,6 +16,7 @@ mod json;
 mod plot;
 mod stdio;
 mod table;
+mod viz;
 
 use std::path::{Path, PathBuf};
 

@@ -87,6 +87,14 @@ what is live): the tag's `a` lines, its peak live bytes, and its live, idle and
 physical bytes then (tag 0: the lines without a tag). Tagged allocations are whole
 mappings in every policy.
 
+--viz OUT.pickle writes what the pool held when the trace's events were done, as
+a memory_viz snapshot (docs/flare-replay.md, \"memory_viz snapshots\"): open it at
+pytorch.org/memory_viz or with torch.cuda._memory_viz. The replay runs with the
+pool's history ring on (its events are the snapshot's trace: every allocation, free,
+mapping made and released). One input; each policy replayed writes its own file,
+OUT with the policy's name before the extension, unless one policy is replayed
+(--policy NAME), which writes OUT itself.
+
 --json prints, instead of the table, one JSON object per line and per (trace,
 policy), with exactly these keys:
   trace                  the trace's path as given (<stdin> for -)
@@ -204,6 +212,17 @@ pub(crate) struct Args {
     /// physical memory of each replay, the bytes live and the lower bound.
     #[arg(long, value_name = "OUT", conflicts_with = "convert", long_help = PLOT_HELP)]
     pub(crate) plot: Option<PathBuf>,
+
+    /// Write a memory_viz snapshot of the replay to OUT (a pickle that PyTorch's
+    /// memory_viz opens): the pool's segments and blocks when the trace's events are
+    /// done, and its events; one input only; with several policies, one file each,
+    /// the policy's name before OUT's extension (run.best-fit.pickle).
+    #[arg(
+        long,
+        value_name = "OUT.pickle",
+        conflicts_with_all = ["convert", "as_recorded"]
+    )]
+    pub(crate) viz: Option<PathBuf>,
 
     /// Trace files (flare-trace v1) or PyTorch memory snapshots; `-` is standard
     /// input.

@@ -17,6 +17,7 @@ mod args;
 mod input;
 mod output;
 mod plot;
+mod viz;
 
 use std::cell::Cell;
 use std::io::{IsTerminal, Write};
@@ -132,6 +133,15 @@ fn run(args: &Args) -> Result<(), Stop> {
     if args.as_recorded {
         return run_as_recorded(args, &traces);
     }
+    if args.viz.is_some() && traces.len() != 1 {
+        return Err(Stop::Failed(
+            EXIT_BAD_INPUT,
+            format!(
+                "--viz takes exactly one input (its snapshot is of one trace), not {}",
+                traces.len()
+            ),
+        ));
+    }
     // Stream-ordered lines replay on the simulated driver only: refused before any
     // trace replays, not after those before it.
     if args.backend == BackendArg::Cuda {
@@ -167,17 +177,43 @@ fn run(args: &Args) -> Result<(), Stop> {
         let mut granularity = 0;
         let mut lines = Vec::new();
         for &policy in &args.policy.0 {
-            let pool = Pool::new(config.clone().with_policy(policy)).map_err(|e| {
+            let config = PoolConfig {
+                history_events: args
+                    .viz
+                    .as_ref()
+                    .map_or(0, |_| viz::history_events(t.len())),
+                ..config.clone()
+            };
+            let pool = Pool::new(config.with_policy(policy)).map_err(|e| {
                 (
                     EXIT_FAILED,
                     format!("cannot create a {} pool: {e}", args.backend.name()),
                 )
             })?;
             granularity = pool.granularity();
+            let mut viz_error = None;
+            let viz_path = args
+                .viz
+                .as_ref()
+                .map(|out| viz::path_for(out, policy, args.policy.0.len() > 1));
+            let mut at_end = |pool: &Pool| {
+                if let Some(path) = &viz_path {
+                    viz::write(pool, path, &mut viz_error);
+                }
+            };
             let mut samples = args.plot.as_ref().map(|_| plot::samples_for(t));
-            let (report, tags) =
-                replay_with_progress(&pool, t, policy, show_progress, samples.as_mut())
-                    .map_err(|e| (EXIT_FAILED, format!("replay ({}): {e}", policy.name())))?;
+            let (report, tags) = replay_with_progress(
+                &pool,
+                t,
+                policy,
+                show_progress,
+                samples.as_mut(),
+                &mut at_end,
+            )
+            .map_err(|e| (EXIT_FAILED, format!("replay ({}): {e}", policy.name())))?;
+            if let Some(e) = viz_error {
+                return Err(Stop::Failed(EXIT_FAILED, e));
+            }
             if let Some(s) = &samples {
                 lines.push(plot::line_of(policy.name(), s, &report));
             }
@@ -283,16 +319,10 @@ fn replay_with_progress(
     policy: ReusePolicy,
     show: bool,
     mut samples: Option<&mut trace::PhysicalSamples>,
+    at_end: &mut dyn FnMut(&Pool),
 ) -> Result<(ReplayReport, Vec<trace::TagReplay>), trace::ReplayError> {
-    let run = |progress: Option<&dyn Fn(u64, u64)>,
-               samples: Option<&mut trace::PhysicalSamples>| {
-        match samples {
-            Some(s) => trace::replay_sampled(pool, t, progress, s),
-            None => trace::replay_census(pool, t, progress),
-        }
-    };
     if !show {
-        return run(None, samples.as_deref_mut());
+        return trace::replay_observed(pool, t, None, samples.as_deref_mut(), Some(at_end));
     }
     let bar = ProgressBar::with_draw_target(Some(t.len() as u64), ProgressDrawTarget::hidden());
     if let Ok(style) =
@@ -310,7 +340,7 @@ fn replay_with_progress(
         }
         bar.set_position(done);
     };
-    let result = run(Some(&on_progress), samples);
+    let result = trace::replay_observed(pool, t, Some(&on_progress), samples, Some(at_end));
     bar.finish_and_clear();
     result
 }

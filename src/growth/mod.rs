@@ -39,8 +39,9 @@
 //! [`GrowthOptions::min_steps`] distinct steps (default 32) and one of them is in the
 //! last quarter of the steps: growth that goes on to the end. A warmup's retention
 //! stops: the graph-warmup trace shipped in `tests/data/` ends with 63 allocations
-//! live, three per CUDA graph captured (its outputs and a cuBLAS workspace: bounded
-//! by the number of graphs), made in 23 distinct steps of 1000 allocations, below 32.
+//! live, made while its CUDA graphs were captured (21 cuBLAS workspaces of 32 MiB and
+//! the graphs' outputs, a new size each graph: bounded by the number of graphs), in
+//! 21 distinct steps of 1000 allocations, below 32.
 //! The groups that grow come first, most bytes per step first; the others follow,
 //! most bytes first. The report's text states the rule with its thresholds.
 
@@ -56,7 +57,7 @@ pub use text::SHOWN_NOT_GROWING;
 pub const DEFAULT_STEP_EVENTS: u64 = 1000;
 
 /// The distinct steps a group's live allocations must come from for it to grow
-/// ([`GrowthOptions::min_steps`]'s default): above the 23 steps of the shipped
+/// ([`GrowthOptions::min_steps`]'s default): above the 21 steps of the shipped
 /// graph-warmup trace's survivors, below the 100 calls or more of a server loop that
 /// leaks.
 pub const DEFAULT_MIN_STEPS: u64 = 32;

@@ -19,6 +19,7 @@ mod config;
 mod create;
 mod fit;
 mod free;
+mod growth_report;
 mod guards;
 mod index;
 mod miss;
@@ -27,6 +28,7 @@ mod release;
 mod retention;
 mod segments;
 mod snapshot;
+mod steps;
 mod streams;
 mod table;
 mod tags;
@@ -42,6 +44,7 @@ pub use config::{
 };
 pub use guards::{Allocation, RetentionScope};
 pub(crate) use snapshot::snapshot_counters;
+pub(crate) use steps::StepClock;
 pub use snapshot::Snapshot;
 pub(crate) use streams::check_forgettable;
 pub use tags::{SleepMode, TagCensus};
@@ -94,6 +97,9 @@ pub struct Pool {
     /// stream goes back to that stream's heap or bucket at once (coalescing), as a
     /// free outside a capture does, instead of waiting whole in the capture's bucket.
     captures_only: std::sync::atomic::AtomicBool,
+    /// The clock every allocation is stamped from (`steps.rs`): sequence numbers,
+    /// step markers, scope begins; the growth report's steps.
+    clock: Arc<steps::StepClock>,
 }
 
 impl Pool {
@@ -134,6 +140,7 @@ impl Pool {
                 &record::header(&config, granularity, device_total),
             ))
         });
+        let clock = Arc::new(steps::StepClock::new());
         Ok(Pool {
             rec,
             caches,
@@ -148,10 +155,11 @@ impl Pool {
             cross_stream: config.cross_stream_reuse,
             access_devices,
             device_total,
-            state: Mutex::new(State::new(granularity)),
+            state: Mutex::new(State::new(granularity, Arc::clone(&clock))),
             releases_done: Condvar::new(),
             gate: tag_gate::TagGate::new(),
             captures_only: std::sync::atomic::AtomicBool::new(false),
+            clock,
         })
     }
 
@@ -218,7 +226,7 @@ impl Pool {
         // books so that `Drop` (which runs next) does not release it a third and
         // fourth time behind the error just returned (found by
         // failure_classes::drop_retries_once_and_leaves_refused_memory_in_order).
-        *lock(&self.state) = State::new(self.granularity);
+        *lock(&self.state) = State::new(self.granularity, Arc::clone(&self.clock));
         result
     }
 }

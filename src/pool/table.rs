@@ -83,6 +83,10 @@ pub(super) struct Entry {
     pub(super) requested: AtomicU64,
     /// The next address in its owner's remote list (0: the end).
     pub(super) next: AtomicU64,
+    /// While live through a cache: its stamp's sequence number and step word
+    /// (`steps.rs`), written under its cache's mutex.
+    pub(super) seq: AtomicU64,
+    pub(super) steps: AtomicU64,
 }
 
 impl Entry {
@@ -93,6 +97,8 @@ impl Entry {
             size: AtomicU64::new(0),
             requested: AtomicU64::new(0),
             next: AtomicU64::new(0),
+            seq: AtomicU64::new(0),
+            steps: AtomicU64::new(0),
         }
     }
 

@@ -108,6 +108,9 @@ pub(super) struct State {
     /// Recorded lines held back for the line of the call whose locked section
     /// learnt them ([`super::record::Held`]).
     pub(super) rec_held: super::record::Held,
+    /// The pool's step clock: [`State::make_live`] stamps each allocation from it
+    /// (`steps.rs`).
+    pub(super) clock: std::sync::Arc<super::steps::StepClock>,
 }
 
 impl State {
@@ -134,7 +137,7 @@ impl State {
         old
     }
 
-    pub(super) fn new(granularity: u64) -> Self {
+    pub(super) fn new(granularity: u64, clock: std::sync::Arc<super::steps::StepClock>) -> Self {
         State {
             slots: Vec::new(),
             free_slots: Vec::new(),
@@ -170,6 +173,7 @@ impl State {
             tier_slots: 0,
             tags: HashMap::new(),
             rec_held: super::record::Held::default(),
+            clock,
         }
     }
 
@@ -383,7 +387,9 @@ impl State {
     /// Makes `slot` live for a caller who asked for `requested` bytes; returns its
     /// pointer.
     pub(super) fn make_live(&mut self, slot: u32, requested: u64) -> DevicePtr {
+        let stamp = self.clock.stamp();
         let m = self.mapping_mut(slot);
+        m.stamp = stamp;
         // Tag 0's until a tagged allocation claims it (`tags/alloc.rs`).
         m.tag = 0;
         m.state = MappingState::Live;

@@ -44,8 +44,8 @@ pub use config::{
 };
 pub use guards::{Allocation, RetentionScope};
 pub(crate) use snapshot::snapshot_counters;
-pub(crate) use steps::StepClock;
 pub use snapshot::Snapshot;
+pub(crate) use steps::StepClock;
 pub(crate) use streams::check_forgettable;
 pub use tags::{SleepMode, TagCensus};
 

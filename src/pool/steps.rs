@@ -169,9 +169,14 @@ mod tests {
             }
         );
         // Saturation: the low half full does not carry into the markers.
-        c.steps.0.store(u64::from(u32::MAX) | (5 << 32), Ordering::Relaxed);
+        c.steps
+            .0
+            .store(u64::from(u32::MAX) | (5 << 32), Ordering::Relaxed);
         c.scope_begun();
-        assert_eq!((c.counts().markers, c.counts().scopes), (5, u64::from(u32::MAX)));
+        assert_eq!(
+            (c.counts().markers, c.counts().scopes),
+            (5, u64::from(u32::MAX))
+        );
         c.steps.0.store(u64::MAX, Ordering::Relaxed);
         c.mark();
         c.scope_begun();

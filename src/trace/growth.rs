@@ -25,9 +25,8 @@ impl Trace {
         for e in &self.events {
             let (id, bytes, tag) = match *e {
                 Event::Alloc { id, bytes } => (id, bytes, 0),
-                Event::AllocTagged { id, bytes, tag } | Event::AllocAsync { id, bytes, tag, .. } => {
-                    (id, bytes, tag)
-                }
+                Event::AllocTagged { id, bytes, tag }
+                | Event::AllocAsync { id, bytes, tag, .. } => (id, bytes, tag),
                 Event::Free { id } | Event::FreeAsync { id, .. } => {
                     if let Some(slot) = live.get_mut(id as usize) {
                         *slot = None;

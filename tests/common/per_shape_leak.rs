@@ -151,6 +151,9 @@ pub fn trace_text() -> String {
 
 /// The bytes per step the leak grows by: `sum(WIDTHS) * sum(lengths) / CALLS`.
 pub fn leak_bytes_per_step() -> f64 {
-    let total: u64 = lengths().iter().map(|l| l * WIDTHS.iter().sum::<u64>()).sum();
+    let total: u64 = lengths()
+        .iter()
+        .map(|l| l * WIDTHS.iter().sum::<u64>())
+        .sum();
     total as f64 / CALLS as f64
 }

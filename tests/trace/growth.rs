@@ -146,7 +146,9 @@ fn the_shipped_traces_report_no_growth() {
         if path.ends_with("graph-warmup-20sizes.tensor.trace") {
             assert_eq!((live.len(), steps.len()), (63, 21), "{path}");
         }
-        let r = trace::parse(path).unwrap().growth_report(&GrowthOptions::default());
+        let r = trace::parse(path)
+            .unwrap()
+            .growth_report(&GrowthOptions::default());
         assert_eq!(r.step_kind, StepKind::Events(1000), "{path}");
         assert_eq!(r.steps, allocations.div_ceil(1000).max(1), "{path}");
         assert_eq!(r.live_count, live.len() as u64, "{path}");

@@ -250,40 +250,48 @@ fn the_text_names_the_steps_the_rule_and_the_groups() {
         lines[1],
         "steps: 41, one per step marker (40 written; step 0 is before the first)"
     );
+    assert_eq!(
+        lines[2..6].join("\n"),
+        "rule: a group (a tag and a size; a tag's sizes made in one step each pooled as\n  \
+         \"a new size each step\") grows when its live allocations come from at least 32\n  \
+         distinct steps, one of them in the last quarter (step 30 or later); its rate\n  \
+         is what it gained after its first step, per step since"
+    );
+    assert_eq!(lines[6], "growing, most bytes per step first:");
+    // 3 a step, 61506 B a step: (3000 s + 6) over s = 1..40, over 40 steps.
+    assert_eq!(
+        lines[7],
+        format!(
+            "  tag 0, a new size each step (122 sizes): 3 allocations and {} per step",
+            crate::fmt_bytes(61_506)
+        )
+    );
     assert!(
-        lines[2].contains("at least 32 distinct steps"),
+        lines[8].starts_with("      123 live, ")
+            && lines[8].ends_with(", made in steps 0 to 40 (41 distinct)"),
         "{}",
-        lines[2]
+        lines[8]
     );
-    assert!(lines[2].contains("(step 30 or later)"), "{}", lines[2]);
-    assert_eq!(lines[3], "growing, most bytes per step first:");
+    // 32 gained over 39 steps: 0.821 a step; 8192 B over 39: 210 B.
+    assert_eq!(
+        lines[9],
+        "  tag 0, 256 B each: 0.821 allocations and 210 B per step"
+    );
+    assert_eq!(
+        lines[10],
+        "      33 live, 8.2 KiB, made in steps 1 to 33 (33 distinct)"
+    );
+    assert_eq!(lines[11], "not growing, most bytes first:");
     assert!(
-        lines[4].starts_with("  tag 0, a new size each step (122 sizes): 123 live, "),
+        lines[12].starts_with("  tag 5, 512 B each: "),
         "{}",
-        lines[4]
+        lines[12]
     );
-    assert!(
-        lines[4].contains("made in steps 0 to 40 (41 distinct); 3 allocations and "),
-        "{}",
-        lines[4]
+    assert_eq!(
+        lines[13],
+        "      20 live, 10.0 KiB, made in steps 2 to 40 (20 distinct)"
     );
-    assert!(
-        lines[5].starts_with("  tag 0, 256 B each: 33 live"),
-        "{}",
-        lines[5]
-    );
-    assert!(
-        lines[5].contains("0.821 allocations"),
-        "32/39: {}",
-        lines[5]
-    );
-    assert_eq!(lines[6], "not growing, most bytes first:");
-    assert!(
-        lines[7].starts_with("  tag 5, 512 B each: 20 live"),
-        "{}",
-        lines[7]
-    );
-    assert_eq!(lines.len(), 8);
+    assert_eq!(lines.len(), 14);
 
     // Nothing grows: said in so many words.
     let r = analyze(&v[..3], counts, &GrowthOptions::default());

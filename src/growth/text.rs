@@ -10,8 +10,8 @@ use crate::fmt_bytes;
 pub const SHOWN_NOT_GROWING: usize = 20;
 
 impl fmt::Display for GrowthReport {
-    /// The report as text, one group per line (the groups that do not grow beyond the
-    /// first [`SHOWN_NOT_GROWING`] summed on one line), ending in a line break.
+    /// The report as text, two lines per group (the groups that do not grow beyond
+    /// the first [`SHOWN_NOT_GROWING`] summed on one line), ending in a line break.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let growing = self.growing().count();
         writeln!(
@@ -52,10 +52,10 @@ impl fmt::Display for GrowthReport {
         }
         writeln!(
             f,
-            "rule: a group (a tag and a size; a tag's sizes made in one step each are \
-             pooled as \"a new size each step\") grows when its live allocations were made \
-             in at least {} distinct steps, one of them in the last quarter (step {} or \
-             later); its rate is what it gained after its first step, per step since",
+            "rule: a group (a tag and a size; a tag's sizes made in one step each pooled as\n  \
+             \"a new size each step\") grows when its live allocations come from at least {}\n  \
+             distinct steps, one of them in the last quarter (step {} or later); its rate\n  \
+             is what it gained after its first step, per step since",
             self.options.min_steps, self.final_quarter_from
         )?;
         if growing == 0 {
@@ -93,6 +93,8 @@ impl fmt::Display for GrowthReport {
 struct Line<'a>(&'a GrowthGroup);
 
 impl fmt::Display for Line<'_> {
+    /// Two lines: the group and its rate, then (indented, without a line break at
+    /// the end) what is live and the steps it was made in.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let g = self.0;
         write!(f, "tag {}, ", g.tag)?;
@@ -103,27 +105,25 @@ impl fmt::Display for Line<'_> {
                 write!(f, "a new size each step ({sizes} size{})", plural(sizes))?
             }
         }
-        write!(f, ": {} live, {}, made in ", g.count, fmt_bytes(g.bytes))?;
+        let per_step = g.allocations_per_step();
+        write!(
+            f,
+            ": {} allocation{} and {} per step\n      {} live, {}, made in ",
+            rate(per_step),
+            if per_step == 1.0 { "" } else { "s" },
+            fmt_bytes(g.bytes_per_step().round() as u64),
+            g.count,
+            fmt_bytes(g.bytes)
+        )?;
         if g.first_step == g.last_step {
-            write!(f, "step {}", g.first_step)?;
+            write!(f, "step {}", g.first_step)
         } else {
             write!(
                 f,
                 "steps {} to {} ({} distinct)",
                 g.first_step, g.last_step, g.distinct_steps
-            )?;
+            )
         }
-        write!(
-            f,
-            "; {} allocation{} and {} per step",
-            rate(g.allocations_per_step()),
-            if g.allocations_per_step() == 1.0 {
-                ""
-            } else {
-                "s"
-            },
-            fmt_bytes(g.bytes_per_step().round() as u64)
-        )
     }
 }
 

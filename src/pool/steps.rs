@@ -125,7 +125,14 @@ impl Pool {
     pub fn mark_step(&self) {
         let _order = self.record_order();
         self.clock.mark();
+        self.record_step();
+    }
+
+    /// Writes a `step` line into this pool's recording (nothing else): a marker
+    /// made on a clock this pool shares (a PyTorch allocator's).
+    pub(crate) fn record_step(&self) {
         if let Some(rec) = &self.rec {
+            let _order = self.record_order();
             rec.line("step");
         }
     }
@@ -135,11 +142,6 @@ impl Pool {
     pub(crate) fn use_step_clock(&mut self, clock: Arc<StepClock>) {
         crate::sync::lock(&self.state).clock = Arc::clone(&clock);
         self.clock = clock;
-    }
-
-    /// The pool's clock.
-    pub(crate) fn step_clock(&self) -> &Arc<StepClock> {
-        &self.clock
     }
 }
 

@@ -1,9 +1,9 @@
 //! The planted leak of issue 38: a server loop whose calls each keep per-shape
 //! scratch for their new length, never freed. It makes
-//! `tests/data/per-shape-leak.tensor.trace` (the committed trace is this generator's
-//! output, checked by `tests/trace/growth.rs`; `FLARE_BLESS_TRACE=1 cargo test
-//! --release --test trace growth::` writes it again) and drives a live pool through
-//! the same calls (`tests/pool/growth_report.rs`).
+//! `tests/data/planted/per-shape-leak.tensor.trace` (the committed trace is this
+//! generator's output, checked by `tests/trace/growth.rs`; `FLARE_BLESS_TRACE=1 cargo
+//! test --release --test trace growth::` writes it again) and drives a live pool
+//! through the same calls (`tests/pool/growth_report.rs`).
 //!
 //! The workload, all untagged:
 //! - before the loop (step 0, before the first `step` marker): the weights (the 11

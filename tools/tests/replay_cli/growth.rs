@@ -9,7 +9,7 @@ use crate::{s, scratch};
 
 #[test]
 fn the_planted_leak_is_named_and_the_shipped_traces_are_silent() {
-    let leak_trace = data("per-shape-leak.tensor.trace");
+    let leak_trace = data("planted/per-shape-leak.tensor.trace");
     let shipped = [
         data("eager-prefill-20shapes.segment.trace"),
         data("eager-prefill-20shapes.tensor.trace"),
@@ -60,7 +60,7 @@ fn the_planted_leak_is_named_and_the_shipped_traces_are_silent() {
 
 #[test]
 fn growth_json_is_one_object_per_trace() {
-    let a = data("per-shape-leak.tensor.trace");
+    let a = data("planted/per-shape-leak.tensor.trace");
     let b = data("graph-warmup-20sizes.tensor.trace");
     let o = flare_replay(&["--growth", "--json", s(&a), s(&b)]);
     assert!(o.status.success(), "{}", stderr(&o));

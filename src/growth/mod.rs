@@ -91,7 +91,7 @@ pub struct LiveAllocation {
     pub tag: u32,
     /// Its sequence number: how many allocations were made before it (0 for the
     /// first). A live pool's allocations served by different threads' caches may be
-    /// out of order by up to [`SEQ_SKEW`](crate::growth::SEQ_SKEW) each.
+    /// out of order by up to [`SEQ_SKEW`] each.
     pub seq: u64,
     /// Step markers written before it.
     pub markers: u64,

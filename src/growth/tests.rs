@@ -16,9 +16,9 @@ fn live(bytes: u64, tag: u32, seq: u64, markers: u64, scopes: u64) -> LiveAlloca
 }
 
 /// A server loop of 40 marked steps (markers 1 to 40; step 0 before them): weights
-/// in step 0 (4096 B twice, 8192 B once), three new sizes per step (1000 s + 1, + 2,
-/// + 3) never freed, a 256 B allocation kept in each of steps 1 to 33, and a tag-5
-/// allocation of 512 B in each even step from 2 to 40.
+/// in step 0 (4096 B twice, 8192 B once), three new sizes per step (1000 s + 1,
+/// 1000 s + 2, 1000 s + 3) never freed, a 256 B allocation kept in each of steps 1
+/// to 33, and a tag-5 allocation of 512 B in each even step from 2 to 40.
 fn server_loop() -> (Vec<LiveAllocation>, StepCounts) {
     let mut v = Vec::new();
     let mut seq = 0;

@@ -93,6 +93,7 @@ fn nulls_are_refused_and_nothing_is_written() {
 /// whatever the buffer, truncated to `len - 1` bytes; the JSON form carries the
 /// options given.
 #[test]
+#[allow(clippy::unwrap_used)] // a test: a failed step is its failure
 fn the_report_as_text_and_json_with_its_length() {
     let pool = create(&config());
     for _ in 0..40 {

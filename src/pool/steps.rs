@@ -12,7 +12,10 @@ use std::sync::Arc;
 
 use super::Pool;
 use crate::growth::{StepCounts, SEQ_SKEW};
-use crate::sync::atomic::{AtomicU64, Ordering};
+// std's atomics in every build, the loom one included (`sync.rs`): relaxed counters
+// that no decision of the pool depends on, so loom need not explore their orderings;
+// as its atomics, each would multiply the interleavings of every model.
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What an allocation was stamped with when it was made.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

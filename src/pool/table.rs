@@ -84,9 +84,11 @@ pub(super) struct Entry {
     /// The next address in its owner's remote list (0: the end).
     pub(super) next: AtomicU64,
     /// While live through a cache: its stamp's sequence number and step word
-    /// (`steps.rs`), written under its cache's mutex.
-    pub(super) seq: AtomicU64,
-    pub(super) steps: AtomicU64,
+    /// (`steps.rs`), written under its cache's mutex and read under every cache's
+    /// (the mutex orders them): std's atomics in every build, as the step clock's
+    /// (`sync.rs`), so that loom does not explore them.
+    pub(super) seq: std::sync::atomic::AtomicU64,
+    pub(super) steps: std::sync::atomic::AtomicU64,
 }
 
 impl Entry {
@@ -97,8 +99,8 @@ impl Entry {
             size: AtomicU64::new(0),
             requested: AtomicU64::new(0),
             next: AtomicU64::new(0),
-            seq: AtomicU64::new(0),
-            steps: AtomicU64::new(0),
+            seq: std::sync::atomic::AtomicU64::new(0),
+            steps: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

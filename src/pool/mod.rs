@@ -4,6 +4,9 @@
 //! - [`Allocation`], [`RetentionScope`]: guards that free / abort on drop.
 //! - [`ReusePolicy`], [`PoolConfig`], [`Backend`]: configuration.
 //! - [`Snapshot`]: the counters, copied atomically.
+//! - [`Pool::mark_step`], [`Pool::growth_report`]: which live allocations keep
+//!   growing (`steps.rs` stamps every allocation, `growth_report.rs` reads them;
+//!   the analysis is `crate::growth`).
 //!
 //! Every mapping is in exactly one state: live, idle (retained or cached; a mapping
 //! being released by another thread is still idle in the books, but out of the reuse

@@ -1374,6 +1374,49 @@ enum FlareStatus flare_pool_tag_census(const struct FlarePool *pool,
                                        struct FlareTagCensus *out);
 
 /**
+ * Writes a step marker: the pool's allocations made from now on belong to the next
+ * step of `flare_pool_growth_report`. Call it once per request or iteration of a
+ * serving loop. A recording pool writes a `step` line.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for NULL. Thread-safe.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool.
+ */
+enum FlareStatus flare_pool_mark_step(struct FlarePool *pool);
+
+/**
+ * The pool's growth report: the allocations still live, grouped by tag, size and
+ * the step they were made in, with the rate each group grows at, the groups that
+ * keep growing first. Steps are the markers of `flare_pool_mark_step` when one was
+ * written, else the retention scopes begun, else `step_events` allocations (0: 1000);
+ * a group grows when its live allocations come from at least `min_steps` distinct
+ * steps (0: 32), one of them in the last quarter of the steps. `json` 0: the text
+ * people read (the rule and its thresholds included); non-zero: one JSON object
+ * (its keys: docs/c-guide.md, "Growth report").
+ *
+ * Copies the report (UTF-8) into `buf` as a NUL-terminated string truncated to
+ * `len - 1` bytes and writes its full length in bytes, without the NUL, to
+ * `*out_len` (so `*out_len >= len` means it was truncated: call again with a larger
+ * buffer). `buf` NULL or `len` 0: only `*out_len` is written. The pool's state
+ * changes in between, so the second call's report may be longer still.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL `pool` or `out_len` (nothing
+ * written). Thread-safe; takes the pool's lock while it copies what is live.
+ *
+ * # Safety
+ * `pool` is NULL or a live pool; `buf` is NULL or points to at least `len` writable
+ * bytes; `out_len` is NULL or points to a writable `size_t`.
+ */
+enum FlareStatus flare_pool_growth_report(const struct FlarePool *pool,
+                                          uint64_t step_events,
+                                          uint64_t min_steps,
+                                          int json,
+                                          char *buf,
+                                          size_t len,
+                                          size_t *out_len);
+
+/**
  * The enumerator's name (`"FLARE_STATUS_OUT_OF_MEMORY"`), or
  * `"FLARE_STATUS_UNRECOGNIZED"` for a value outside the enum. Static storage, never
  * NULL, never freed. Thread-safe.

@@ -308,6 +308,38 @@ FlareStatus flare_torch_wake(int device, int zero, FlareStream stream);
 size_t flare_torch_census(int device, char *buf, size_t len);
 
 /**
+ * Writes a step marker for every pool of every device (`mark_step()` in Python):
+ * allocations made from now on belong to the next step of
+ * `flare_torch_growth_report`. Recording pools write a `step` line.
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a bad `FLARE_TORCH_*` variable.
+ * Thread-safe.
+ */
+FlareStatus flare_torch_mark_step(void);
+
+/**
+ * The growth report of `device`'s per-tensor allocations (`growth_report()` in
+ * Python): what is live in its tensor pool and every graph pool, grouped by tag,
+ * size and step, as `flare_pool_growth_report` says (the same arguments, buffer and
+ * length conventions; steps counted over every pool of every device).
+ *
+ * Errors: `FLARE_STATUS_INVALID_ARGUMENT` for a NULL `out_len`, a device outside
+ * `0..64` (or beyond the simulated machine's) or a bad `FLARE_TORCH_*` variable
+ * (nothing written). Thread-safe.
+ *
+ * # Safety
+ * `buf` is NULL or points to at least `len` writable bytes; `out_len` is NULL or
+ * points to a writable `size_t`.
+ */
+FlareStatus flare_torch_growth_report(int device,
+                                      uint64_t step_events,
+                                      uint64_t min_steps,
+                                      int json,
+                                      char *buf,
+                                      size_t len,
+                                      size_t *out_len);
+
+/**
  * Writes one memory_viz snapshot of PyTorch's allocator to the file `path` (created
  * or truncated; `flare_package.dump_snapshot(path)` in Python): every device made so
  * far, its tensor pool, its mempool pool and every graph pool (which PyTorch's own

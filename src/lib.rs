@@ -14,11 +14,14 @@
 // - backend: builds the driver a configuration names, and the pool on it;
 // - pool: the allocator, over any driver;
 // - driver: the Driver trait, and its CUDA and simulated backends;
+// - growth: the growth report's analysis (live allocations in, a report out), used
+//   by the pool and the trace;
 // - error, units (byte counts), lists (the enum lists' check), sync (the lock types).
 pub mod backend;
 pub mod driver;
 mod error;
 pub mod ffi;
+pub mod growth;
 pub mod pool;
 pub mod torch;
 pub mod trace;

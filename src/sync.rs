@@ -5,10 +5,12 @@
 //! comparing the two in the benchmarks.
 //!
 //! Only what loom runs goes through here; nothing in the pool core or the simulated
-//! driver uses `thread_local!` or an atomic directly. The one exception is the
-//! pointer table's `std::sync::OnceLock` nodes (`pool/table.rs`), the same in both
-//! builds: a node is only ever initialised under the pool's lock, and read with one
-//! acquire load.
+//! driver uses `thread_local!` or an atomic directly. The exceptions, the same in
+//! both builds: the pointer table's `std::sync::OnceLock` nodes (`pool/table.rs`): a
+//! node is only ever initialised under the pool's lock, and read with one acquire
+//! load; and the growth report's stamps (`pool/steps.rs`, and their copies in the
+//! table's entries): relaxed counters that no decision of the pool depends on, which
+//! loom would otherwise explore in every model.
 
 #[cfg(flare_loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};

@@ -2,7 +2,7 @@
 //! on a file or standard input) on arbitrary bytes: it parses or refuses, never
 //! panics; a refusal is a one-line message of bounded length
 //! (`docs/trace-format.md`: "a 100 MB line gives a one-line message"); a parsed
-//! trace's figures hold together.
+//! trace's figures hold together, and its growth report is made.
 #![no_main]
 
 use flare_package::trace::{parse_reader, Event};
@@ -35,6 +35,11 @@ fuzz_target!(|data: &[u8]| {
             let granule = 2 << 20;
             assert!(trace.lower_bound_bytes(granule) <= trace.no_reuse_bytes(granule));
             let _ = trace.tags();
+            // The growth report of any parsed trace is made (no overflow, no panic),
+            // its text and JSON too.
+            let report = trace.growth_report(&Default::default());
+            assert!(report.live_count <= trace.allocations() as u64);
+            let _ = (report.to_string(), report.to_json());
         }
         Err(e) => {
             let message = e.to_string();

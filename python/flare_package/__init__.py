@@ -13,7 +13,9 @@ As a private pool (PyTorch's caching allocator sub-allocates our mappings)::
 
 Also: ``retention()`` (a retention scope around warmup or capture), ``stats()``
 (the pools' snapshot counters as a dict), ``trim()`` (release what is idle),
-``forget_stream()`` (before destroying a stream PyTorch did not create), and
+``forget_stream()`` (before destroying a stream PyTorch did not create),
+``mark_step()`` and ``growth_report()`` (which live tensors keep growing, step after
+step: a leak named with its rate), and
 ``sleep()`` / ``wake()`` / ``census()``: a device's tensor memory given back to the
 device with every tensor's address kept, then mapped again (``wake(zero=True)``
 zeroes what a discard sleep dropped: new memory holds stale bytes otherwise).
@@ -71,11 +73,13 @@ __all__ = [
     "candidate_paths",
     "census",
     "forget_stream",
+    "growth_report",
     "hook_failures",
     "install",
     "last_error",
     "library_path",
     "load",
+    "mark_step",
     "mempool",
     "oom_handler_installed",
     "record_flush",
@@ -212,6 +216,8 @@ def load():
     _sig(lib, "flare_torch_sleep", st, i, u32)
     _sig(lib, "flare_torch_wake", st, i, i, vp)
     _sig(lib, "flare_torch_census", sz, i, ctypes.c_char_p, sz)
+    _sig(lib, "flare_torch_mark_step", st)
+    _sig(lib, "flare_torch_growth_report", st, i, u64, u64, i, ctypes.c_char_p, sz, ctypes.POINTER(sz))
     _sig(lib, "flare_torch_sim_write", st, i, vp, vp, sz)
     _sig(lib, "flare_torch_sim_read", st, i, vp, vp, sz)
     _sig(lib, "flare_last_error_message", sz, ctypes.c_char_p, sz)
@@ -537,3 +543,47 @@ def census(device=None):
     if "error" in out:
         raise FlareError("flare_torch_census", "FLARE_STATUS_INVALID_ARGUMENT", out["error"])
     return out
+
+
+def mark_step():
+    """Writes a step marker for every pool of every device: tensors allocated from
+    now on belong to the next step of ``growth_report()``. Call it once per request
+    or iteration of a serving loop. Recording pools (``FLARE_TORCH_RECORD``) write a
+    ``step`` line."""
+    _check("flare_torch_mark_step", load().flare_torch_mark_step())
+
+
+def growth_report(device=None, step_events=1000, min_steps=32, as_dict=False):
+    """The growth report of ``device``'s tensors (the per-tensor pool and every CUDA
+    graph pool): the tensors still live, grouped by tag, size and the step they were
+    made in, with the rate each group grew at after its first step, the groups that
+    keep growing first; a tag's sizes made in one step each (a new size every call,
+    as per-shape scratch makes) are pooled as "a new size each step". Steps are the
+    markers of ``mark_step()`` when one was written, else the retention scopes begun
+    (``retention()``, and one per graph pool made), else ``step_events``
+    allocations; a group grows when its live tensors come from at least
+    ``min_steps`` distinct steps, one of them in the last quarter of the steps.
+
+    Returns the text people read (the rule and its thresholds included), or with
+    ``as_dict=True`` the JSON form as a dict (``step_kind``, ``steps``, ``growing``,
+    ``groups`` with each group's ``tag``, ``bytes`` (None for the pooled new sizes),
+    ``count``, ``allocations_per_step``, ``bytes_per_step``, ``grows``, ...:
+    docs/c-guide.md, "Growth report"). Raises ``FlareError`` for a device the machine
+    lacks."""
+    d = _device(device)
+    step_events = _int_in("step_events", step_events, 1, 2**64 - 1)
+    min_steps = _int_in("min_steps", min_steps, 1, 2**64 - 1)
+    lib = load()
+    flag = 1 if as_dict else 0
+    n = ctypes.c_size_t()
+    call = "flare_torch_growth_report"
+    while True:
+        _check(call, lib.flare_torch_growth_report(d, step_events, min_steps, flag, None, 0, ctypes.byref(n)))
+        # The pools change between the calls: a larger buffer, and again if it grew.
+        size = n.value + 4096
+        buf = ctypes.create_string_buffer(size)
+        _check(call, lib.flare_torch_growth_report(d, step_events, min_steps, flag, buf, size, ctypes.byref(n)))
+        if n.value < size:
+            break
+    text = buf.value.decode("utf-8", "replace")
+    return json.loads(text) if as_dict else text

@@ -3,7 +3,8 @@ is found and loaded, a missing one is reported with every path tried, and the
 PyTorch entry points are driven through ctypes on the simulated driver (as PyTorch
 would call them: alloc/free with streams, the graph-pool hooks around a capture,
 record_stream, reset), with stats, trim, retention and the out-of-memory path; and
-sleep / wake / census of a device's tensor memory, the zeroing wake included.
+sleep / wake / census of a device's tensor memory, the zeroing wake included; the
+growth report (mark_step, growth_report).
 
 Run from the checkout: python3 -m unittest discover -s python/tests (after
 `cargo clib`): the checkout's
@@ -387,6 +388,59 @@ def sim_read(lib, device, ptr, n):
     buf = ctypes.create_string_buffer(n)
     fp._check("flare_torch_sim_read", lib.flare_torch_sim_read(device, ptr, buf, n))
     return buf.raw
+
+
+class GrowthReport(unittest.TestCase):
+    """mark_step() and growth_report() over a device's tensor pool (issue 38)."""
+
+    def test_a_tensor_kept_every_step_is_named_with_its_rate(self):
+        lib = fp.load()
+        size = 3 * MIB + 4096  # no other test allocates it
+        s = stream(lib, 1)
+        before = fp.growth_report(1, as_dict=True)
+        kept = []
+        for _ in range(40):
+            fp.mark_step()
+            kept.append(lib.flare_torch_alloc(size, 1, s))
+            t = lib.flare_torch_alloc(5 * MIB, 1, s)
+            lib.flare_torch_free(t, 5 * MIB, 1, s)
+        self.assertTrue(all(kept))
+        r = fp.growth_report(1, as_dict=True)
+        self.assertEqual(r["step_kind"], "markers")
+        self.assertEqual(r["markers"], before["markers"] + 40)
+        self.assertEqual(r["steps"], r["markers"] + 1)
+        ours = [g for g in r["groups"] if g["bytes"] == size]
+        self.assertEqual(len(ours), 1, r)
+        g = ours[0]
+        # Made in the last 40 steps, one each: 39 gained over the 39 steps after
+        # the first.
+        self.assertEqual((g["tag"], g["count"], g["distinct_steps"]), (0, 40, 40))
+        self.assertEqual((g["first_step"], g["last_step"]), (r["steps"] - 40, r["steps"] - 1))
+        self.assertEqual((g["added_count"], g["steps_after_first"]), (39, 39))
+        self.assertEqual(g["allocations_per_step"], 1.0)
+        self.assertTrue(g["grows"])
+        self.assertEqual(r["groups"][0], g, "the groups that grow come first")
+        text = fp.growth_report(1)
+        self.assertIn("growing, most bytes per step first:\n", text)
+        self.assertIn(f"  tag 0, 3.0 MiB ({size} B) each: 1 allocation and 3.0 MiB per step\n", text)
+        self.assertIn("at least 32\n  distinct steps", text)
+        # A higher threshold: not growing.
+        self.assertEqual(fp.growth_report(1, min_steps=41, as_dict=True)["growing"], 0)
+        for p in kept:
+            lib.flare_torch_free(p, size, 1, s)
+        r = fp.growth_report(1, as_dict=True)
+        self.assertFalse([g for g in r["groups"] if g["bytes"] == size], r)
+        lib.flare_torch_reset()
+
+    def test_bad_arguments_raise(self):
+        with self.assertRaises(fp.FlareError) as e:
+            fp.growth_report(5)  # the simulated machine has 2 devices
+        self.assertEqual(e.exception.status, "FLARE_STATUS_INVALID_ARGUMENT")
+        for bad in ({"step_events": 0}, {"min_steps": 0}):
+            with self.assertRaises(ValueError):
+                fp.growth_report(0, **bad)
+        with self.assertRaises(TypeError):
+            fp.growth_report(0, step_events=1.5)
 
 
 class SleepWake(unittest.TestCase):

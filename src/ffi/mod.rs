@@ -37,7 +37,9 @@
 //! `torch_sim` (the simulated backend's controls for the PyTorch allocator's tests),
 //! `torch_oom` (which function a failed `flare_torch_alloc` calls: the handler set,
 //! else PyTorch's `torchCheckFail` found in the process),
-//! `torch_tags` (sleep, wake and census of a device's tensor pool for Python).
+//! `torch_tags` (sleep, wake and census of a device's tensor pool for Python),
+//! `growth` (step markers and the growth report of a pool) and `torch_growth` (the
+//! same over the PyTorch allocator, for Python).
 //! The crate's `unsafe` code is in this module and in the CUDA backend
 //! (`driver::cuda`).
 
@@ -53,6 +55,8 @@ mod memory;
 mod stream;
 
 mod tags;
+
+mod growth;
 
 mod boundary;
 
@@ -70,6 +74,7 @@ mod torch_oom;
 
 mod torch_tags;
 
+mod torch_growth;
 mod viz;
 
 // The loom build runs the loom models alone (these tests make pools outside a model).
@@ -78,6 +83,7 @@ mod viz;
 mod tests;
 
 pub use boundary::{flare_last_error_message, flare_status_name};
+pub use growth::{flare_pool_growth_report, flare_pool_mark_step};
 pub use memory::{
     flare_package_allocate, flare_package_free, flare_pool_record_error, flare_pool_record_flush,
     flare_pool_snapshot, flare_pool_trim, flare_retention_abort, flare_retention_begin,
@@ -111,6 +117,7 @@ pub use torch_controls::{
     flare_torch_forget_stream, flare_torch_retention_begin, flare_torch_retention_finish,
     flare_torch_stats, flare_torch_trim,
 };
+pub use torch_growth::{flare_torch_growth_report, flare_torch_mark_step};
 pub use torch_sim::{
     flare_torch_sim_begin_capture, flare_torch_sim_end_capture, flare_torch_sim_faults,
     flare_torch_sim_launch, flare_torch_sim_stream_complete, flare_torch_sim_stream_create,

@@ -90,7 +90,7 @@ impl Pool {
         let want = self.want(bytes, block)?;
         // A cache hit checks tag 0's gate under the cache's mutex (`tag_gate.rs`).
         if self.caches.may_hold() {
-            if let Some((ptr, key)) = self.caches.pop(&want, &self.state, &self.gate) {
+            if let Some((ptr, key)) = self.caches.pop(&want, &self.state, &self.gate, &self.clock) {
                 return Ok((ptr, Some(key)));
             }
         }

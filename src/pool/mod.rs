@@ -6,6 +6,9 @@
 //! - [`Snapshot`]: the counters, copied atomically.
 //! - [`HistoryEvent`], [`LayoutSegment`]: the history ring and the mapped memory as
 //!   memory_viz draws it (issue 38; `history/`).
+//! - [`Pool::mark_step`], [`Pool::growth_report`]: which live allocations keep
+//!   growing (`steps.rs` stamps every allocation, `growth_report.rs` reads them;
+//!   the analysis is `crate::growth`).
 //!
 //! Every mapping is in exactly one state: live, idle (retained or cached; a mapping
 //! being released by another thread is still idle in the books, but out of the reuse
@@ -21,6 +24,7 @@ mod config;
 mod create;
 mod fit;
 mod free;
+mod growth_report;
 mod guards;
 mod history;
 mod index;
@@ -30,6 +34,7 @@ mod release;
 mod retention;
 mod segments;
 mod snapshot;
+mod steps;
 mod streams;
 mod table;
 mod tags;
@@ -50,6 +55,7 @@ pub use history::{
 };
 pub(crate) use snapshot::snapshot_counters;
 pub use snapshot::Snapshot;
+pub(crate) use steps::StepClock;
 pub(crate) use streams::check_forgettable;
 pub use tags::{SleepMode, TagCensus};
 
@@ -104,6 +110,9 @@ pub struct Pool {
     /// stream goes back to that stream's heap or bucket at once (coalescing), as a
     /// free outside a capture does, instead of waiting whole in the capture's bucket.
     captures_only: std::sync::atomic::AtomicBool,
+    /// The clock every allocation is stamped from (`steps.rs`): sequence numbers,
+    /// step markers, scope begins; the growth report's steps.
+    clock: Arc<steps::StepClock>,
 }
 
 impl Pool {
@@ -144,9 +153,10 @@ impl Pool {
                 &record::header(&config, granularity, device_total),
             ))
         });
+        let clock = Arc::new(steps::StepClock::new());
         let history = (config.history_events > 0)
             .then(|| Arc::new(history::History::new(config.history_events)));
-        let mut state = State::new(granularity);
+        let mut state = State::new(granularity, Arc::clone(&clock));
         state.history = history.clone();
         Ok(Pool {
             rec,
@@ -167,6 +177,7 @@ impl Pool {
             releases_done: Condvar::new(),
             gate: tag_gate::TagGate::new(),
             captures_only: std::sync::atomic::AtomicBool::new(false),
+            clock,
         })
     }
 
@@ -238,7 +249,7 @@ impl Pool {
         // books so that `Drop` (which runs next) does not release it a third and
         // fourth time behind the error just returned (found by
         // failure_classes::drop_retries_once_and_leaves_refused_memory_in_order).
-        *lock(&self.state) = State::new(self.granularity);
+        *lock(&self.state) = State::new(self.granularity, Arc::clone(&self.clock));
         result
     }
 }

@@ -301,7 +301,7 @@ impl Recorder {
         held.holding = false;
     }
 
-    /// A keyword line (`begin`, `finish`, `abort`, `trim`), or any whole line.
+    /// A keyword line (`begin`, `finish`, `abort`, `trim`, `step`), or any whole line.
     pub(super) fn line(&self, text: &str) {
         self.append(|b| {
             b.extend_from_slice(text.as_bytes());

@@ -38,6 +38,7 @@ impl Pool {
             rec.line("begin");
         }
         st.scope_epoch += 1;
+        self.clock.scope_begun();
         let epoch = st.scope_epoch;
         self.caches.set_open(true);
         // Barrier: no release starts from now on (every release point checks

@@ -83,6 +83,12 @@ pub(super) struct Entry {
     pub(super) requested: AtomicU64,
     /// The next address in its owner's remote list (0: the end).
     pub(super) next: AtomicU64,
+    /// While live through a cache: its stamp's sequence number and step word
+    /// (`steps.rs`), written under its cache's mutex and read under every cache's
+    /// (the mutex orders them): std's atomics in every build, as the step clock's
+    /// (`sync.rs`), so that loom does not explore them.
+    pub(super) seq: std::sync::atomic::AtomicU64,
+    pub(super) steps: std::sync::atomic::AtomicU64,
 }
 
 impl Entry {
@@ -93,6 +99,8 @@ impl Entry {
             size: AtomicU64::new(0),
             requested: AtomicU64::new(0),
             next: AtomicU64::new(0),
+            seq: std::sync::atomic::AtomicU64::new(0),
+            steps: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

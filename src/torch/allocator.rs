@@ -8,7 +8,7 @@ use super::device::{lock, Device, GraphPool, Graphs, Pending};
 use super::{MempoolId, TorchConfig, MAX_DEVICES};
 use crate::driver::{DevicePtr, Driver, Stream};
 use crate::error::{Error, Result};
-use crate::pool::{Backend, Pool, PoolConfig, Snapshot};
+use crate::pool::{Backend, Pool, PoolConfig, Snapshot, StepClock};
 
 /// Which of a device's pools an operation or a snapshot is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +35,9 @@ pub struct TorchAllocator {
     devices: [OnceLock<Device>; MAX_DEVICES],
     /// Serializes device creation (a device is created once).
     creating: Mutex<()>,
+    /// The step clock every pool of every device stamps its allocations from
+    /// (`growth.rs`): one step marker counts for them all.
+    pub(super) clock: Arc<StepClock>,
 }
 
 impl TorchAllocator {
@@ -45,6 +48,7 @@ impl TorchAllocator {
             config,
             devices: std::array::from_fn(|_| OnceLock::new()),
             creating: Mutex::new(()),
+            clock: Arc::new(StepClock::new()),
         }
     }
 
@@ -103,7 +107,7 @@ impl TorchAllocator {
             ..PoolConfig::default()
         };
         let driver = crate::backend::open(&base)?;
-        let tensor = Pool::with_driver(
+        let mut tensor = Pool::with_driver(
             PoolConfig {
                 reuse_policy: self.config.tensor_policy,
                 release_threshold_bytes: self.config.release_threshold_bytes,
@@ -113,7 +117,7 @@ impl TorchAllocator {
             },
             driver.clone(),
         )?;
-        let mempool = Pool::with_driver(
+        let mut mempool = Pool::with_driver(
             PoolConfig {
                 reuse_policy: self.config.mempool_policy,
                 release_threshold_bytes: 0,
@@ -123,6 +127,8 @@ impl TorchAllocator {
             },
             driver.clone(),
         )?;
+        tensor.use_step_clock(Arc::clone(&self.clock));
+        mempool.use_step_clock(Arc::clone(&self.clock));
         let d = Device {
             index: device,
             driver,
@@ -285,10 +291,11 @@ impl TorchAllocator {
             std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().refs += 1,
             std::collections::hash_map::Entry::Vacant(e) => {
                 let number = made + 1;
-                let pool = Pool::with_driver(
+                let mut pool = Pool::with_driver(
                     d.pool_config(&self.config, self.config.graph_policy, number),
                     d.driver.clone(),
                 )?;
+                pool.use_step_clock(Arc::clone(&self.clock));
                 made_now = true;
                 pool.dedicate_to_captures();
                 pool.retention_begin()?;

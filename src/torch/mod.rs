@@ -48,6 +48,7 @@
 mod allocator;
 mod config;
 mod device;
+mod growth;
 mod json;
 mod sleep;
 mod stream_forget;

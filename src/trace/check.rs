@@ -40,6 +40,8 @@ pub enum Keyword {
     Abort,
     /// `trim`: idle memory released.
     Trim,
+    /// `step`: a step marker (the growth report's steps).
+    Step,
 }
 
 /// One keyword of the format, as [`KEYWORDS`] lists it.
@@ -62,7 +64,7 @@ pub struct KeywordSpec {
 /// Every keyword of flare-trace v1, in the order `docs/trace-format.md` lists them
 /// (a test reads the document's table and compares): the parser knows these and no
 /// others, and its unknown-keyword error names them.
-pub const KEYWORDS: [KeywordSpec; 13] = [
+pub const KEYWORDS: [KeywordSpec; 14] = [
     spec(
         Keyword::A,
         "a",
@@ -74,6 +76,7 @@ pub const KEYWORDS: [KeywordSpec; 13] = [
     spec(Keyword::Finish, "finish", "no fields", false),
     spec(Keyword::Abort, "abort", "no fields", false),
     spec(Keyword::Trim, "trim", "no fields", false),
+    spec(Keyword::Step, "step", "no fields", false),
     spec(Keyword::R, "r", "an id and a stream", true),
     spec(Keyword::Done, "done", "a stream and a mark", true),
     spec(Keyword::Oom, "oom", "a count", true),
@@ -305,6 +308,8 @@ impl Checks {
                     });
                 }
             }
+            // A marker: allowed anywhere a call is.
+            Event::Step => {}
         }
         // An `oom` belongs to the next call's line, which must be its allocation
         // (`done` lines may come between).

@@ -127,6 +127,9 @@ pub enum Event {
     Abort,
     /// `trim`: release idle cached memory now (outside a scope).
     Trim,
+    /// `step`: a step marker (`Pool::mark_step`): the allocations after it belong
+    /// to the next step of the growth report (`crate::growth`).
+    Step,
 }
 
 impl fmt::Display for Event {
@@ -165,6 +168,7 @@ impl fmt::Display for Event {
             Event::Finish => f.write_str("finish"),
             Event::Abort => f.write_str("abort"),
             Event::Trim => f.write_str("trim"),
+            Event::Step => f.write_str("step"),
         }
     }
 }

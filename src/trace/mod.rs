@@ -7,7 +7,7 @@
 //!
 //! The format is described in `docs/trace-format.md`: one event per line (a keyword
 //! of [`KEYWORDS`] and its fields: `a ID BYTES`, `f ID`, `begin`, `finish`, `abort`,
-//! `trim`, and in recorded traces `r`, `done`, `oom`, `x`, `sleep`, `wake`), `#`
+//! `trim`, `step`, and in recorded traces `r`, `done`, `oom`, `x`, `sleep`, `wake`), `#`
 //! comment lines, blank lines, fields separated by spaces or tabs; a UTF-8
 //! byte-order mark at the start of the file is ignored.
 //!
@@ -24,12 +24,17 @@
 //! - [`Trace::lower_bound_bytes`] and [`Trace::no_reuse_bytes`] are the two reference
 //!   figures of a trace that any replay can be judged against.
 //! - [`replay`] runs a trace on a pool and returns a [`ReplayReport`] (`replay/`).
+//! - [`Trace::growth_report`] is the growth report of the trace's own lines
+//!   (`growth.rs`; `crate::growth`): the allocations live at its end, grouped by
+//!   tag, size and the step (`step` lines, else `begin` lines, else N `a` lines)
+//!   they were made in.
 #![forbid(unsafe_code)]
 
 mod check;
 mod error;
 mod event;
 mod excerpt;
+mod growth;
 mod parse;
 mod parsed;
 mod recorded;

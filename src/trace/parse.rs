@@ -327,6 +327,10 @@ impl Parser {
                 arity(found == 0)?;
                 Event::Trim
             }
+            Keyword::Step => {
+                arity(found == 0)?;
+                Event::Step
+            }
         };
         self.checks.event(line, event, &self.trace.stream_names)?;
         if matches!(event, Event::Begin | Event::Finish | Event::Abort) {

@@ -197,6 +197,7 @@ impl Trace {
                     retained = 0;
                 }
                 Event::Trim
+                | Event::Step
                 | Event::RecordStream { .. }
                 | Event::Forget { .. }
                 | Event::Done { .. }

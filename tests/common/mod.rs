@@ -8,6 +8,7 @@ pub mod heap;
 pub mod hooked;
 pub mod kernels;
 pub mod own_process;
+pub mod per_shape_leak;
 
 use flare_package::driver::sim::SimState;
 use flare_package::{Backend, Pool, PoolConfig, ReusePolicy, SimConfig, Snapshot};

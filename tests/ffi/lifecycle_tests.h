@@ -154,6 +154,8 @@ static FlarePool *new_pool(FlareReusePolicy policy, uint64_t capacity, uint64_t 
 #include "tag_tests.h"
 /* Recording (issue 17): its own file, with the helpers above. */
 #include "record_tests.h"
+/* The growth report (issue 38): its own file, with the helpers above. */
+#include "growth_tests.h"
 
 static int run_all_tests(const char *language) {
     fprintf(stderr, "flare-package %d.%d.%d C ABI tests (%s)\n", FLARE_PACKAGE_VERSION_MAJOR,
@@ -199,6 +201,7 @@ static int run_all_tests(const char *language) {
     test_tags_wake_zeroed();
     test_record();
     test_record_unwritable();
+    test_growth_report();
     printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
 }

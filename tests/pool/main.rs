@@ -11,6 +11,7 @@ mod configuration;
 mod driver_calls_outside_the_lock;
 mod forced_reuse;
 mod gated;
+mod growth_report;
 mod guards;
 mod history_ring;
 mod many_threads;

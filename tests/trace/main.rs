@@ -5,6 +5,7 @@
 mod common;
 
 mod figures;
+mod growth;
 mod parse_errors;
 mod parse_time_checks;
 mod recorded_lines;

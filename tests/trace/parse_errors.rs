@@ -353,7 +353,7 @@ fn excerpt_cuts_after_40_characters_on_a_character_boundary() {
     // a short token is quoted as the parser always quoted it ({:?})
     assert_eq!(
         Problem::UnknownKeyword("malloc".into()).to_string(),
-        "unknown keyword \"malloc\" (keywords: a, f, begin, finish, abort, trim; \
+        "unknown keyword \"malloc\" (keywords: a, f, begin, finish, abort, trim, step; \
          recorded traces also r, done, oom, x, sleep, wake, forget)"
     );
     assert_eq!(

@@ -199,11 +199,11 @@ fn the_unknown_keyword_error_names_every_keyword() {
             k.name
         );
     }
-    assert_eq!(KEYWORDS.len(), 13);
+    assert_eq!(KEYWORDS.len(), 14);
     let names: Vec<&str> = KEYWORDS.iter().map(|k| k.name).collect();
     for name in [
         "a", "f", "r", "x", "done", "oom", "sleep", "wake", "forget", "begin", "finish", "abort",
-        "trim",
+        "trim", "step",
     ] {
         assert!(names.contains(&name), "{name}");
         assert_eq!(trace::keyword(name).map(|k| k.name), Some(name));

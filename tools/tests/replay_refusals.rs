@@ -118,7 +118,7 @@ fn an_unknown_keyword_is_refused_with_every_keyword_named() {
         "unknown.trace",
         "a 1 4096\nalloc 2 4096\n",
         2,
-        "unknown keyword \"alloc\" (keywords: a, f, begin, finish, abort, trim; \
+        "unknown keyword \"alloc\" (keywords: a, f, begin, finish, abort, trim, step; \
          recorded traces also r, done, oom, x, sleep, wake, forget)",
     );
 }

@@ -1,6 +1,6 @@
 //! Tests of the C ABI called from Rust, as C calls it, one module per file of
 //! `src/ffi` (`boundary`, `pool` and `config`, `memory`, `stream`, `sim`, `tags`,
-//! `torch`, `version`, `viz`) and two of races and lifetimes: statuses and messages, NULL pools and
+//! `torch`, `version`, `viz`, `growth` for `growth` and `torch_growth`) and two of races and lifetimes: statuses and messages, NULL pools and
 //! outputs, misaligned outputs, `struct_size` versioning, zero and overflowing sizes,
 //! unknown pointers, the counters after an allocate and free, scopes, tags, fault
 //! injection, the panic boundary and poisoning, destroy reports, the last error's
@@ -19,6 +19,7 @@ use super::*;
 
 mod boundary;
 mod config;
+mod growth;
 mod memory;
 mod pool;
 mod sim;

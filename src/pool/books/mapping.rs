@@ -95,6 +95,9 @@ pub(in crate::pool) struct Mapping {
     /// Live, of a sleeping tag: unmapped (`handle_live`: the driver refused to
     /// release its handle, mapped again at wake), its reservation kept.
     pub(in crate::pool) asleep: bool,
+    /// While live: its sequence number and the steps when it was made (the growth
+    /// report, `steps.rs`).
+    pub(in crate::pool) stamp: crate::pool::steps::Stamp,
 }
 
 impl Mapping {
@@ -126,6 +129,7 @@ impl Mapping {
             alias: 0,
             tag: 0,
             asleep: false,
+            stamp: crate::pool::steps::Stamp { seq: 0, steps: 0 },
         }
     }
 

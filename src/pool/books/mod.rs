@@ -110,6 +110,9 @@ pub(super) struct State {
     pub(super) rec_held: super::record::Held,
     /// The pool's history ring (`history/`), `None` when off.
     pub(super) history: Option<std::sync::Arc<super::history::History>>,
+    /// The pool's step clock: [`State::make_live`] stamps each allocation from it
+    /// (`steps.rs`).
+    pub(super) clock: std::sync::Arc<super::steps::StepClock>,
 }
 
 impl State {
@@ -136,7 +139,7 @@ impl State {
         old
     }
 
-    pub(super) fn new(granularity: u64) -> Self {
+    pub(super) fn new(granularity: u64, clock: std::sync::Arc<super::steps::StepClock>) -> Self {
         State {
             slots: Vec::new(),
             free_slots: Vec::new(),
@@ -173,6 +176,7 @@ impl State {
             tags: HashMap::new(),
             rec_held: super::record::Held::default(),
             history: None,
+            clock,
         }
     }
 
@@ -390,7 +394,9 @@ impl State {
     /// Makes `slot` live for a caller who asked for `requested` bytes; returns its
     /// pointer.
     pub(super) fn make_live(&mut self, slot: u32, requested: u64) -> DevicePtr {
+        let stamp = self.clock.stamp();
         let m = self.mapping_mut(slot);
+        m.stamp = stamp;
         // Tag 0's until a tagged allocation claims it (`tags/alloc.rs`).
         m.tag = 0;
         m.state = MappingState::Live;

@@ -5,6 +5,7 @@ use super::{to_books, Caches, Inner, ThreadCache, Want, TIER_KEY};
 use crate::driver::DevicePtr;
 use crate::pool::books::{MappingState, State, SYNC_FREED};
 use crate::pool::segments::home_of;
+use crate::pool::steps::StepClock;
 use crate::pool::table::LIVE;
 use crate::pool::tag_gate::TagGate;
 use crate::pool::{table, SEGMENT_SMALL_MAX_BYTES};
@@ -20,6 +21,7 @@ impl Caches {
         w: &Want,
         state: &Mutex<State>,
         gate: &TagGate,
+        clock: &StepClock,
     ) -> Option<(DevicePtr, u64)> {
         if !self.is_open() {
             return None;
@@ -36,11 +38,14 @@ impl Caches {
             }
             let i = g.find(w)?;
             let e = *g.entries.get(i)?;
+            let stamp = g.stamp(clock);
             let inner = &mut *g;
             let generation = inner.tlb.with(&self.table, e.ptr, true, |entry| {
                 let word = entry.word.load(Ordering::Relaxed);
                 let generation = table::next_generation(word);
                 entry.requested.store(w.requested, Ordering::Relaxed);
+                entry.seq.store(stamp.seq, Ordering::Relaxed);
+                entry.steps.store(stamp.steps, Ordering::Relaxed);
                 entry
                     .word
                     .store(table::pack(LIVE, c.id, generation), Ordering::Release);
@@ -79,7 +84,7 @@ impl Caches {
             let mut st = lock(state);
             let slot = *st.live.get(&ptr)?;
             let m = st.mref(slot);
-            let (size, requested, block) = (m.size(), m.requested, m.is_block());
+            let (size, requested, block, stamp) = (m.size(), m.requested, m.is_block(), m.stamp);
             if block
                 && (size > SEGMENT_SMALL_MAX_BYTES
                     || home_of(st.segs.segs[m.seg as usize].key) != SYNC_FREED)
@@ -96,6 +101,8 @@ impl Caches {
             entry.set_slot(slot, block, size);
             let generation = table::next_generation(entry.word.load(Ordering::Relaxed));
             entry.requested.store(requested, Ordering::Relaxed);
+            entry.seq.store(stamp.seq, Ordering::Relaxed);
+            entry.steps.store(stamp.steps, Ordering::Relaxed);
             entry
                 .word
                 .store(table::pack(LIVE, c.id, generation), Ordering::Release);

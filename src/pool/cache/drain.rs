@@ -5,6 +5,7 @@
 use super::deltas::Deltas;
 use super::{to_books, Caches, Held, Inner, ThreadCache, Want, TIER_KEY};
 use crate::pool::books::{MappingState, State, SYNC_FREED};
+use crate::pool::steps::Stamp;
 use crate::pool::table::IDLE;
 use crate::pool::{table, Snapshot, SEGMENT_SMALL_MAX_BYTES};
 use crate::sync::atomic::Ordering;
@@ -166,7 +167,7 @@ impl Caches {
         for slot in cached {
             let ptr = st.mref(slot).ptr();
             debug_assert!(!st.live.contains_key(&ptr), "adoption of live {ptr:#x}");
-            let (requested, key) = match self.table.get(ptr) {
+            let (requested, key, stamp) = match self.table.get(ptr) {
                 Some(entry) => {
                     let w = entry.word.load(Ordering::Relaxed);
                     entry.word.store(
@@ -176,11 +177,16 @@ impl Caches {
                     (
                         entry.requested.load(Ordering::Relaxed),
                         table::generation(w) | TIER_KEY,
+                        Stamp {
+                            seq: entry.seq.load(Ordering::Relaxed),
+                            steps: entry.steps.load(Ordering::Relaxed),
+                        },
                     )
                 }
-                None => (0, 0),
+                None => (0, 0, Stamp::default()),
             };
             let m = st.mapping_mut(slot);
+            m.stamp = stamp;
             m.state = MappingState::Live;
             m.requested = requested;
             m.retry = false;

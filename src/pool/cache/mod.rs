@@ -36,6 +36,7 @@ mod allocate;
 mod deltas;
 mod drain;
 mod free;
+mod live;
 mod registry;
 
 pub(in crate::pool) use deltas::Deltas;
@@ -44,6 +45,7 @@ use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
 use super::books::{MappingState, State};
+use super::steps::{Stamp, StepClock};
 use super::table::{self, Table, Tlb, LIVE};
 use crate::driver::DevicePtr;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -90,6 +92,10 @@ struct Inner {
     d: Deltas,
     /// The leaf of the table this thread used last.
     tlb: Tlb,
+    /// Sequence numbers reserved for this cache's hand-outs (`steps.rs`): the next,
+    /// and the end of the reservation.
+    seq_next: u64,
+    seq_end: u64,
 }
 
 impl Inner {
@@ -128,6 +134,21 @@ impl Inner {
             }
         }
         best.map(|(i, _)| i)
+    }
+
+    /// The stamp of a hand-out now: the next reserved sequence number (reserving
+    /// more from `clock` when none is left) and the steps.
+    fn stamp(&mut self, clock: &StepClock) -> Stamp {
+        if self.seq_next == self.seq_end {
+            self.seq_next = clock.reserve();
+            self.seq_end = self.seq_next.saturating_add(crate::growth::SEQ_SKEW);
+        }
+        let seq = self.seq_next;
+        self.seq_next += 1;
+        Stamp {
+            seq,
+            steps: clock.steps(),
+        }
     }
 
     fn push(&mut self, e: Held) {

@@ -352,6 +352,10 @@ fn replay_inner(
             }
             Event::Trim if implicit_scope => Ok(()),
             Event::Trim => pool.trim(),
+            Event::Step => {
+                pool.mark_step();
+                Ok(())
+            }
         };
         // After a call (not after `done` and `oom`: the recorded pool wrote those
         // during the call that follows, before its own fences of that call).

@@ -11,6 +11,7 @@ mod common;
 mod arguments;
 mod as_recorded;
 mod bad_input;
+mod growth;
 mod help;
 mod json;
 mod plot;

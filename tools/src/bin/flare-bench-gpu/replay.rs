@@ -154,6 +154,7 @@ impl Bench {
                     }
                     Event::Trim => sop.trim_to(0),
                     Event::Begin
+                    | Event::Step
                     | Event::Finish
                     | Event::Abort
                     | Event::RecordStream { .. }

@@ -26,7 +26,8 @@ const AFTER_LONG_HELP: &str = "\
 Traces (flare-trace v1, described in docs/trace-format.md in the flare-package
 source): one event per line, `a ID BYTES` (allocate; `a ID BYTES TAG` for a tagged
 allocation, TAG 0 to 4294967295), `f ID` (free), `begin`,
-`finish` and `abort` (a retention scope), `trim`; `#` starts a comment line. A
+`finish` and `abort` (a retention scope), `trim`, `step` (a step marker, for
+--growth); `#` starts a comment line. A
 recorded trace (one with a `# flare-pool` header line) also has `r`, `done`, `oom`,
 `x`, `sleep`, `wake` lines and streams on `a` and `f` lines. `-` reads a trace from
 standard input (once; it is called <stdin> in the output). Every trace is parsed
@@ -94,6 +95,18 @@ pool's history ring on (its events are the snapshot's trace: every allocation, f
 mapping made and released). One input; each policy replayed writes its own file,
 OUT with the policy's name before the extension, unless one policy is replayed
 (--policy NAME), which writes OUT itself.
+
+--growth prints, instead of replaying, each trace's growth report: the
+allocations still live at its end, grouped by tag and size (a tag's sizes made in
+one step each pooled as \"a new size each step\"), with the steps they were made in
+and the rate each group gained at after its first step; the groups that keep
+growing first. A step is the span between two `step` lines when the trace has one,
+else between two `begin` lines, else --step-events allocations (default 1000). A
+group grows when its live allocations come from at least --min-steps distinct
+steps (default 32), one of them in the last quarter of the steps. The report is
+the trace's own (no pool, the same for every policy); with --json it is one JSON
+object per trace, its `trace` key the trace's path (the other keys:
+docs/flare-replay.md).
 
 --json prints, instead of the table, one JSON object per line and per (trace,
 policy), with exactly these keys:
@@ -223,6 +236,24 @@ pub(crate) struct Args {
         conflicts_with_all = ["convert", "as_recorded"]
     )]
     pub(crate) viz: Option<PathBuf>,
+
+    /// Print each trace's growth report (live allocations at its end, grouped by
+    /// tag, size and step; those that keep growing first) instead of replaying it.
+    #[arg(
+        long,
+        conflicts_with_all = ["convert", "as_recorded", "backend", "capacity", "policy", "best_fit_waste_percent", "plot", "viz"]
+    )]
+    pub(crate) growth: bool,
+
+    /// --growth: allocations per step when a trace has no `step` and no `begin`
+    /// line (default 1000).
+    #[arg(long, value_name = "N", requires = "growth", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) step_events: Option<u64>,
+
+    /// --growth: the distinct steps a group's live allocations must come from for
+    /// it to grow (default 32).
+    #[arg(long, value_name = "N", requires = "growth")]
+    pub(crate) min_steps: Option<u64>,
 
     /// Trace files (flare-trace v1) or PyTorch memory snapshots; `-` is standard
     /// input.

@@ -5,7 +5,8 @@
 //! line and the allocations still live at the end of the trace (which the replay
 //! releases); `--json` prints one object per (trace, policy) instead. `--help` says
 //! what every figure, policy and JSON key means. `--convert OUT SNAPSHOT` writes a
-//! snapshot's flare-trace instead of replaying it.
+//! snapshot's flare-trace instead of replaying it; `--growth` prints each trace's
+//! growth report instead (`growth.rs`).
 //!
 //! Exit status: 0 when every replay ran (running out of memory is a result, shown in
 //! the table), 1 when a pool could not be created, a replay or writing the output
@@ -14,6 +15,7 @@
 //! and exits 0, quietly.
 
 mod args;
+mod growth;
 mod input;
 mod output;
 mod plot;
@@ -132,6 +134,9 @@ fn run(args: &Args) -> Result<(), Stop> {
     }
     if args.as_recorded {
         return run_as_recorded(args, &traces);
+    }
+    if args.growth {
+        return growth::run(args, &traces);
     }
     if args.viz.is_some() && traces.len() != 1 {
         return Err(Stop::Failed(

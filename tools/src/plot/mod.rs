@@ -65,7 +65,7 @@ pub enum Format {
     Png,
 }
 
-/// Errors of [`Format::of`] and [`write`].
+/// Errors of [`Format::of`] and [`write()`].
 #[derive(Debug, thiserror::Error)]
 pub enum PlotError {
     /// The path does not end in `.svg` or `.png` (case-insensitive).

@@ -45,6 +45,22 @@ fn model(pickle: &std::path::Path, expect: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Dumps `pool`'s snapshot to `path` and runs the page's model over it, expecting the
+/// pool's own totals: its physical bytes as the segments' and its live bytes as the
+/// allocated blocks'. Returns the model's summary.
+fn dump_and_model(pool: &Pool, path: &std::path::Path) -> String {
+    pool.dump_snapshot(path).unwrap();
+    let snap = pool.snapshot();
+    model(
+        path,
+        &format!(
+            r#"{{"total_bytes": {}, "allocated_bytes": {}}}"#,
+            snap.physical_bytes,
+            snap.live_mapped_bytes + snap.block_live_bytes
+        ),
+    )
+}
+
 /// Whole mappings: the pickle holds the one mapping left, its block allocated, and the
 /// calls' actions in order, ending with the `snapshot` event of category "unknown"
 /// (the events name "untagged": without it the page throws).
@@ -173,13 +189,7 @@ fn segments_under_a_mixed_load_read_back_consistent() {
         }
         let snap = pool.snapshot();
         let path = temp(&format!("mixed-{}.pickle", policy.name()));
-        pool.dump_snapshot(&path).unwrap();
-        let expect = format!(
-            r#"{{"total_bytes": {}, "allocated_bytes": {}}}"#,
-            snap.physical_bytes,
-            snap.live_mapped_bytes + snap.block_live_bytes
-        );
-        model(&path, &expect);
+        dump_and_model(&pool, &path);
         let v: Value =
             serde_pickle::value_from_slice(&std::fs::read(&path).unwrap(), DeOptions::new())
                 .unwrap();
@@ -232,27 +242,9 @@ fn sleep_and_wake_read_back_consistent() {
             let (before, _) = pool.history();
             pool.sleep(7, mode).unwrap();
             let path = temp(&format!("sleep-{}.pickle", policy.name()));
-            pool.dump_snapshot(&path).unwrap();
-            let snap = pool.snapshot();
-            model(
-                &path,
-                &format!(
-                    r#"{{"total_bytes": {}, "allocated_bytes": {}}}"#,
-                    snap.physical_bytes,
-                    snap.live_mapped_bytes + snap.block_live_bytes
-                ),
-            );
+            dump_and_model(&pool, &path);
             pool.wake(7).unwrap();
-            pool.dump_snapshot(&path).unwrap();
-            let snap = pool.snapshot();
-            model(
-                &path,
-                &format!(
-                    r#"{{"total_bytes": {}, "allocated_bytes": {}}}"#,
-                    snap.physical_bytes,
-                    snap.live_mapped_bytes + snap.block_live_bytes
-                ),
-            );
+            dump_and_model(&pool, &path);
             let _ = std::fs::remove_file(&path);
             let (events, _) = pool.history();
             let mine: Vec<_> = events[before.len()..]
@@ -324,16 +316,7 @@ fn many_threads_write_a_trace_that_replays_back() {
         assert_eq!(dropped, 0);
         assert!(events.len() > 6000, "{}", events.len());
         let path = temp(&format!("threads-{}.pickle", policy.name()));
-        pool.dump_snapshot(&path).unwrap();
-        let snap = pool.snapshot();
-        model(
-            &path,
-            &format!(
-                r#"{{"total_bytes": {}, "allocated_bytes": {}}}"#,
-                snap.physical_bytes,
-                snap.live_mapped_bytes + snap.block_live_bytes
-            ),
-        );
+        dump_and_model(&pool, &path);
         let _ = std::fs::remove_file(&path);
     }
 }

@@ -8,15 +8,7 @@ use crate::{s, scratch};
 /// options that would change it.
 #[test]
 fn as_recorded_uses_the_header_and_refuses_other_settings() {
-    let recorded = scratch(
-        "recorded.trace",
-        "# flare-trace v1\n\
-         # flare-pool policy=exact granularity=2097152 device_total=150323855360 \
-         release_threshold=0 best_fit_waste_percent=30 cross_stream=when-complete \
-         segment_whole_threshold=18446744073709551615 thread_cache_entries=32 \
-         thread_cache_bytes=1073741824 device=0 peers=none\n\
-         a 0x1000 3145728\na 0x2000 2097152\nf 0x1000\na 0x3000 1048576\n",
-    );
+    let recorded = scratch("recorded.trace", crate::RECORDED_EXACT);
     let o = flare_replay(&["--as-recorded", "--json", s(&recorded)]);
     assert!(o.status.success(), "{}", stderr(&o));
     let row: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();

@@ -101,15 +101,7 @@ fn png_by_its_extension() {
 
 #[test]
 fn recorded_traces_and_pytorch_snapshots_plot_too() {
-    let recorded = scratch(
-        "plot-recorded.trace",
-        "# flare-trace v1\n\
-         # flare-pool policy=exact granularity=2097152 device_total=150323855360 \
-         release_threshold=0 best_fit_waste_percent=30 cross_stream=when-complete \
-         segment_whole_threshold=18446744073709551615 thread_cache_entries=32 \
-         thread_cache_bytes=1073741824 device=0 peers=none\n\
-         a 0x1000 3145728\na 0x2000 2097152\nf 0x1000\na 0x3000 1048576\n",
-    );
+    let recorded = scratch("plot-recorded.trace", crate::RECORDED_EXACT);
     let pic = out("plot-recorded.svg");
     let o = flare_replay(&["--as-recorded", "--plot", s(&pic), s(&recorded)]);
     assert!(o.status.success(), "{}", stderr(&o));

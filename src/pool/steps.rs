@@ -102,7 +102,13 @@ impl StepClock {
             .steps
             .0
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
-                (w & full != full).then_some(w + one)
+                // Not `then_some(w + one)`: its argument is evaluated even when the
+                // count is full, and overflows (found by the overflow-checked run).
+                if w & full == full {
+                    None
+                } else {
+                    Some(w + one)
+                }
             });
     }
 
